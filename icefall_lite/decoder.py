@@ -1,0 +1,63 @@
+"""Stateless prediction network: an embedding of the last ``context_size`` tokens."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from icefall_lite.scaling import ScaledConv1d, ScaledEmbedding
+
+
+class Decoder(nn.Module):
+    """Embedding + depthwise Conv1d over the last ``context_size`` tokens + ReLU.
+
+    Negative token ids (the ``-1`` used to pad the initial context) embed to
+    zero, and so does ``blank_id`` (its embedding row is the padding row).
+
+    Args:
+      vocab_size: number of tokens, blank included.
+      decoder_dim: embedding and output dimension.
+      blank_id: id of the blank token.
+      context_size: 1 = bigram (no conv), 2 = trigram (icefall's default).
+    """
+
+    def __init__(self, vocab_size: int, decoder_dim: int, blank_id: int = 0, context_size: int = 2) -> None:
+        super().__init__()
+        if context_size < 1:
+            raise ValueError(f"context_size must be >= 1, got {context_size}")
+        self.vocab_size = vocab_size
+        self.decoder_dim = decoder_dim
+        self.blank_id = blank_id
+        self.context_size = context_size
+        self.embedding = ScaledEmbedding(vocab_size, decoder_dim, padding_idx=blank_id)
+        self.conv = (
+            ScaledConv1d(decoder_dim, decoder_dim, kernel_size=context_size, groups=decoder_dim, bias=False)
+            if context_size > 1
+            else None
+        )
+
+    def forward(self, y: Tensor, need_pad: bool = True) -> Tensor:
+        """
+        Args:
+          y: (N, U) token ids; ``-1`` entries embed to zero.
+          need_pad: True in training (left-pad so output frame u sees tokens
+            ``u-context_size+1 .. u``); False in decoding, where ``U`` must equal
+            ``context_size`` and one output frame is produced.
+        Returns:
+          (N, U, decoder_dim) when ``need_pad``, else (N, 1, decoder_dim).
+        """
+        y = y.to(torch.int64)
+        embedding_out = self.embedding(y.clamp(min=0)) * (y >= 0).unsqueeze(-1)
+        if self.conv is not None:
+            embedding_out = embedding_out.permute(0, 2, 1)
+            if need_pad:
+                embedding_out = F.pad(embedding_out, pad=(self.context_size - 1, 0))
+            elif embedding_out.size(-1) != self.context_size:
+                raise ValueError(
+                    f"Decoder without padding needs exactly context_size={self.context_size} tokens, "
+                    f"got {embedding_out.size(-1)}"
+                )
+            embedding_out = self.conv(embedding_out).permute(0, 2, 1)
+        return F.relu(embedding_out)
