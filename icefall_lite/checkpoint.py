@@ -1,0 +1,226 @@
+"""Checkpoints: atomic save, checked load, resume, pruning and averaging (icefall's formulas)."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+import torch.nn as nn
+
+PathLike = Union[str, Path]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: missing, truncated, foreign or of another model size."""
+
+
+def atomic_torch_save(obj: Any, filename: PathLike) -> None:
+    """``torch.save`` to a temporary file in the same folder, fsync, then rename.
+
+    A process killed mid-write leaves at most a ``*.tmp-<pid>`` file, never a
+    truncated ``filename``.
+    """
+    filename = Path(filename)
+    filename.parent.mkdir(parents=True, exist_ok=True)
+    tmp = filename.with_name(f"{filename.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, filename)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DDP wrapper (or the model itself)."""
+    return model.module if hasattr(model, "module") and isinstance(model.module, nn.Module) else model
+
+
+def save_checkpoint(
+    filename: PathLike,
+    model: nn.Module,
+    model_avg: Optional[nn.Module] = None,
+    params: Optional[Dict[str, Any]] = None,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    scheduler: Optional[Any] = None,
+    scaler: Optional[Any] = None,
+    sampler: Optional[Any] = None,
+    extra: Optional[Dict[str, Any]] = None,
+) -> None:
+    """Save everything needed to resume, atomically. ``params`` holds training progress."""
+    checkpoint: Dict[str, Any] = {
+        "format": "icefall-lite-checkpoint-v1",
+        "model": unwrap(model).state_dict(),
+        "model_avg": None if model_avg is None else model_avg.state_dict(),
+        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "scheduler": None if scheduler is None else scheduler.state_dict(),
+        "grad_scaler": None if scaler is None else scaler.state_dict(),
+        "sampler": None if sampler is None else sampler.state_dict(),
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        },
+    }
+    if params is not None:
+        checkpoint.update({k: v for k, v in params.items() if _is_plain(v)})
+    if extra:
+        checkpoint.update(extra)
+    atomic_torch_save(checkpoint, filename)
+
+
+def _is_plain(value: Any) -> bool:
+    return isinstance(value, (int, float, str, bool, type(None), Path))
+
+
+def load_checkpoint_file(filename: PathLike) -> Dict[str, Any]:
+    """Read a checkpoint file with a clear error when it is missing, truncated or foreign."""
+    filename = Path(filename)
+    if not filename.is_file():
+        raise CheckpointError(f"Checkpoint {filename} does not exist. Check --exp-dir and --epoch/--iter.")
+    try:
+        checkpoint = torch.load(filename, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises several types for a damaged zip/pickle
+        raise CheckpointError(
+            f"Checkpoint {filename} cannot be read ({type(e).__name__}: {e}). It is truncated or not a "
+            "torch checkpoint; delete it and resume from an earlier one (e.g. --start-epoch of the previous epoch)."
+        ) from e
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint:
+        raise CheckpointError(
+            f"Checkpoint {filename} is not an icefall-lite checkpoint (no 'model' entry); "
+            "it may come from another program."
+        )
+    return checkpoint
+
+
+def load_state_dict_checked(module: nn.Module, state_dict: Dict[str, torch.Tensor], source: str) -> None:
+    """``load_state_dict(strict=True)`` with an error that lists every mismatched name and shape."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(own))
+    mismatched = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in own
+        if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)
+    ]
+    if missing or unexpected or mismatched:
+        lines = [f"{source} does not fit this model (were the model-size flags the same as in training?)."]
+        if mismatched:
+            lines.append("Mismatched shapes:\n  " + "\n  ".join(mismatched))
+        if missing:
+            lines.append("Missing in checkpoint: " + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else ""))
+        if unexpected:
+            lines.append("Unexpected in checkpoint: " + ", ".join(unexpected[:20]) + (" ..." if len(unexpected) > 20 else ""))
+        raise CheckpointError("\n".join(lines))
+    module.load_state_dict(state_dict, strict=True)
+
+
+def load_checkpoint(
+    filename: PathLike,
+    model: nn.Module,
+    model_avg: Optional[nn.Module] = None,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    scheduler: Optional[Any] = None,
+    scaler: Optional[Any] = None,
+    sampler: Optional[Any] = None,
+    restore_rng: bool = False,
+) -> Dict[str, Any]:
+    """Load a checkpoint into the given objects; returns the whole checkpoint dict."""
+    checkpoint = load_checkpoint_file(filename)
+    load_state_dict_checked(unwrap(model), checkpoint["model"], str(filename))
+    if model_avg is not None and checkpoint.get("model_avg") is not None:
+        load_state_dict_checked(model_avg, checkpoint["model_avg"], f"{filename} (model_avg)")
+    for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("grad_scaler", scaler), ("sampler", sampler)):
+        if obj is not None and checkpoint.get(name) is not None:
+            obj.load_state_dict(checkpoint[name])
+    if restore_rng and checkpoint.get("rng") is not None:
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        if checkpoint["rng"].get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
+    return checkpoint
+
+
+def find_checkpoints(out_dir: PathLike) -> List[Path]:
+    """``checkpoint-<batch>.pt`` files in ``out_dir``, newest (largest batch) first."""
+    pattern = re.compile(r"checkpoint-(\d+)\.pt$")
+    found = []
+    for path in glob.glob(f"{out_dir}/checkpoint-[0-9]*.pt"):
+        m = pattern.search(path)
+        if m:
+            found.append((int(m.group(1)), Path(path)))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def remove_checkpoints(out_dir: PathLike, keep_last_k: int) -> None:
+    """Delete all but the newest ``keep_last_k`` ``checkpoint-<batch>.pt`` files (0 = keep all)."""
+    if keep_last_k <= 0:
+        return
+    for path in find_checkpoints(out_dir)[keep_last_k:]:
+        path.unlink(missing_ok=True)
+
+
+@torch.no_grad()
+def update_averaged_model(average_period: int, batch_idx_train: int, model_cur: nn.Module, model_avg: nn.Module) -> None:
+    """icefall's running average: ``avg = cur * w + avg * (1 - w)``, ``w = average_period / batch_idx_train``.
+
+    Called every ``average_period`` batches, this keeps ``model_avg`` equal to
+    the mean of the model over all those calls.
+    """
+    weight_cur = average_period / batch_idx_train
+    cur = unwrap(model_cur).state_dict()
+    for name, avg_value in model_avg.state_dict().items():
+        if avg_value.dtype.is_floating_point:
+            avg_value.mul_(1.0 - weight_cur).add_(cur[name].to(avg_value.device), alpha=weight_cur)
+        else:
+            avg_value.copy_(cur[name])
+
+
+def average_checkpoints(filenames: List[PathLike], device: torch.device = torch.device("cpu")) -> Dict[str, torch.Tensor]:
+    """Element-wise mean of the ``model`` entries of several checkpoints (integer buffers: from the first)."""
+    if not filenames:
+        raise CheckpointError("average_checkpoints needs at least one checkpoint")
+    states = [load_checkpoint_file(f)["model"] for f in filenames]
+    avg = {k: v.clone().to(device) for k, v in states[0].items()}
+    for k, v in avg.items():
+        if v.dtype.is_floating_point:
+            for other in states[1:]:
+                v.add_(other[k].to(device))
+            v.div_(len(states))
+    return avg
+
+
+def average_checkpoints_with_averaged_model(
+    filename_start: PathLike, filename_end: PathLike, device: torch.device = torch.device("cpu")
+) -> Dict[str, torch.Tensor]:
+    """Average of the model over the batches between two checkpoints, from their ``model_avg``.
+
+    ``avg = (avg_end * b_end - avg_start * b_start) / (b_end - b_start)`` with
+    ``b`` the ``batch_idx_train`` stored in each checkpoint (icefall's formula).
+    """
+    start = load_checkpoint_file(filename_start)
+    end = load_checkpoint_file(filename_end)
+    for name, ckpt in ((filename_start, start), (filename_end, end)):
+        if ckpt.get("model_avg") is None:
+            raise CheckpointError(f"{name} has no model_avg; decode with --use-averaged-model False")
+    b_start, b_end = int(start["batch_idx_train"]), int(end["batch_idx_train"])
+    if not b_end > b_start:
+        raise CheckpointError(
+            f"{filename_end} (batch {b_end}) must come after {filename_start} (batch {b_start}) for averaging"
+        )
+    weight_end = b_end / (b_end - b_start)
+    weight_start = -b_start / (b_end - b_start)
+    avg = {}
+    for k, v_end in end["model_avg"].items():
+        v_end = v_end.to(device)
+        if v_end.dtype.is_floating_point:
+            avg[k] = v_end * weight_end + start["model_avg"][k].to(device) * weight_start
+        else:
+            avg[k] = v_end.clone()
+    return avg

@@ -1,0 +1,223 @@
+"""The LSTM encoder: Conv2dSubsampling followed by a stack of RNNEncoderLayers.
+
+As icefall's ``lstm_transducer_stateless3/lstm.py`` describes it (our own
+code): every layer is a ScaledLSTM (with a GradientFilter when
+``grad_filter_threshold > 0``) plus a feed-forward block, residual
+connections, ActivationBalancer + BasicNorm, and icefall's layer-bypass
+warm-up. Streaming is supported by passing and returning the LSTM states.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from icefall_lite.clip import GradientFilter
+from icefall_lite.scaling import (
+    ActivationBalancer,
+    BasicNorm,
+    DoubleSwish,
+    ScaledConv2d,
+    ScaledLinear,
+    ScaledLSTM,
+)
+
+# States of the whole encoder: h (num_layers, N, d_model or proj),
+# c (num_layers, N, rnn_hidden_size).
+EncoderStates = Tuple[Tensor, Tensor]
+
+
+def subsampled_length(num_frames: Tensor) -> Tensor:
+    """Output frames of :class:`Conv2dSubsampling`: ``((T - 3) // 2 - 1) // 2`` (needs T >= 9 for 1 frame)."""
+    return (((num_frames - 3) >> 1) - 1) >> 1
+
+
+class Conv2dSubsampling(nn.Module):
+    """Three 3x3 convolutions (strides 1, 2, 2) then a linear layer: (N, T, F) -> (N, T', d_model).
+
+    ``T' = ((T - 3) // 2 - 1) // 2``.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        d_model: int,
+        layer1_channels: int = 8,
+        layer2_channels: int = 32,
+        layer3_channels: int = 128,
+    ) -> None:
+        super().__init__()
+        if num_features < 9:
+            raise ValueError(f"Conv2dSubsampling needs at least 9 feature bins, got {num_features}")
+        self.conv = nn.Sequential(
+            ScaledConv2d(1, layer1_channels, kernel_size=3, padding=0),
+            ActivationBalancer(layer1_channels, channel_dim=1),
+            DoubleSwish(),
+            ScaledConv2d(layer1_channels, layer2_channels, kernel_size=3, stride=2),
+            ActivationBalancer(layer2_channels, channel_dim=1),
+            DoubleSwish(),
+            ScaledConv2d(layer2_channels, layer3_channels, kernel_size=3, stride=2),
+            ActivationBalancer(layer3_channels, channel_dim=1),
+            DoubleSwish(),
+        )
+        out_freq = ((num_features - 3) // 2 - 1) // 2
+        self.out = ScaledLinear(layer3_channels * out_freq, d_model)
+        # learn_eps=False: the output norm must not learn to ignore its input.
+        self.out_norm = BasicNorm(d_model, learn_eps=False)
+        self.out_balancer = ActivationBalancer(d_model, channel_dim=-1, min_positive=0.45, max_positive=0.55)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(N, T, num_features) -> (N, T', d_model)."""
+        x = self.conv(x.unsqueeze(1))  # (N, C, T', F')
+        n, c, t, f = x.shape
+        x = self.out(x.transpose(1, 2).reshape(n, t, c * f))
+        return self.out_balancer(self.out_norm(x))
+
+
+class RNNEncoderLayer(nn.Module):
+    """``src += LSTM(src); src += FF(src); src = BasicNorm(balancer(src))`` with bypass warm-up.
+
+    Args:
+      d_model: input/output dimension (and the LSTM projection size when it
+        differs from ``rnn_hidden_size``; equal sizes mean no projection).
+      dim_feedforward: hidden size of the feed-forward block.
+      rnn_hidden_size: LSTM cell size.
+      grad_filter_threshold: GradientFilter threshold inside the LSTM; <= 0
+        means no filter.
+      dropout: dropout on both residual branches.
+      layer_dropout: probability, in training, of nearly bypassing the layer
+        (alpha = 0.1), as icefall.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        dim_feedforward: int,
+        rnn_hidden_size: int,
+        grad_filter_threshold: float = 10.0,
+        dropout: float = 0.1,
+        layer_dropout: float = 0.075,
+    ) -> None:
+        super().__init__()
+        if rnn_hidden_size < d_model:
+            raise ValueError(f"rnn_hidden_size ({rnn_hidden_size}) must be >= d_model ({d_model})")
+        self.d_model = d_model
+        self.rnn_hidden_size = rnn_hidden_size
+        self.layer_dropout = layer_dropout
+        proj_size = d_model if rnn_hidden_size != d_model else 0
+        self.lstm = ScaledLSTM(
+            input_size=d_model,
+            hidden_size=rnn_hidden_size,
+            proj_size=proj_size,
+            grad_filter_threshold=grad_filter_threshold,
+        )
+        self.feed_forward = nn.Sequential(
+            ScaledLinear(d_model, dim_feedforward),
+            ActivationBalancer(dim_feedforward, channel_dim=-1),
+            DoubleSwish(),
+            nn.Dropout(dropout),
+            ScaledLinear(dim_feedforward, d_model, initial_scale=0.25),
+        )
+        self.balancer = ActivationBalancer(d_model, channel_dim=-1, min_positive=0.45, max_positive=0.55, max_abs=6.0)
+        self.norm_final = BasicNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self, src: Tensor, states: Optional[EncoderStates] = None, warmup: float = 1.0
+    ) -> Tuple[Tensor, EncoderStates]:
+        """
+        Args:
+          src: (T, N, d_model).
+          states: (h (1, N, d_model), c (1, N, rnn_hidden_size)) or None for zeros.
+          warmup: training progress in units of the model warm-up (>= 1 = warmed up).
+        Returns:
+          (T, N, d_model) output and the new (h, c).
+        """
+        src_orig = src
+        alpha = 1.0
+        if self.training:
+            warmup_scale = min(0.1 + warmup, 1.0)
+            alpha = warmup_scale if float(torch.rand(())) > self.layer_dropout else 0.1
+        lstm_out, new_states = self.lstm(src, states)
+        src = src + self.dropout(lstm_out)
+        src = src + self.dropout(self.feed_forward(src))
+        src = self.norm_final(self.balancer(src))
+        if alpha != 1.0:
+            src = alpha * src + (1.0 - alpha) * src_orig
+        return src, new_states
+
+
+class RNNEncoder(nn.Module):
+    """Conv2dSubsampling + ``num_layers`` RNNEncoderLayers; (N, T, F) -> (N, T', d_model).
+
+    Padding frames at the end of a sequence do not affect the valid outputs
+    (the LSTM is unidirectional), so no packing is needed.
+    """
+
+    def __init__(
+        self,
+        num_features: int = 80,
+        d_model: int = 512,
+        dim_feedforward: int = 2048,
+        rnn_hidden_size: int = 1024,
+        num_layers: int = 12,
+        grad_filter_threshold: float = 10.0,
+        dropout: float = 0.1,
+        layer_dropout: float = 0.075,
+    ) -> None:
+        super().__init__()
+        self.num_features = num_features
+        self.d_model = d_model
+        self.rnn_hidden_size = rnn_hidden_size
+        self.num_layers = num_layers
+        self.encoder_embed = Conv2dSubsampling(num_features, d_model)
+        self.layers = nn.ModuleList(
+            [
+                RNNEncoderLayer(
+                    d_model, dim_feedforward, rnn_hidden_size, grad_filter_threshold, dropout, layer_dropout
+                )
+                for _ in range(num_layers)
+            ]
+        )
+
+    def get_init_states(self, batch_size: int = 1, device: torch.device = torch.device("cpu")) -> EncoderStates:
+        """Zero states: h (num_layers, N, d_model), c (num_layers, N, rnn_hidden_size)."""
+        h = torch.zeros(self.num_layers, batch_size, self.d_model, device=device)
+        c = torch.zeros(self.num_layers, batch_size, self.rnn_hidden_size, device=device)
+        return h, c
+
+    def forward(
+        self,
+        x: Tensor,
+        x_lens: Tensor,
+        states: Optional[EncoderStates] = None,
+        warmup: float = 1.0,
+    ) -> Tuple[Tensor, Tensor, EncoderStates]:
+        """
+        Args:
+          x: (N, T, num_features) features.
+          x_lens: (N,) valid frames per sequence.
+          states: optional (h (L, N, d_model), c (L, N, rnn_hidden_size)) to
+            continue from (streaming); zeros when None.
+          warmup: training progress in units of the model warm-up.
+        Returns:
+          encoder_out (N, T', d_model), encoder_out_lens (N,), final states.
+        """
+        x = self.encoder_embed(x).permute(1, 0, 2)  # (T', N, d_model)
+        lengths = subsampled_length(x_lens)
+        new_h: List[Tensor] = []
+        new_c: List[Tensor] = []
+        for i, layer in enumerate(self.layers):
+            layer_states = None if states is None else (states[0][i : i + 1], states[1][i : i + 1])
+            x, (h, c) = layer(x, layer_states, warmup=warmup)
+            new_h.append(h)
+            new_c.append(c)
+        return x.permute(1, 0, 2), lengths, (torch.cat(new_h, dim=0), torch.cat(new_c, dim=0))
+
+    def gradient_filters(self) -> List[Tuple[int, GradientFilter]]:
+        """``[(layer_index, filter)]`` for the layers that have one (for logging)."""
+        return [(i, layer.lstm.grad_filter) for i, layer in enumerate(self.layers) if layer.lstm.grad_filter is not None]

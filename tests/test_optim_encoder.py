@@ -1,0 +1,92 @@
+"""Eve/Eden against their formulas; encoder shapes, streaming states and filters."""
+
+import math
+
+import pytest
+import torch
+
+from icefall_lite.encoder import RNNEncoder, subsampled_length
+from icefall_lite.optim import Eden, Eve
+
+
+def test_eden_formula():
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = Eve([p], lr=0.003)
+    sched = Eden(opt, lr_batches=5000, lr_epochs=10)
+    sched.step_epoch(3)
+    sched.step_batch(7000)
+    expected = 0.003 * ((7000**2 + 5000**2) / 5000**2) ** -0.25 * ((9 + 100) / 100) ** -0.25
+    assert sched.get_last_lr()[0] == pytest.approx(expected, rel=1e-12)
+    state = sched.state_dict()
+    sched2 = Eden(Eve([p], lr=0.003), 5000, 10)
+    sched2.load_state_dict(state)
+    assert sched2.get_last_lr() == sched.get_last_lr()
+
+
+def test_eve_first_step_is_adam_and_weight_decay_rule():
+    torch.manual_seed(0)
+    big = torch.nn.Parameter(torch.full((4,), 1.0))  # rms 1 > 0.1: decayed
+    small = torch.nn.Parameter(torch.full((4,), 0.01))  # rms 0.01: not decayed
+    scalar = torch.nn.Parameter(torch.tensor(1.9))
+    grads = [torch.tensor([1.0, -2.0, 0.5, 0.0]), torch.tensor([0.1, 0.1, -0.1, 0.3]), torch.tensor(-5.0)]
+    for p, g in zip((big, small, scalar), grads):
+        p.grad = g.clone()
+    lr, wd = 0.01, 1e-3
+    Eve([big, small, scalar], lr=lr, weight_decay=wd).step()
+    # Adam's first step: m_hat = g, v_hat = g^2 -> update = lr * g / (|g| + eps)
+    def adam_step(g):
+        return lr * g / (g.abs() + 1e-8)
+    torch.testing.assert_close(big.detach(), torch.full((4,), 1.0) * (1 - wd) - adam_step(grads[0]))
+    torch.testing.assert_close(small.detach(), torch.full((4,), 0.01) - adam_step(grads[1]))
+    # Scalars are clamped to [-10, 2] (1.9 + 0.01 -> 1.91; then push past 2).
+    assert float(scalar) == pytest.approx(1.91)
+    scalar.grad = torch.tensor(-1.0)
+    opt = Eve([scalar], lr=1.0)
+    opt.step()
+    assert float(scalar) == 2.0
+
+
+@pytest.mark.parametrize("threshold", [0.0, 25.0])
+def test_encoder_shapes_and_filters(threshold):
+    torch.manual_seed(0)
+    enc = RNNEncoder(num_features=80, d_model=16, dim_feedforward=32, rnn_hidden_size=24, num_layers=2,
+                     grad_filter_threshold=threshold).eval()
+    x = torch.randn(3, 50, 80)
+    x_lens = torch.tensor([50, 40, 9])
+    out, out_lens, (h, c) = enc(x, x_lens)
+    assert out.shape == (3, ((50 - 3) // 2 - 1) // 2, 16)
+    assert out_lens.tolist() == [((t - 3) // 2 - 1) // 2 for t in (50, 40, 9)]
+    assert out_lens.tolist()[2] == 1
+    assert h.shape == (2, 3, 16) and c.shape == (2, 3, 24)
+    assert len(enc.gradient_filters()) == (2 if threshold > 0 else 0)
+
+
+def test_encoder_padding_does_not_change_valid_outputs():
+    torch.manual_seed(0)
+    enc = RNNEncoder(num_features=80, d_model=16, dim_feedforward=32, rnn_hidden_size=16, num_layers=2).eval()
+    x = torch.randn(1, 60, 80)
+    out_short, lens_short, _ = enc(x[:, :40], torch.tensor([40]))
+    padded = torch.cat([x[:, :40], torch.randn(1, 20, 80) * 100], dim=1)
+    out_pad, _, _ = enc(padded, torch.tensor([40]))
+    n = int(lens_short)
+    # Output frame k sees input frames 4k .. 4k+10 only (three 3x3 convs,
+    # strides 1, 2, 2) and the LSTMs are causal, so no valid frame sees padding.
+    assert 4 * (n - 1) + 10 < 40
+    torch.testing.assert_close(out_pad[:, :n], out_short, rtol=1e-5, atol=1e-5)
+
+
+def test_encoder_streaming_states_continue_the_sequence():
+    """Running the LSTM stack on two halves, carrying states, equals one pass."""
+    torch.manual_seed(0)
+    enc = RNNEncoder(num_features=80, d_model=16, dim_feedforward=32, rnn_hidden_size=16, num_layers=3).eval()
+    emb = torch.randn(10, 2, 16)
+    full = emb
+    for layer in enc.layers:
+        full, _ = layer(full)
+    first, second = emb[:6], emb[6:]
+    states = [None] * 3
+    for i, layer in enumerate(enc.layers):
+        first, states[i] = layer(first)
+    for i, layer in enumerate(enc.layers):
+        second, _ = layer(second, states[i])
+    torch.testing.assert_close(torch.cat([first, second]), full, rtol=1e-5, atol=1e-6)
