@@ -1,0 +1,225 @@
+"""The stateless transducer: encoder + decoder + joiner, trained with the pruned RNN-T loss."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from icefall_lite.decoder import Decoder
+from icefall_lite.encoder import RNNEncoder
+from icefall_lite.joiner import Joiner
+from icefall_lite.rnnt_loss import (
+    do_rnnt_pruning,
+    get_rnnt_prune_ranges,
+    rnnt_loss_pruned,
+    rnnt_loss_smoothed,
+)
+from icefall_lite.scaling import ScaledLinear
+
+
+def pad_token_ids(token_ids: Sequence[Sequence[int]], padding_value: int, device: torch.device) -> Tensor:
+    """List of token-id lists -> (N, max_len) int64 tensor padded with ``padding_value``."""
+    max_len = max((len(ids) for ids in token_ids), default=0)
+    out = torch.full((len(token_ids), max_len), padding_value, dtype=torch.int64)
+    for i, ids in enumerate(token_ids):
+        if len(ids) > 0:
+            out[i, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.int64)
+    return out.to(device)
+
+
+class Transducer(nn.Module):
+    """icefall's stateless transducer with simple and pruned losses.
+
+    Args:
+      encoder: (N, T, F) -> (N, T', encoder_dim).
+      decoder: stateless prediction network.
+      joiner: combines encoder and decoder frames into logits.
+      encoder_dim, decoder_dim, vocab_size: sizes of the simple-loss projections.
+    """
+
+    def __init__(
+        self, encoder: RNNEncoder, decoder: Decoder, joiner: Joiner, encoder_dim: int, decoder_dim: int, vocab_size: int
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.joiner = joiner
+        self.simple_am_proj = ScaledLinear(encoder_dim, vocab_size, initial_speed=0.5)
+        self.simple_lm_proj = ScaledLinear(decoder_dim, vocab_size)
+
+    def forward(
+        self,
+        x: Tensor,
+        x_lens: Tensor,
+        y: Sequence[Sequence[int]],
+        prune_range: int = 5,
+        am_scale: float = 0.0,
+        lm_scale: float = 0.0,
+        warmup: float = 1.0,
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        """
+        Args:
+          x: (N, T, F) features.
+          x_lens: (N,) valid frames.
+          y: N token-id lists (no blank).
+          prune_range: s_range of the pruned loss.
+          am_scale, lm_scale: smoothing scales of the simple loss.
+          warmup: training progress in units of the model warm-up.
+        Returns:
+          simple_loss (N,), pruned_loss (N,) (per-utterance, summed over the
+          utterance, not normalised), and encoder_out_lens (N,).
+        """
+        if x.ndim != 3 or x_lens.ndim != 1 or x.size(0) != x_lens.size(0) != len(y):
+            raise ValueError(f"bad shapes: x {tuple(x.shape)}, x_lens {tuple(x_lens.shape)}, {len(y)} transcripts")
+        encoder_out, encoder_out_lens, _ = self.encoder(x, x_lens, warmup=warmup)
+        blank_id = self.decoder.blank_id
+        device = x.device
+        y_lens = torch.tensor([len(ids) for ids in y], dtype=torch.int64, device=device)
+        sos_y = pad_token_ids([[blank_id] + list(ids) for ids in y], blank_id, device)  # (N, U+1)
+        decoder_out = self.decoder(sos_y)  # (N, U+1, decoder_dim)
+        y_padded = pad_token_ids(y, 0, device)  # (N, U)
+
+        boundary = torch.zeros((x.size(0), 4), dtype=torch.int64, device=device)
+        boundary[:, 2] = y_lens
+        boundary[:, 3] = encoder_out_lens
+
+        lm = self.simple_lm_proj(decoder_out)
+        am = self.simple_am_proj(encoder_out)
+        with torch.autocast(device_type=device.type, enabled=False):
+            simple_loss, (px_grad, py_grad) = rnnt_loss_smoothed(
+                lm=lm.float(),
+                am=am.float(),
+                symbols=y_padded,
+                termination_symbol=blank_id,
+                lm_only_scale=lm_scale,
+                am_only_scale=am_scale,
+                boundary=boundary,
+                reduction="none",
+                return_grad=True,
+            )
+        ranges = get_rnnt_prune_ranges(px_grad=px_grad, py_grad=py_grad, boundary=boundary, s_range=prune_range)
+        am_pruned, lm_pruned = do_rnnt_pruning(
+            am=self.joiner.encoder_proj(encoder_out), lm=self.joiner.decoder_proj(decoder_out), ranges=ranges
+        )
+        logits = self.joiner(am_pruned, lm_pruned, project_input=False)  # (N, T', prune_range, V)
+        with torch.autocast(device_type=device.type, enabled=False):
+            pruned_loss = rnnt_loss_pruned(
+                logits=logits.float(),
+                symbols=y_padded,
+                ranges=ranges,
+                termination_symbol=blank_id,
+                boundary=boundary,
+                reduction="none",
+            )
+        return simple_loss, pruned_loss, encoder_out_lens
+
+
+def build_transducer(
+    vocab_size: int,
+    num_features: int = 80,
+    encoder_dim: int = 512,
+    rnn_hidden_size: int = 1024,
+    dim_feedforward: int = 2048,
+    num_encoder_layers: int = 12,
+    decoder_dim: int = 512,
+    joiner_dim: int = 512,
+    context_size: int = 2,
+    blank_id: int = 0,
+    grad_filter_threshold: float = 25.0,
+    dropout: float = 0.1,
+    layer_dropout: float = 0.075,
+) -> Transducer:
+    """Build the whole model from sizes (the train/decode/export scripts' flags)."""
+    encoder = RNNEncoder(
+        num_features=num_features,
+        d_model=encoder_dim,
+        dim_feedforward=dim_feedforward,
+        rnn_hidden_size=rnn_hidden_size,
+        num_layers=num_encoder_layers,
+        grad_filter_threshold=grad_filter_threshold,
+        dropout=dropout,
+        layer_dropout=layer_dropout,
+    )
+    decoder = Decoder(vocab_size, decoder_dim, blank_id=blank_id, context_size=context_size)
+    joiner = Joiner(encoder_dim, decoder_dim, joiner_dim, vocab_size)
+    return Transducer(encoder, decoder, joiner, encoder_dim, decoder_dim, vocab_size)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# Model sizes. "cpu" trains on the default synthetic corpus in about 25 minutes
+# on 2 CPU cores; "icefall" is lstm_transducer_stateless3's size (GPU).
+# With rnn_hidden_size == encoder_dim the LSTM has no projection (oneDNN
+# runs it much faster on CPU); otherwise it projects back to encoder_dim.
+MODEL_PRESETS: Dict[str, Dict[str, int]] = {
+    "cpu": dict(
+        num_encoder_layers=4,
+        encoder_dim=256,
+        rnn_hidden_size=256,
+        dim_feedforward=1024,
+        decoder_dim=256,
+        joiner_dim=256,
+    ),
+    "icefall": dict(
+        num_encoder_layers=12,
+        encoder_dim=512,
+        rnn_hidden_size=1024,
+        dim_feedforward=2048,
+        decoder_dim=512,
+        joiner_dim=512,
+    ),
+}
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Model-size flags shared by train.py, decode.py and export_onnx.py."""
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model-preset",
+        choices=sorted(MODEL_PRESETS),
+        default="cpu",
+        help="Sizes to start from; any size flag below overrides the preset. "
+        + "; ".join(f"{k}: {v}" for k, v in MODEL_PRESETS.items()),
+    )
+    for name in MODEL_PRESETS["cpu"]:
+        group.add_argument(
+            f"--{name.replace('_', '-')}", type=int, default=None, help=f"Overrides the preset's {name}."
+        )
+    group.add_argument("--context-size", type=int, default=2, help="Decoder context: 1 = bigram, 2 = trigram.")
+    group.add_argument(
+        "--grad-filter-threshold",
+        type=float,
+        default=25.0,
+        help="GradientFilter threshold inside every LSTM layer (x median per-sequence gradient RMS); "
+        "0 = no filter anywhere in the graph.",
+    )
+
+
+def model_config_from_args(args: argparse.Namespace, vocab_size: int, blank_id: int = 0) -> Dict[str, Any]:
+    """Resolve the preset plus overrides into :func:`build_transducer` keyword arguments."""
+    config: Dict[str, Any] = dict(MODEL_PRESETS[args.model_preset])
+    for name in MODEL_PRESETS["cpu"]:
+        value = getattr(args, name, None)
+        if value is not None:
+            if value <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+            config[name] = value
+    if config["rnn_hidden_size"] < config["encoder_dim"]:
+        raise ValueError(
+            f"--rnn-hidden-size ({config['rnn_hidden_size']}) must be >= --encoder-dim ({config['encoder_dim']})"
+        )
+    if args.grad_filter_threshold < 0:
+        raise ValueError(f"--grad-filter-threshold must be >= 0, got {args.grad_filter_threshold}")
+    config.update(
+        vocab_size=vocab_size,
+        blank_id=blank_id,
+        context_size=args.context_size,
+        grad_filter_threshold=args.grad_filter_threshold,
+    )
+    return config
