@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Check cut manifests: every cut has a non-empty supervision inside it (unless
+--supervised false, for noise cuts), features
+whose frame count matches its duration, and an existing feature file.
+
+    ./local/validate_manifest.py data/fbank/librispeech_cuts_dev-clean.jsonl.gz [...]
+
+Exits non-zero with a message naming the first bad cut.
+"""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from icefall_lite.features import ManifestError, validate_cut_manifest
+from icefall_lite.prep_util import setup_logging, str2bool
+
+
+def get_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("manifests", type=Path, nargs="+", help="cut manifests (*.jsonl.gz)")
+    parser.add_argument("--supervised", type=str2bool, default=True, help="false for noise cuts (no supervisions)")
+    parser.add_argument("--load-features", type=str2bool, default=False, help="also read every feature matrix")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = get_args()
+    setup_logging()
+    for path in args.manifests:
+        try:
+            n = validate_cut_manifest(path, args.supervised, args.load_features)
+        except (ManifestError, FileNotFoundError) as e:
+            logging.error(f"{path}: {e}")
+            return 1
+        logging.info(f"{path}: {n} cuts OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""The lhotse datamodule of the LibriSpeech recipe (icefall's ``asr_datamodule.py``).
+
+Usage, as in icefall's ``train.py``::
+
+    parser = argparse.ArgumentParser()
+    LibriSpeechAsrDataModule.add_arguments(parser)
+    args = parser.parse_args()
+    librispeech = LibriSpeechAsrDataModule(args)
+    sp = load_bpe_model(args.bpe_model)
+    train_cuts = filter_cuts(librispeech.train_cuts(), sp)
+    train_dl = librispeech.train_dataloaders(train_cuts, sampler_state_dict=None)
+    valid_dl = librispeech.valid_dataloaders(librispeech.dev_clean_cuts() + librispeech.dev_other_cuts())
+    test_dl = librispeech.test_dataloaders(librispeech.test_clean_cuts())
+
+A batch is a dict: ``inputs``, a float tensor (N, T, 80) of fbank frames, and
+``supervisions``, a dict with ``text`` (list of N str), ``sequence_idx``,
+``start_frame`` and ``num_frames`` (int tensors of N) and, with
+``--return-cuts true`` (default), ``cut`` (list of N lhotse cuts).
+
+Manifests (made by ``prepare.sh``) are read from ``--manifest-dir``
+(``data/fbank``): ``librispeech_cuts_<part>.jsonl.gz`` for the parts
+train-clean-100 (the training part; also the synthetic corpus's), dev-clean,
+dev-other, test-clean, test-other, and ``noise_cuts.jsonl.gz`` (the noise
+corpus that ``--enable-musan`` mixes into training cuts, as icefall mixes MUSAN).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, FrozenSet, Optional
+
+import numpy as np
+import torch
+from lhotse import CutSet, Fbank, FbankConfig, load_manifest, load_manifest_lazy
+from lhotse.cut import Cut
+from lhotse.dataset import (
+    CutMix,
+    DynamicBucketingSampler,
+    K2SpeechRecognitionDataset,
+    SimpleCutSampler,
+    SpecAugment,
+)
+from lhotse.dataset.input_strategies import OnTheFlyFeatures, PrecomputedFeatures
+from lhotse.utils import compute_num_frames
+from torch.utils.data import DataLoader
+
+from icefall_lite.prep_util import str2bool
+
+NOISE_CUTS_NAME = "noise_cuts.jsonl.gz"
+TRAIN_PART = "train-clean-100"
+# LibriSpeech's training parts and their utterance counts (mux weights for --full-libri).
+FULL_TRAIN_PARTS = {"train-clean-100": 28539, "train-clean-360": 104014, "train-other-500": 148688}
+FRAME_SHIFT = 0.01
+
+# icefall's defaults (tdnn_lstm_ctc/asr_datamodule.py).
+NOISE_MIX_PROB = 0.5
+NOISE_SNR_DB = (10, 20)
+SPEC_AUG = dict(num_feature_masks=2, features_mask_size=27, num_frame_masks=10, frames_mask_size=100)
+
+
+class _SeedWorkers:
+    """Seed ``random``, numpy and torch in each DataLoader worker (seed + worker id)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __call__(self, worker_id: int) -> None:
+        seed = self.seed + worker_id
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+
+class LibriSpeechAsrDataModule:
+    """Cut loading, sampling, augmentation and DataLoaders for LibriSpeech-layout data."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add the datamodule's flags (icefall's names) to ``parser``."""
+        group = parser.add_argument_group(
+            title="ASR data related options",
+            description="Options for lhotse cuts, sampling, augmentation and data loading.",
+        )
+        group.add_argument("--full-libri", type=str2bool, default=False,
+                           help="train on all 960 h (real LibriSpeech only); else train-clean-100")
+        group.add_argument("--manifest-dir", type=Path, default=Path("data/fbank"),
+                           help="folder of librispeech_cuts_<part>.jsonl.gz and noise_cuts.jsonl.gz")
+        group.add_argument("--max-duration", type=float, default=100.0,
+                           help="seconds of audio per batch (icefall: 200 on a GPU; 100 suits a 2-core CPU)")
+        group.add_argument("--bucketing-sampler", type=str2bool, default=True,
+                           help="DynamicBucketingSampler (cuts of similar duration batched together)")
+        group.add_argument("--num-buckets", type=int, default=30,
+                           help="buckets of the DynamicBucketingSampler")
+        group.add_argument("--shuffle", type=str2bool, default=True,
+                           help="shuffle the training cuts every epoch")
+        group.add_argument("--drop-last", type=str2bool, default=True,
+                           help="drop the last, incomplete training batch")
+        group.add_argument("--return-cuts", type=str2bool, default=True,
+                           help="put the cuts in batch['supervisions']['cut']")
+        group.add_argument("--num-workers", type=int, default=1,
+                           help="DataLoader worker processes (icefall: 2)")
+        group.add_argument("--enable-spec-aug", type=str2bool, default=True,
+                           help="SpecAugment: time warp, 2 feature masks of <=27, 10 frame masks of <=100")
+        group.add_argument("--spec-aug-time-warp-factor", type=int, default=80,
+                           help="SpecAugment time warp factor; < 1 disables time warping")
+        group.add_argument("--enable-musan", "--enable-noise", dest="enable_musan", type=str2bool, default=True,
+                           help="mix the noise corpus (noise_cuts.jsonl.gz, MUSAN's stand-in) into "
+                                f"training cuts: CutMix p={NOISE_MIX_PROB}, SNR {NOISE_SNR_DB} dB")
+        group.add_argument("--on-the-fly-feats", type=str2bool, default=False,
+                           help="compute fbank from audio during training instead of loading stored features")
+
+    # --- manifests -------------------------------------------------------------
+
+    def _cuts(self, name: str) -> CutSet:
+        path = Path(self.args.manifest_dir) / name
+        if not path.is_file():
+            raise FileNotFoundError(f"no cut manifest {path}: run egs/librispeech/ASR/prepare.sh first")
+        logging.info(f"loading {path}")
+        return load_manifest_lazy(path)
+
+    def part_cuts(self, part: str) -> CutSet:
+        """The cuts of one LibriSpeech part, e.g. ``part_cuts("dev-clean")`` (lazy)."""
+        return self._cuts(f"librispeech_cuts_{part}.jsonl.gz")
+
+    def train_clean_100_cuts(self) -> CutSet:
+        """train-clean-100: the training part (also of the synthetic corpus)."""
+        return self.part_cuts("train-clean-100")
+
+    def train_clean_360_cuts(self) -> CutSet:
+        return self.part_cuts("train-clean-360")
+
+    def train_other_500_cuts(self) -> CutSet:
+        return self.part_cuts("train-other-500")
+
+    def train_cuts(self) -> CutSet:
+        """The training cuts: train-clean-100, or all three parts with ``--full-libri``
+        (multiplexed lazily in proportion to their sizes)."""
+        if not self.args.full_libri:
+            return self.train_clean_100_cuts()
+        return CutSet.mux(
+            *(self.part_cuts(p) for p in FULL_TRAIN_PARTS), weights=list(FULL_TRAIN_PARTS.values())
+        )
+
+    def dev_clean_cuts(self) -> CutSet:
+        return self.part_cuts("dev-clean")
+
+    def dev_other_cuts(self) -> CutSet:
+        return self.part_cuts("dev-other")
+
+    def test_clean_cuts(self) -> CutSet:
+        return self.part_cuts("test-clean")
+
+    def test_other_cuts(self) -> CutSet:
+        return self.part_cuts("test-other")
+
+    def noise_cuts(self) -> CutSet:
+        """The noise corpus cuts (10 s windows with features), loaded eagerly."""
+        path = Path(self.args.manifest_dir) / NOISE_CUTS_NAME
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"no noise cuts at {path}: run prepare.sh --stage 3 --stop-stage 3, "
+                f"or pass --enable-musan false"
+            )
+        return load_manifest(path)
+
+    # --- loaders ---------------------------------------------------------------
+
+    def _input_strategy(self) -> Any:
+        if self.args.on_the_fly_feats:
+            return OnTheFlyFeatures(Fbank(FbankConfig(num_mel_bins=80)))
+        return PrecomputedFeatures()
+
+    def train_dataloaders(
+        self, cuts_train: CutSet, sampler_state_dict: Optional[Dict[str, Any]] = None
+    ) -> DataLoader:
+        """The training DataLoader: noise mixing and SpecAugment as enabled.
+
+        ``sampler_state_dict`` (from ``train_dl.sampler.state_dict()`` in a
+        checkpoint) resumes the sampler in the middle of an epoch.
+        """
+        args = self.args
+        transforms = []
+        if args.enable_musan:
+            logging.info(f"noise mixing on: CutMix p={NOISE_MIX_PROB}, SNR {NOISE_SNR_DB} dB")
+            transforms.append(
+                CutMix(cuts=self.noise_cuts(), p=NOISE_MIX_PROB, snr=NOISE_SNR_DB, preserve_id=True)
+            )
+        input_transforms = []
+        if args.enable_spec_aug:
+            warp = args.spec_aug_time_warp_factor if args.spec_aug_time_warp_factor >= 1 else None
+            logging.info(f"SpecAugment on: time warp factor {warp}, {SPEC_AUG}")
+            input_transforms.append(SpecAugment(time_warp_factor=warp, **SPEC_AUG))
+        dataset = K2SpeechRecognitionDataset(
+            input_strategy=self._input_strategy(),
+            cut_transforms=transforms,
+            input_transforms=input_transforms,
+            return_cuts=args.return_cuts,
+        )
+        if args.bucketing_sampler:
+            sampler = DynamicBucketingSampler(
+                cuts_train,
+                max_duration=args.max_duration,
+                shuffle=args.shuffle,
+                num_buckets=args.num_buckets,
+                drop_last=args.drop_last,
+            )
+        else:
+            sampler = SimpleCutSampler(
+                cuts_train, max_duration=args.max_duration, shuffle=args.shuffle, drop_last=args.drop_last
+            )
+        if sampler_state_dict is not None:
+            logging.info("loading the sampler state")
+            sampler.load_state_dict(sampler_state_dict)
+        seed = int(torch.randint(0, 100000, ()).item())
+        return DataLoader(
+            dataset,
+            sampler=sampler,
+            batch_size=None,
+            num_workers=args.num_workers,
+            persistent_workers=False,
+            worker_init_fn=_SeedWorkers(seed),
+        )
+
+    def _eval_dataloader(self, cuts: CutSet) -> DataLoader:
+        dataset = K2SpeechRecognitionDataset(
+            input_strategy=self._input_strategy(), return_cuts=self.args.return_cuts
+        )
+        sampler = DynamicBucketingSampler(cuts, max_duration=self.args.max_duration, shuffle=False)
+        return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=self.args.num_workers)
+
+    def valid_dataloaders(self, cuts_valid: CutSet) -> DataLoader:
+        """Validation DataLoader: no augmentation, no shuffling."""
+        return self._eval_dataloader(cuts_valid)
+
+    def test_dataloaders(self, cuts: CutSet) -> DataLoader:
+        """Test DataLoader: no augmentation, no shuffling."""
+        return self._eval_dataloader(cuts)
+
+
+# --- filtering cuts the encoder cannot handle ----------------------------------
+
+
+def encoder_frames(num_frames: int) -> int:
+    """Frames after the encoder's Conv2dSubsampling: ``((T - 3) // 2 - 1) // 2``."""
+    return ((num_frames - 3) // 2 - 1) // 2
+
+
+def cut_num_frames(cut: Cut) -> int:
+    """Feature frames of ``cut`` (stored, or computed from its duration at 10 ms)."""
+    if cut.has_features:
+        return cut.num_frames
+    return compute_num_frames(cut.duration, FRAME_SHIFT, cut.sampling_rate)
+
+
+def rejection_reason(
+    cut: Cut,
+    sp: Optional[Any] = None,
+    min_duration: Optional[float] = None,
+    max_duration: Optional[float] = None,
+) -> str:
+    """Why ``cut`` cannot be trained on ("" if it can).
+
+    Reasons: no supervision text; duration outside ``[min_duration,
+    max_duration]``; fewer than one frame after subsampling; more BPE tokens
+    (with ``sp``) than frames after subsampling (the transducer loss needs
+    ``T' >= U``).
+    """
+    text = " ".join(s.text or "" for s in cut.supervisions).strip()
+    if not text:
+        return "no supervision text"
+    if min_duration is not None and cut.duration < min_duration:
+        return f"shorter than {min_duration} s"
+    if max_duration is not None and cut.duration > max_duration:
+        return f"longer than {max_duration} s"
+    t_out = encoder_frames(cut_num_frames(cut))
+    if t_out < 1:
+        return "too short for the encoder's subsampling"
+    if sp is not None and len(sp.encode(text)) > t_out:
+        return "more tokens than frames after subsampling"
+    return ""
+
+
+@dataclass(frozen=True)
+class _KeepIds:
+    """A picklable cut predicate: keep the cuts whose id is in ``ids``."""
+
+    ids: FrozenSet[str]
+
+    def __call__(self, cut: Cut) -> bool:
+        return cut.id in self.ids
+
+
+def filter_cuts(
+    cuts: CutSet,
+    sp: Optional[Any] = None,
+    min_duration: Optional[float] = None,
+    max_duration: Optional[float] = None,
+    name: str = "cuts",
+) -> CutSet:
+    """Remove the cuts :func:`rejection_reason` rejects; log how many and why.
+
+    One pass decides (and logs each removed cut at DEBUG level, the counts per
+    reason at INFO/WARNING); the result filters by cut id, so it stays lazy for
+    a lazy ``cuts``.
+    """
+    kept = set()
+    reasons: Counter = Counter()
+    for cut in cuts:
+        reason = rejection_reason(cut, sp, min_duration, max_duration)
+        if reason:
+            reasons[reason] += 1
+            logging.debug(f"removing cut {cut.id} ({cut.duration:.2f} s): {reason}")
+        else:
+            kept.add(cut.id)
+    removed = sum(reasons.values())
+    total = removed + len(kept)
+    detail = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+    if removed:
+        logging.warning(f"{name}: removed {removed} of {total} cuts ({detail})")
+    else:
+        logging.info(f"{name}: kept all {total} cuts")
+    return cuts.filter(_KeepIds(frozenset(kept)))

@@ -1,0 +1,118 @@
+"""Small helpers shared by the data-preparation code.
+
+* :func:`atomic_output`: write a file under a temporary name, rename on success,
+  so an interrupted run never leaves a file that looks finished;
+* :func:`parallel_imap`: an ordered, progress-barred map over worker processes;
+* :func:`setup_logging`: icefall's timestamped log-line format;
+* :func:`str2bool`: argparse type for ``true``/``false`` flags, as in icefall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional, TypeVar, Union
+
+from tqdm import tqdm
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s [%(filename)s:%(lineno)d] %(message)s"
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Log to stderr in icefall's format: ``2026-01-01 12:00:00,000 INFO [f.py:12] msg``."""
+    logging.basicConfig(format=LOG_FORMAT, level=level, force=True)
+
+
+def str2bool(v: Union[str, bool]) -> bool:
+    """Parse ``true/false/yes/no/1/0`` (any case) for argparse flags."""
+    if isinstance(v, bool):
+        return v
+    if v.lower() in ("yes", "true", "t", "y", "1"):
+        return True
+    if v.lower() in ("no", "false", "f", "n", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"boolean value expected, got {v!r}")
+
+
+def temp_name(path: Path) -> Path:
+    """The temporary sibling of ``path``: ``dir/.tmp-<name>`` (same suffixes)."""
+    return path.with_name(f".tmp-{path.name}")
+
+
+@contextlib.contextmanager
+def atomic_output(path: Union[str, Path]) -> Iterator[Path]:
+    """Yield a temporary path to write ``path`` to; rename it into place on success.
+
+    The temporary name keeps the suffixes (``.tmp-x.jsonl.gz``) so libraries
+    that pick a format by suffix still work.  On error the temporary file or
+    directory is removed and the destination is left untouched.
+    """
+    path = Path(path)
+    tmp = temp_name(path)
+    remove_path(tmp)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield tmp
+    except BaseException:
+        remove_path(tmp)
+        raise
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file, link or directory tree if it exists."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def write_text_atomic(path: Union[str, Path], text: str) -> None:
+    """Write ``text`` to ``path`` through :func:`atomic_output`."""
+    with atomic_output(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def parallel_imap(
+    fn: Callable[[T], R],
+    items: Iterable[T],
+    num_jobs: int,
+    desc: str,
+    total: Optional[int] = None,
+    initializer: Optional[Callable[..., None]] = None,
+    initargs: tuple = (),
+) -> Iterator[R]:
+    """``map(fn, items)`` over ``num_jobs`` processes, in order, with a tqdm bar.
+
+    ``num_jobs <= 1`` runs in this process (``initializer`` is called first).
+    ``fn`` and ``initializer`` must be module-level functions (picklable).
+    """
+    items = list(items)
+    total = len(items) if total is None else total
+    if num_jobs <= 1:
+        if initializer is not None:
+            initializer(*initargs)
+        yield from tqdm(map(fn, items), total=total, desc=desc)
+        return
+    ctx = multiprocessing.get_context("fork")
+    chunksize = max(1, min(16, len(items) // (num_jobs * 8) or 1))
+    with ctx.Pool(num_jobs, initializer=initializer, initargs=initargs) as pool:
+        yield from tqdm(pool.imap(fn, items, chunksize=chunksize), total=total, desc=desc)
+
+
+def default_num_jobs() -> int:
+    """All the CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
