@@ -27,6 +27,7 @@ corpus that ``--enable-musan`` mixes into training cuts, as icefall mixes MUSAN)
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import random
 from collections import Counter
@@ -97,12 +98,15 @@ class LibriSpeechAsrDataModule:
                            help="seconds of audio per batch (icefall: 200 on a GPU; 100 suits a 2-core CPU)")
         group.add_argument("--bucketing-sampler", type=str2bool, default=True,
                            help="DynamicBucketingSampler (cuts of similar duration batched together)")
-        group.add_argument("--num-buckets", type=int, default=30,
-                           help="buckets of the DynamicBucketingSampler")
+        group.add_argument("--num-buckets", type=int, default=10,
+                           help="buckets of the DynamicBucketingSampler (icefall: 30, for 281k cuts; "
+                                "10 suits the few thousand cuts of the synthetic corpus)")
         group.add_argument("--shuffle", type=str2bool, default=True,
                            help="shuffle the training cuts every epoch")
-        group.add_argument("--drop-last", type=str2bool, default=True,
-                           help="drop the last, incomplete training batch")
+        group.add_argument("--drop-last", type=str2bool, default=False,
+                           help="drop incomplete training batches (icefall: true). With false, lhotse still "
+                                "gives every DDP rank the same number of batches; with true a small corpus "
+                                "loses a partial batch per bucket every epoch (all of the tiny corpus)")
         group.add_argument("--return-cuts", type=str2bool, default=True,
                            help="put the cuts in batch['supervisions']['cut']")
         group.add_argument("--num-workers", type=int, default=1,
@@ -204,18 +208,7 @@ class LibriSpeechAsrDataModule:
             input_transforms=input_transforms,
             return_cuts=args.return_cuts,
         )
-        if args.bucketing_sampler:
-            sampler = DynamicBucketingSampler(
-                cuts_train,
-                max_duration=args.max_duration,
-                shuffle=args.shuffle,
-                num_buckets=args.num_buckets,
-                drop_last=args.drop_last,
-            )
-        else:
-            sampler = SimpleCutSampler(
-                cuts_train, max_duration=args.max_duration, shuffle=args.shuffle, drop_last=args.drop_last
-            )
+        sampler = self._sampler(cuts_train, args.bucketing_sampler, args.shuffle, args.drop_last)
         if sampler_state_dict is not None:
             logging.info("loading the sampler state")
             sampler.load_state_dict(sampler_state_dict)
@@ -229,11 +222,25 @@ class LibriSpeechAsrDataModule:
             worker_init_fn=_SeedWorkers(seed),
         )
 
+    def _sampler(self, cuts: CutSet, bucketing: bool, shuffle: bool, drop_last: bool) -> Any:
+        """DynamicBucketingSampler with at most one bucket per cut (lhotse refuses
+        more buckets than cuts), or SimpleCutSampler."""
+        num_buckets = sum(1 for _ in itertools.islice(cuts, self.args.num_buckets))
+        if bucketing and num_buckets > 1:
+            return DynamicBucketingSampler(
+                cuts,
+                max_duration=self.args.max_duration,
+                shuffle=shuffle,
+                num_buckets=num_buckets,
+                drop_last=drop_last,
+            )
+        return SimpleCutSampler(cuts, max_duration=self.args.max_duration, shuffle=shuffle, drop_last=drop_last)
+
     def _eval_dataloader(self, cuts: CutSet) -> DataLoader:
         dataset = K2SpeechRecognitionDataset(
             input_strategy=self._input_strategy(), return_cuts=self.args.return_cuts
         )
-        sampler = DynamicBucketingSampler(cuts, max_duration=self.args.max_duration, shuffle=False)
+        sampler = self._sampler(cuts, bucketing=True, shuffle=False, drop_last=False)
         return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=self.args.num_workers)
 
     def valid_dataloaders(self, cuts_valid: CutSet) -> DataLoader:

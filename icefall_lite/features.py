@@ -173,11 +173,17 @@ def validate_cut(
             )
     if not cut.has_features:
         raise ManifestError(f"cut {cut.id}: has no features")
-    expected = compute_num_frames(cut.duration, cut.frame_shift, cut.sampling_rate)
-    if cut.num_frames != expected:
+    feats = cut.features
+    expected = compute_num_frames(feats.duration, feats.frame_shift, feats.sampling_rate)
+    if feats.num_frames != expected:
         raise ManifestError(
-            f"cut {cut.id}: {cut.num_frames} feature frames but duration "
-            f"{cut.duration:.3f} s needs {expected}"
+            f"cut {cut.id}: {feats.num_frames} feature frames but the features' duration "
+            f"{feats.duration:.3f} s needs {expected}"
+        )
+    if cut.start < feats.start - TIME_TOLERANCE or cut.end > feats.start + feats.duration + TIME_TOLERANCE:
+        raise ManifestError(
+            f"cut {cut.id}: [{cut.start:.3f}, {cut.end:.3f}] s is not covered by its features "
+            f"[{feats.start:.3f}, {feats.start + feats.duration:.3f}] s"
         )
     if check_storage:
         storage = Path(cut.features.storage_path)
