@@ -1,0 +1,241 @@
+"""End to end: `prepare.sh --size tiny` (every stage), the tiny synthetic corpus
+it builds, reruns, and the real-LibriSpeech path against a local mirror."""
+
+import argparse
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pytest
+import soundfile as sf
+from lhotse import load_manifest
+
+from icefall_lite.bpe import load_bpe_model
+from icefall_lite.data import LibriSpeechAsrDataModule, filter_cuts
+from icefall_lite.synth_corpus import EVAL_PARTS, PARTS, SIZES, TRAIN_PART, plan_corpus, render_utterance
+from icefall_lite.text_norm import ALLOWED_CHARS
+
+RECIPE = Path(__file__).resolve().parents[1] / "egs" / "librispeech" / "ASR"
+
+
+def run_prepare(*args: str) -> subprocess.CompletedProcess:
+    """Run prepare.sh; stdout and stderr together in .stdout."""
+    return subprocess.run(
+        ["bash", str(RECIPE / "prepare.sh"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("tiny")
+    proc = run_prepare("--size", "tiny", "--work-dir", str(work))
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    (work / "first-run.log").write_text(proc.stdout)
+    return work
+
+
+def _transcripts(part_dir: Path) -> Dict[str, str]:
+    out = {}
+    for trans in part_dir.rglob("*.trans.txt"):
+        for line in trans.read_text().splitlines():
+            utt, text = line.split(maxsplit=1)
+            out[utt] = text
+    return out
+
+
+def test_every_stage_ran_and_wrote_its_outputs(tiny: Path) -> None:
+    log = (tiny / "first-run.log").read_text()
+    for n in range(5):
+        assert f"Stage {n}:" in log
+    fbank = tiny / "data" / "fbank"
+    for part in PARTS:
+        assert (tiny / "download" / "LibriSpeech" / part / ".completed").is_file()
+        assert (tiny / "data" / "manifests" / f"librispeech_recordings_{part}.jsonl.gz").is_file()
+        assert (tiny / "data" / "manifests" / f"librispeech_supervisions_{part}.jsonl.gz").is_file()
+        assert (fbank / f"librispeech_cuts_{part}.jsonl.gz").is_file()
+    assert (fbank / "noise_cuts.jsonl.gz").is_file()
+    for name in ("bpe.model", "tokens.txt", "transcript_words.txt"):
+        assert (tiny / "data" / "lang_bpe_100" / name).is_file()
+    leftovers = [p for p in tiny.rglob("*") if p.name.startswith(".tmp") or p.name.endswith(".partial")]
+    assert leftovers == []
+
+
+def test_tiny_corpus_layout_and_audio(tiny: Path) -> None:
+    corpus = tiny / "download" / "LibriSpeech"
+    info = json.loads((corpus / "SYNTHETIC.json").read_text())
+    for part in PARTS:
+        texts = _transcripts(corpus / part)
+        assert len(texts) == info["parts"][part]["utterances"]
+        for utt, text in texts.items():
+            spk, chap, _ = utt.split("-")
+            flac = corpus / part / spk / chap / f"{utt}.flac"
+            meta = sf.info(str(flac))
+            assert meta.samplerate == 16000 and meta.channels == 1 and meta.format == "FLAC"
+            assert 5 <= len(text.split()) <= 20 and set(text) <= ALLOWED_CHARS and text == text.upper()
+    assert info["parts"][TRAIN_PART]["utterances"] == SIZES["tiny"].max_train_utts
+    assert all(info["parts"][p]["utterances"] == SIZES["tiny"].eval_utts for p in EVAL_PARTS)
+
+
+def test_sentences_never_cross_parts_and_voices_split_as_librispeech(tiny: Path) -> None:
+    corpus = tiny / "download" / "LibriSpeech"
+    texts = {p: _transcripts(corpus / p) for p in PARTS}
+    speakers = {p: {u.split("-")[0] for u in texts[p]} for p in PARTS}
+    for i, a in enumerate(PARTS):
+        for b in PARTS[i + 1 :]:
+            assert not set(texts[a].values()) & set(texts[b].values()), (a, b)
+    assert speakers["dev-clean"] <= speakers[TRAIN_PART] and speakers["test-clean"] <= speakers[TRAIN_PART]
+    for part in ("dev-other", "test-other"):
+        assert not speakers[part] & speakers[TRAIN_PART]
+    assert not speakers["dev-other"] & speakers["test-other"]
+
+
+def test_other_parts_are_noisy_and_voices_unseen_in_the_plan() -> None:
+    plan = plan_corpus(SIZES["tiny"], 42)
+    train_voices = {u.voice for u in plan.utterances if u.part == TRAIN_PART}
+    for u in plan.utterances:
+        if u.part.endswith("-other"):
+            assert u.voice not in train_voices and u.noise in ("white", "pink", "brown", "babble")
+            assert 10.0 <= u.snr_db <= 20.0
+            assert u.voice.name.split("+")[0] in ("en-029", "en-us-nyc") or u.voice.engine == "flite" or u.voice.name.split("+")[1] in ("m6", "m7", "f4", "f5", "klatt2", "klatt4")
+        else:
+            assert u.noise is None
+    names = {u.voice.name for u in plan.utterances if u.part.endswith("-other")}
+    assert not names & {v.name for v in train_voices}
+
+
+def test_corpus_is_deterministic_for_a_seed(tiny: Path, tmp_path: Path) -> None:
+    a, b, c = plan_corpus(SIZES["tiny"], 42), plan_corpus(SIZES["tiny"], 42), plan_corpus(SIZES["tiny"], 43)
+    assert a.utterances == b.utterances and a.utterances != c.utterances
+    # Re-render clean and noisy utterances in this process (prepare.sh used 2
+    # worker processes): the FLACs must be identical to the bytes.
+    from icefall_lite import synth_corpus
+
+    bank = synth_corpus.make_babble_bank(a, SIZES["tiny"], 1)
+    synth_corpus._set_babble_bank(bank)
+    chosen = [u for u in a.utterances if u.noise is None][:2] + [u for u in a.utterances if u.noise][:4]
+    for utt in chosen:
+        utt_id, seconds, error = render_utterance((utt, tmp_path))
+        assert error == "" and seconds > 0
+        built = tiny / "download" / "LibriSpeech" / utt.relpath
+        assert (tmp_path / utt.relpath).read_bytes() == built.read_bytes(), utt_id
+
+
+def test_manifests_load_and_agree(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tiny)  # feature paths are relative to the work dir, as in icefall
+    info = json.loads((tiny / "download" / "LibriSpeech" / "SYNTHETIC.json").read_text())
+    for part in PARTS:
+        sups = load_manifest(tiny / "data" / "manifests" / f"librispeech_supervisions_{part}.jsonl.gz")
+        recs = load_manifest(tiny / "data" / "manifests" / f"librispeech_recordings_{part}.jsonl.gz")
+        cuts = load_manifest(tiny / "data" / "fbank" / f"librispeech_cuts_{part}.jsonl.gz")
+        assert len(sups) == len(recs) == len(cuts) == info["parts"][part]["utterances"]
+        cut = cuts[0]
+        assert cut.load_features().shape == (cut.num_frames, 80)
+    noise = load_manifest(tiny / "data" / "fbank" / "noise_cuts.jsonl.gz")
+    kinds = {c.recording_id.split("-")[0] for c in noise}
+    assert kinds == {"white", "pink", "brown", "babble"} and all(5.0 < c.duration <= 10.0 for c in noise)
+
+
+def test_bpe_of_the_tiny_corpus(tiny: Path) -> None:
+    lang = tiny / "data" / "lang_bpe_100"
+    sp = load_bpe_model(lang / "bpe.model")
+    assert sp.get_piece_size() == 100
+    tokens = (lang / "tokens.txt").read_text().splitlines()
+    assert tokens[:3] == ["<blk> 0", "<sos/eos> 1", "<unk> 2"] and len(tokens) == 100
+    train = (lang / "transcript_words.txt").read_text().splitlines()
+    assert len(train) == SIZES["tiny"].max_train_utts
+    for text in train + list(_transcripts(tiny / "download" / "LibriSpeech" / "test-clean").values()):
+        assert sp.decode(sp.encode(text)) == text
+
+
+def test_training_batch_from_the_tiny_data(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tiny)
+    parser = argparse.ArgumentParser()
+    LibriSpeechAsrDataModule.add_arguments(parser)
+    args = parser.parse_args(["--manifest-dir", str(tiny / "data" / "fbank"), "--max-duration", "20", "--num-workers", "1"])
+    dm = LibriSpeechAsrDataModule(args)
+    sp = load_bpe_model(tiny / "data" / "lang_bpe_100" / "bpe.model")
+    batch = next(iter(dm.train_dataloaders(filter_cuts(dm.train_cuts(), sp))))
+    x, sup = batch["inputs"], batch["supervisions"]
+    assert x.dim() == 3 and x.shape[2] == 80 and x.shape[0] == len(sup["text"]) >= 1
+    assert {"text", "sequence_idx", "start_frame", "num_frames", "cut"} <= set(sup)
+    n_test = sum(len(b["supervisions"]["text"]) for b in dm.test_dataloaders(dm.test_other_cuts()))
+    assert n_test == SIZES["tiny"].eval_utts
+
+
+def test_rerun_skips_finished_stages(tiny: Path) -> None:
+    stamp = (tiny / "data" / "fbank" / "librispeech_cuts_dev-clean.jsonl.gz").stat().st_mtime_ns
+    proc = run_prepare("--size", "tiny", "--work-dir", str(tiny))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "already holds the tiny corpus" in proc.stdout
+    for n in (1, 2, 3, 4):
+        assert f"Stage {n}:" in proc.stdout and "already done" in proc.stdout.split(f"Stage {n}:")[1].split("\n")[0]
+    assert (tiny / "data" / "fbank" / "librispeech_cuts_dev-clean.jsonl.gz").stat().st_mtime_ns == stamp
+
+
+def test_interrupted_stage_is_redone_without_trusting_leftovers(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tiny)
+    fbank = tiny / "data" / "fbank"
+    (fbank / ".librispeech.done").unlink()
+    (fbank / "librispeech_cuts_test-other.jsonl.gz").unlink()  # killed while writing test-other:
+    (fbank / ".tmp-librispeech_cuts_test-other.jsonl.gz").write_bytes(b"half a gzip")
+    (fbank / "librispeech_feats_test-other" / "feats-0.lca").write_bytes(b"garbage")
+    proc = run_prepare("--size", "tiny", "--work-dir", str(tiny), "--stage", "2", "--stop-stage", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "dev-clean" in proc.stdout and "exists - skipping" in proc.stdout
+    assert "test-other: wrote 8 cuts" in proc.stdout
+    assert not (fbank / ".tmp-librispeech_cuts_test-other.jsonl.gz").exists()
+    assert (fbank / ".librispeech.done").is_file()
+    cuts = load_manifest(fbank / "librispeech_cuts_test-other.jsonl.gz")
+    assert all(np.isfinite(c.load_features()).all() for c in cuts)
+
+
+def test_too_large_vocab_fails_clearly(tiny: Path) -> None:
+    proc = run_prepare("--size", "tiny", "--work-dir", str(tiny), "--stage", "4", "--vocab-size", "500")
+    assert proc.returncode != 0
+    assert "support at most" in proc.stdout and "--vocab-size 500" in proc.stdout
+    assert not (tiny / "data" / "lang_bpe_500" / "bpe.model").exists()
+    assert not (tiny / "data" / "lang_bpe_500" / ".done").exists()
+
+
+def test_other_size_on_an_existing_corpus_is_refused(tiny: Path) -> None:
+    proc = run_prepare("--work-dir", str(tiny), "--stop-stage", "0")
+    assert proc.returncode != 0
+    assert "was built with size=tiny seed=42, not size=default seed=42" in proc.stdout
+
+
+def test_bad_options_are_refused() -> None:
+    for args in (["--no-such-option", "1"], ["--corpus", "timit"], ["--stage"]):
+        proc = run_prepare(*args)
+        assert proc.returncode == 2 and "prepare.sh:" in proc.stdout
+
+
+def _mirror(corpus: Path, parts: List[str], mirror: Path) -> None:
+    """OpenSLR layout: <mirror>/12/<part>.tar.gz holding LibriSpeech/<part>/..."""
+    (mirror / "12").mkdir(parents=True)
+    for part in parts:
+        with tarfile.open(mirror / "12" / f"{part}.tar.gz", "w:gz") as tar:
+            tar.add(corpus / part, arcname=f"LibriSpeech/{part}", filter=lambda t: None if t.name.endswith(".completed") else t)
+
+
+def test_librispeech_corpus_from_a_local_mirror(tiny: Path, tmp_path: Path) -> None:
+    _mirror(tiny / "download" / "LibriSpeech", list(PARTS), tmp_path / "mirror")
+    work = tmp_path / "real"
+    proc = run_prepare(
+        "--corpus", "librispeech", "--work-dir", str(work), "--stop-stage", "2",
+        "--librispeech-url", (tmp_path / "mirror").as_uri(),
+    )
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert "perturb_speed=true" in proc.stdout
+    assert (work / "download" / "dev-clean.tar.gz").is_file()
+    train = load_manifest(work / "data" / "fbank" / "librispeech_cuts_train-clean-100.jsonl.gz")
+    assert len(train) == 3 * SIZES["tiny"].max_train_utts  # 1.0, 0.9 and 1.1 speed
+    dev = load_manifest(work / "data" / "fbank" / "librispeech_cuts_dev-other.jsonl.gz")
+    assert len(dev) == SIZES["tiny"].eval_utts
