@@ -10,11 +10,13 @@ pieces, :class:`VocabSizeError` says the largest size they support.
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 import re
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, List
 
 import sentencepiece as spm
 
@@ -27,6 +29,15 @@ _TOO_HIGH_RE = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it t
 
 class VocabSizeError(ValueError):
     """The transcripts cannot support the requested vocabulary size."""
+
+
+def supervision_texts(path: Path) -> List[str]:
+    """The ``text`` of every segment of a lhotse supervision manifest (``.jsonl.gz``).
+
+    Read directly (a JSON object per line), so the BPE stage does not import lhotse.
+    """
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f if line.strip()]
 
 
 def write_transcript_words(texts: Iterable[str], path: Path) -> int:

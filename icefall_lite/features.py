@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import time
 from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -131,6 +132,7 @@ def _fbank_part(
     manifest_dir: Path, fbank_dir: Path, part: str, executor: Optional[Executor], perturb_speed: bool
 ) -> None:
     """Features and the cut manifest of one part."""
+    start = time.time()
     out_path = librispeech_cuts_path(fbank_dir, part)
     rec_path, sup_path = manifest_paths(manifest_dir, part)
     cuts = CutSet.from_manifests(
@@ -144,7 +146,11 @@ def _fbank_part(
     with atomic_output(out_path) as tmp:
         cuts.to_file(tmp)
     hours = sum(c.duration for c in cuts) / 3600
-    logging.info(f"{part}: wrote {len(cuts)} cuts ({hours:.3f} h) to {out_path}")
+    secs = time.time() - start
+    logging.info(
+        f"{part}: wrote {len(cuts)} cuts ({hours:.3f} h) to {out_path} in {secs:.1f} s "
+        f"({hours * 3600 / max(secs, 1e-6):.0f}x real time)"
+    )
 
 
 class ManifestError(ValueError):

@@ -20,13 +20,14 @@ and renamed to ``LibriSpeech`` only when complete.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 import soundfile as sf
@@ -114,11 +115,12 @@ def estimated_seconds(text: str) -> float:
     return SECONDS_PER_UTT + SECONDS_PER_WORD * len(text.split())
 
 
-def load_sentences(vocab_words: int) -> Tuple[List[str], set]:
-    """The normalised fortune sentences and their ``vocab_words`` most frequent words."""
+@functools.lru_cache(maxsize=4)
+def load_sentences(vocab_words: int) -> Tuple[Tuple[str, ...], FrozenSet[str]]:
+    """The normalised fortune sentences and their ``vocab_words`` most frequent words (cached)."""
     paragraphs = [p for f in fortune_files() for p in read_fortunes(f)]
     sentences = sentence_pool(paragraphs)
-    return sentences, frequent_vocabulary(sentences, vocab_words)
+    return tuple(sentences), frozenset(frequent_vocabulary(sentences, vocab_words))
 
 
 def _train_texts(pool: Sequence[str], size: CorpusSize) -> List[str]:

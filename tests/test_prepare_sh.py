@@ -14,6 +14,7 @@ import pytest
 import soundfile as sf
 from lhotse import load_manifest
 
+from icefall_lite import tts
 from icefall_lite.bpe import load_bpe_model
 from icefall_lite.data import LibriSpeechAsrDataModule, filter_cuts
 from icefall_lite.synth_corpus import EVAL_PARTS, PARTS, SIZES, TRAIN_PART, plan_corpus, render_utterance
@@ -104,7 +105,11 @@ def test_other_parts_are_noisy_and_voices_unseen_in_the_plan() -> None:
         if u.part.endswith("-other"):
             assert u.voice not in train_voices and u.noise in ("white", "pink", "brown", "babble")
             assert 10.0 <= u.snr_db <= 20.0
-            assert u.voice.name.split("+")[0] in ("en-029", "en-us-nyc") or u.voice.engine == "flite" or u.voice.name.split("+")[1] in ("m6", "m7", "f4", "f5", "klatt2", "klatt4")
+            if u.voice.engine == "espeak":
+                accent, variant = u.voice.name.split("+")
+                assert accent in tts.OTHER_ACCENTS or variant in tts.OTHER_VARIANTS
+            else:
+                assert u.voice.name in tts.OTHER_FLITE
         else:
             assert u.noise is None
     names = {u.voice.name for u in plan.utterances if u.part.endswith("-other")}
@@ -229,13 +234,15 @@ def test_librispeech_corpus_from_a_local_mirror(tiny: Path, tmp_path: Path) -> N
     _mirror(tiny / "download" / "LibriSpeech", list(PARTS), tmp_path / "mirror")
     work = tmp_path / "real"
     proc = run_prepare(
-        "--corpus", "librispeech", "--work-dir", str(work), "--stop-stage", "2",
+        "--corpus", "librispeech", "--work-dir", str(work), "--stop-stage", "1",
         "--librispeech-url", (tmp_path / "mirror").as_uri(),
     )
     assert proc.returncode == 0, proc.stdout[-5000:]
+    # Speed perturbation (stage 2) is on by default for real LibriSpeech; it is
+    # exercised in test_data_manifests.py::test_fbank_manifests_with_speed_perturbation.
     assert "perturb_speed=true" in proc.stdout
-    assert (work / "download" / "dev-clean.tar.gz").is_file()
-    train = load_manifest(work / "data" / "fbank" / "librispeech_cuts_train-clean-100.jsonl.gz")
-    assert len(train) == 3 * SIZES["tiny"].max_train_utts  # 1.0, 0.9 and 1.1 speed
-    dev = load_manifest(work / "data" / "fbank" / "librispeech_cuts_dev-other.jsonl.gz")
-    assert len(dev) == SIZES["tiny"].eval_utts
+    for part in PARTS:
+        assert (work / "download" / f"{part}.tar.gz").is_file()
+        assert (work / "download" / "LibriSpeech" / part / ".completed").is_file()
+        sups = load_manifest(work / "data" / "manifests" / f"librispeech_supervisions_{part}.jsonl.gz")
+        assert sorted(s.text for s in sups) == sorted(_transcripts(tiny / "download" / "LibriSpeech" / part).values())

@@ -11,6 +11,7 @@ parts also get 0.9x and 1.1x copies. Finished parts are skipped.
 """
 
 import argparse
+import logging
 from pathlib import Path
 
 from icefall_lite.features import compute_fbank_librispeech
@@ -31,6 +32,7 @@ def get_args() -> argparse.Namespace:
 def main() -> None:
     args = get_args()
     setup_logging()
+    logging.info(f"{Path(__file__).name}: {vars(args)}")
     compute_fbank_librispeech(args.manifest_dir, args.output_dir, args.parts, args.nj, args.perturb_speed)
 
 

@@ -8,6 +8,7 @@ out as OpenSLR's resources: <base-url>/12/<part>.tar.gz.
 """
 
 import argparse
+import logging
 from pathlib import Path
 
 from icefall_lite.manifests import DEFAULT_PARTS, OPENSLR_URL, download_librispeech
@@ -25,6 +26,7 @@ def get_args() -> argparse.Namespace:
 def main() -> None:
     args = get_args()
     setup_logging()
+    logging.info(f"{Path(__file__).name}: {vars(args)}")
     download_librispeech(args.dl_dir, args.parts, args.base_url)
 
 

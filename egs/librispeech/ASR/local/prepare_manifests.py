@@ -11,6 +11,7 @@ Logs hours, utterances and the OOV rate of every part.
 """
 
 import argparse
+import logging
 from pathlib import Path
 
 from icefall_lite.manifests import DEFAULT_PARTS, prepare_librispeech_manifests, report_manifests
@@ -29,6 +30,7 @@ def get_args() -> argparse.Namespace:
 def main() -> None:
     args = get_args()
     setup_logging()
+    logging.info(f"{Path(__file__).name}: {vars(args)}")
     prepare_librispeech_manifests(args.corpus_dir, args.parts, args.output_dir, args.nj)
     report_manifests(args.output_dir, args.parts)
 

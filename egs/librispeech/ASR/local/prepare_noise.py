@@ -9,6 +9,7 @@ data/manifests/noise_recordings.jsonl.gz and data/fbank/noise_cuts.jsonl.gz
 """
 
 import argparse
+import logging
 from pathlib import Path
 
 from icefall_lite.noise_corpus import NOISE_SIZES, build_noise_audio, prepare_noise_cuts
@@ -29,6 +30,7 @@ def get_args() -> argparse.Namespace:
 def main() -> None:
     args = get_args()
     setup_logging()
+    logging.info(f"{Path(__file__).name}: {vars(args)}")
     noise_dir = build_noise_audio(args.dl_dir, args.size, args.seed, args.nj)
     prepare_noise_cuts(noise_dir, args.manifest_dir, args.fbank_dir)
 

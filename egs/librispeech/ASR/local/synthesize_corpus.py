@@ -9,6 +9,7 @@ Skips (with a log line) when the same corpus is already there.
 """
 
 import argparse
+import logging
 from pathlib import Path
 
 from icefall_lite.prep_util import default_num_jobs, setup_logging
@@ -27,6 +28,7 @@ def get_args() -> argparse.Namespace:
 def main() -> None:
     args = get_args()
     setup_logging()
+    logging.info(f"{Path(__file__).name}: {vars(args)}")
     build_corpus(args.dl_dir, args.size, args.seed, args.nj)
 
 

@@ -14,9 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-from lhotse import load_manifest_lazy
-
-from icefall_lite.bpe import VocabSizeError, train_bpe_model, write_transcript_words
+from icefall_lite.bpe import VocabSizeError, supervision_texts, train_bpe_model, write_transcript_words
 from icefall_lite.prep_util import setup_logging
 
 
@@ -31,8 +29,9 @@ def get_args() -> argparse.Namespace:
 def main() -> int:
     args = get_args()
     setup_logging()
+    logging.info(f"{Path(__file__).name}: {vars(args)}")
     transcript = args.lang_dir / "transcript_words.txt"
-    texts = [s.text for path in args.supervisions for s in load_manifest_lazy(path)]
+    texts = [t for path in args.supervisions for t in supervision_texts(path)]
     n = write_transcript_words(texts, transcript)
     logging.info(f"wrote {n} training transcripts to {transcript}")
     try:

@@ -28,6 +28,7 @@ def get_args() -> argparse.Namespace:
 def main() -> int:
     args = get_args()
     setup_logging()
+    logging.info(f"{Path(__file__).name}: {vars(args)}")
     for path in args.manifests:
         try:
             n = validate_cut_manifest(path, args.supervised, args.load_features)
