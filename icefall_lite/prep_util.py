@@ -4,6 +4,8 @@
   so an interrupted run never leaves a file that looks finished;
 * :func:`parallel_imap`: an ordered, progress-barred map over worker processes;
 * :func:`setup_logging`: icefall's timestamped log-line format;
+* :func:`script_parser`, :func:`parse_script_args`: the recipe scripts' CLI
+  plumbing (docstring as help, configuration logged);
 * :func:`str2bool`: argparse type for ``true``/``false`` flags, as in icefall.
 """
 
@@ -29,6 +31,24 @@ LOG_FORMAT = "%(asctime)s %(levelname)s [%(filename)s:%(lineno)d] %(message)s"
 def setup_logging(level: int = logging.INFO) -> None:
     """Log to stderr in icefall's format: ``2026-01-01 12:00:00,000 INFO [f.py:12] msg``."""
     logging.basicConfig(format=LOG_FORMAT, level=level, force=True)
+
+
+def script_parser(doc: Optional[str]) -> argparse.ArgumentParser:
+    """An argument parser for a recipe script whose help text is its docstring."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_nj_argument(parser: argparse.ArgumentParser) -> None:
+    """``--nj``: worker processes, default all cores."""
+    parser.add_argument("--nj", type=int, default=default_num_jobs(), help="worker processes (default: all cores)")
+
+
+def parse_script_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse the command line, set up icefall-style logging, log the full configuration."""
+    args = parser.parse_args()
+    setup_logging()
+    logging.info(f"{parser.prog}: {vars(args)}")
+    return args
 
 
 def str2bool(v: Union[str, bool]) -> bool:

@@ -11,28 +11,25 @@ parts also get 0.9x and 1.1x copies. Finished parts are skipped.
 """
 
 import argparse
-import logging
 from pathlib import Path
 
 from icefall_lite.features import compute_fbank_librispeech
 from icefall_lite.manifests import DEFAULT_PARTS
-from icefall_lite.prep_util import default_num_jobs, setup_logging, str2bool
+from icefall_lite.prep_util import add_nj_argument, parse_script_args, script_parser, str2bool
 
 
-def get_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def get_parser() -> argparse.ArgumentParser:
+    parser = script_parser(__doc__)
     parser.add_argument("--manifest-dir", type=Path, default=Path("data/manifests"))
     parser.add_argument("--output-dir", type=Path, default=Path("data/fbank"))
     parser.add_argument("--parts", nargs="+", default=list(DEFAULT_PARTS))
     parser.add_argument("--perturb-speed", type=str2bool, default=False, help="add 0.9x/1.1x copies of train* parts")
-    parser.add_argument("--nj", type=int, default=default_num_jobs(), help="worker processes")
-    return parser.parse_args()
+    add_nj_argument(parser)
+    return parser
 
 
 def main() -> None:
-    args = get_args()
-    setup_logging()
-    logging.info(f"{Path(__file__).name}: {vars(args)}")
+    args = parse_script_args(get_parser())
     compute_fbank_librispeech(args.manifest_dir, args.output_dir, args.parts, args.nj, args.perturb_speed)
 
 

@@ -8,25 +8,22 @@ out as OpenSLR's resources: <base-url>/12/<part>.tar.gz.
 """
 
 import argparse
-import logging
 from pathlib import Path
 
 from icefall_lite.manifests import DEFAULT_PARTS, OPENSLR_URL, download_librispeech
-from icefall_lite.prep_util import setup_logging
+from icefall_lite.prep_util import parse_script_args, script_parser
 
 
-def get_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def get_parser() -> argparse.ArgumentParser:
+    parser = script_parser(__doc__)
     parser.add_argument("--dl-dir", type=Path, required=True, help="archives and DL_DIR/LibriSpeech go here")
     parser.add_argument("--parts", nargs="+", default=list(DEFAULT_PARTS), help="LibriSpeech parts")
     parser.add_argument("--base-url", default=OPENSLR_URL, help="OpenSLR resources URL or a mirror")
-    return parser.parse_args()
+    return parser
 
 
 def main() -> None:
-    args = get_args()
-    setup_logging()
-    logging.info(f"{Path(__file__).name}: {vars(args)}")
+    args = parse_script_args(get_parser())
     download_librispeech(args.dl_dir, args.parts, args.base_url)
 
 

@@ -11,26 +11,23 @@ Logs hours, utterances and the OOV rate of every part.
 """
 
 import argparse
-import logging
 from pathlib import Path
 
 from icefall_lite.manifests import DEFAULT_PARTS, prepare_librispeech_manifests, report_manifests
-from icefall_lite.prep_util import default_num_jobs, setup_logging
+from icefall_lite.prep_util import add_nj_argument, parse_script_args, script_parser
 
 
-def get_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def get_parser() -> argparse.ArgumentParser:
+    parser = script_parser(__doc__)
     parser.add_argument("--corpus-dir", type=Path, required=True, help="the LibriSpeech folder")
     parser.add_argument("--output-dir", type=Path, default=Path("data/manifests"))
     parser.add_argument("--parts", nargs="+", default=list(DEFAULT_PARTS))
-    parser.add_argument("--nj", type=int, default=default_num_jobs(), help="worker processes")
-    return parser.parse_args()
+    add_nj_argument(parser)
+    return parser
 
 
 def main() -> None:
-    args = get_args()
-    setup_logging()
-    logging.info(f"{Path(__file__).name}: {vars(args)}")
+    args = parse_script_args(get_parser())
     prepare_librispeech_manifests(args.corpus_dir, args.parts, args.output_dir, args.nj)
     report_manifests(args.output_dir, args.parts)
 

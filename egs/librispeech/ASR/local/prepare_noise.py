@@ -9,28 +9,25 @@ data/manifests/noise_recordings.jsonl.gz and data/fbank/noise_cuts.jsonl.gz
 """
 
 import argparse
-import logging
 from pathlib import Path
 
 from icefall_lite.noise_corpus import NOISE_SIZES, build_noise_audio, prepare_noise_cuts
-from icefall_lite.prep_util import default_num_jobs, setup_logging
+from icefall_lite.prep_util import add_nj_argument, parse_script_args, script_parser
 
 
-def get_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def get_parser() -> argparse.ArgumentParser:
+    parser = script_parser(__doc__)
     parser.add_argument("--dl-dir", type=Path, required=True, help="noise audio goes to DL_DIR/noise")
     parser.add_argument("--manifest-dir", type=Path, default=Path("data/manifests"))
     parser.add_argument("--fbank-dir", type=Path, default=Path("data/fbank"))
     parser.add_argument("--size", choices=sorted(NOISE_SIZES), default="default")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--nj", type=int, default=default_num_jobs(), help="worker processes")
-    return parser.parse_args()
+    add_nj_argument(parser)
+    return parser
 
 
 def main() -> None:
-    args = get_args()
-    setup_logging()
-    logging.info(f"{Path(__file__).name}: {vars(args)}")
+    args = parse_script_args(get_parser())
     noise_dir = build_noise_audio(args.dl_dir, args.size, args.seed, args.nj)
     prepare_noise_cuts(noise_dir, args.manifest_dir, args.fbank_dir)
 

@@ -15,21 +15,19 @@ import sys
 from pathlib import Path
 
 from icefall_lite.bpe import VocabSizeError, supervision_texts, train_bpe_model, write_transcript_words
-from icefall_lite.prep_util import setup_logging
+from icefall_lite.prep_util import parse_script_args, script_parser
 
 
-def get_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def get_parser() -> argparse.ArgumentParser:
+    parser = script_parser(__doc__)
     parser.add_argument("--lang-dir", type=Path, required=True)
     parser.add_argument("--vocab-size", type=int, default=500)
     parser.add_argument("--supervisions", type=Path, nargs="+", required=True, help="training supervision manifests")
-    return parser.parse_args()
+    return parser
 
 
 def main() -> int:
-    args = get_args()
-    setup_logging()
-    logging.info(f"{Path(__file__).name}: {vars(args)}")
+    args = parse_script_args(get_parser())
     transcript = args.lang_dir / "transcript_words.txt"
     texts = [t for path in args.supervisions for t in supervision_texts(path)]
     n = write_transcript_words(texts, transcript)

@@ -14,21 +14,19 @@ import sys
 from pathlib import Path
 
 from icefall_lite.features import ManifestError, validate_cut_manifest
-from icefall_lite.prep_util import setup_logging, str2bool
+from icefall_lite.prep_util import parse_script_args, script_parser, str2bool
 
 
-def get_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def get_parser() -> argparse.ArgumentParser:
+    parser = script_parser(__doc__)
     parser.add_argument("manifests", type=Path, nargs="+", help="cut manifests (*.jsonl.gz)")
     parser.add_argument("--supervised", type=str2bool, default=True, help="false for noise cuts (no supervisions)")
     parser.add_argument("--load-features", type=str2bool, default=False, help="also read every feature matrix")
-    return parser.parse_args()
+    return parser
 
 
 def main() -> int:
-    args = get_args()
-    setup_logging()
-    logging.info(f"{Path(__file__).name}: {vars(args)}")
+    args = parse_script_args(get_parser())
     for path in args.manifests:
         try:
             n = validate_cut_manifest(path, args.supervised, args.load_features)
