@@ -33,7 +33,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, Optional
+from typing import Any, Dict, FrozenSet, List, Optional
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ from lhotse.dataset.input_strategies import OnTheFlyFeatures, PrecomputedFeature
 from lhotse.utils import compute_num_frames
 from torch.utils.data import DataLoader
 
-from icefall_lite.prep_util import str2bool
+from icefall_lite.utils import str2bool
 
 NOISE_CUTS_NAME = "noise_cuts.jsonl.gz"
 TRAIN_PART = "train-clean-100"
@@ -194,8 +194,11 @@ class LibriSpeechAsrDataModule:
         transforms = []
         if args.enable_musan:
             logging.info(f"noise mixing on: CutMix p={NOISE_MIX_PROB}, SNR {NOISE_SNR_DB} dB")
+            # An RNG of our own (lhotse's default is a fixed seed, the same every
+            # epoch) whose state a checkpoint can save: see transform_rng_state().
+            mix_rng = random.Random(int(torch.randint(0, 2**31 - 1, ()).item()))
             transforms.append(
-                CutMix(cuts=self.noise_cuts(), p=NOISE_MIX_PROB, snr=NOISE_SNR_DB, preserve_id=True)
+                CutMix(cuts=self.noise_cuts(), p=NOISE_MIX_PROB, snr=NOISE_SNR_DB, preserve_id=True, seed=mix_rng)
             )
         input_transforms = []
         if args.enable_spec_aug:
@@ -250,6 +253,29 @@ class LibriSpeechAsrDataModule:
     def test_dataloaders(self, cuts: CutSet) -> DataLoader:
         """Test DataLoader: no augmentation, no shuffling."""
         return self._eval_dataloader(cuts)
+
+
+def _transform_rngs(dataloader: DataLoader) -> List[random.Random]:
+    dataset = dataloader.dataset
+    return [t.seed for t in getattr(dataset, "cut_transforms", []) or [] if isinstance(getattr(t, "seed", None), random.Random)]
+
+
+def transform_rng_state(dataloader: DataLoader) -> List[Any]:
+    """States of the RNGs of the loader's cut transforms (noise mixing), for a checkpoint.
+
+    With ``--num-workers 0`` these and the global RNGs make a resumed epoch
+    draw the same augmentation as an uninterrupted one.
+    """
+    return [rng.getstate() for rng in _transform_rngs(dataloader)]
+
+
+def set_transform_rng_state(dataloader: DataLoader, states: List[Any]) -> None:
+    """Restore :func:`transform_rng_state` into a loader built with the same flags."""
+    rngs = _transform_rngs(dataloader)
+    if len(rngs) != len(states):
+        raise ValueError(f"checkpoint has {len(states)} transform RNG states, the loader {len(rngs)} transforms")
+    for rng, state in zip(rngs, states):
+        rng.setstate(state)
 
 
 # --- filtering cuts the encoder cannot handle ----------------------------------

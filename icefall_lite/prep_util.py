@@ -6,7 +6,6 @@
 * :func:`setup_logging`: icefall's timestamped log-line format;
 * :func:`script_parser`, :func:`parse_script_args`: the recipe scripts' CLI
   plumbing (docstring as help, configuration logged);
-* :func:`str2bool`: argparse type for ``true``/``false`` flags, as in icefall.
 """
 
 from __future__ import annotations
@@ -49,17 +48,6 @@ def parse_script_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     setup_logging()
     logging.info(f"{parser.prog}: {vars(args)}")
     return args
-
-
-def str2bool(v: Union[str, bool]) -> bool:
-    """Parse ``true/false/yes/no/1/0`` (any case) for argparse flags."""
-    if isinstance(v, bool):
-        return v
-    if v.lower() in ("yes", "true", "t", "y", "1"):
-        return True
-    if v.lower() in ("no", "false", "f", "n", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"boolean value expected, got {v!r}")
 
 
 def temp_name(path: Path) -> Path:

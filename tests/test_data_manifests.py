@@ -183,7 +183,11 @@ def test_validation_names_the_bad_cut(fbank_dir: Path, tmp_path: Path) -> None:
 def test_validate_manifest_script_fails_on_a_bad_manifest(fbank_dir: Path, tmp_path: Path) -> None:
     cuts = load_manifest(librispeech_cuts_path(fbank_dir, "dev-clean"))
     gone = str(tmp_path / "gone" / "feats.lca")
-    bad = cuts.map(lambda c: fastcopy(c, features=fastcopy(c.features, storage_path=gone)))
+
+    def moved(c):
+        return fastcopy(c, features=fastcopy(c.features, storage_path=gone))
+
+    bad = cuts.map(moved)
     path = tmp_path / "bad_cuts.jsonl.gz"
     bad.to_file(path)
     script = Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/local/validate_manifest.py"

@@ -15,7 +15,7 @@ from icefall_lite.corpus_text import (
     split_sentences_for_corpus,
 )
 from icefall_lite.noise import coloured_noise, mix_at_snr, set_peak
-from icefall_lite.prep_util import atomic_output, str2bool
+from icefall_lite.prep_util import atomic_output
 from icefall_lite.text_norm import (
     TranscriptError,
     normalize_text,
@@ -176,12 +176,6 @@ def test_atomic_output_leaves_nothing_on_error(tmp_path: Path) -> None:
     with atomic_output(target) as tmp:
         tmp.write_text("whole")
     assert target.read_text() == "whole" and sorted(p.name for p in tmp_path.iterdir()) == ["x.jsonl.gz"]
-
-
-def test_str2bool() -> None:
-    assert str2bool("True") is True and str2bool("no") is False
-    with pytest.raises(Exception):
-        str2bool("maybe")
 
 
 def test_bpe_round_trip_and_special_ids(tmp_path: Path) -> None:

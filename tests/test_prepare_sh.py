@@ -4,6 +4,7 @@ it builds, reruns, and the real-LibriSpeech path against a local mirror."""
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -35,11 +36,11 @@ def run_prepare(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("tiny")
-    proc = run_prepare("--size", "tiny", "--work-dir", str(work))
-    assert proc.returncode == 0, proc.stdout[-5000:]
-    (work / "first-run.log").write_text(proc.stdout)
+def tiny(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private copy of the session's `prepare.sh --size tiny` work dir
+    (conftest.py's ``tiny_data``), which these tests rerun and damage."""
+    work = tmp_path_factory.mktemp("tiny") / "work"
+    shutil.copytree(tiny_data, work, symlinks=True)
     return work
 
 
@@ -52,10 +53,7 @@ def _transcripts(part_dir: Path) -> Dict[str, str]:
     return out
 
 
-def test_every_stage_ran_and_wrote_its_outputs(tiny: Path) -> None:
-    log = (tiny / "first-run.log").read_text()
-    for n in range(5):
-        assert f"Stage {n}:" in log
+def test_every_stage_wrote_its_outputs(tiny: Path) -> None:
     fbank = tiny / "data" / "fbank"
     for part in PARTS:
         assert (tiny / "download" / "LibriSpeech" / part / ".completed").is_file()

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from icefall_lite.features import compute_fbank_librispeech
 from icefall_lite.manifests import DEFAULT_PARTS
-from icefall_lite.prep_util import add_nj_argument, parse_script_args, script_parser, str2bool
+from icefall_lite.prep_util import add_nj_argument, parse_script_args, script_parser
+from icefall_lite.utils import str2bool
 
 
 def get_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from icefall_lite.features import ManifestError, validate_cut_manifest
-from icefall_lite.prep_util import parse_script_args, script_parser, str2bool
+from icefall_lite.prep_util import parse_script_args, script_parser
+from icefall_lite.utils import str2bool
 
 
 def get_parser() -> argparse.ArgumentParser:
