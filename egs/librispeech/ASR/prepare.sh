@@ -76,6 +76,8 @@ work_dir=${work_dir:-$recipe_dir}
 mkdir -p "$work_dir"
 work_dir=$(cd "$work_dir" && pwd)
 dl_dir=${dl_dir:-$work_dir/download}
+mkdir -p "$dl_dir"
+dl_dir=$(cd "$dl_dir" && pwd)  # absolute, as icefall's $PWD/download: audio paths in manifests stay valid
 nj=${nj:-$(nproc)}
 if [ -z "$vocab_size" ]; then
   if [ "$corpus" = synthetic ] && [ "$size" = tiny ]; then vocab_size=100; else vocab_size=500; fi
@@ -100,7 +102,7 @@ export PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}"
 local_dir=$recipe_dir/local
 
 cd "$work_dir"
-mkdir -p data "$dl_dir"
+mkdir -p data
 lang_dir=data/lang_bpe_${vocab_size}
 
 log "corpus=$corpus size=$size stage=$stage stop_stage=$stop_stage work_dir=$work_dir dl_dir=$dl_dir"
