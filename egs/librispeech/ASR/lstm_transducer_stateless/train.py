@@ -1,0 +1,620 @@
+#!/usr/bin/env python3
+"""Train the LSTM transducer (icefall's lstm_transducer_stateless3 recipe, on icefall_lite).
+
+Usage (from egs/librispeech/ASR):
+
+  # CPU, default synthetic corpus, default (cpu) model size
+  ./lstm_transducer_stateless/train.py --num-epochs 12 --exp-dir lstm_transducer_stateless/exp
+
+  # GPU, icefall's sizes, 4 GPUs
+  ./lstm_transducer_stateless/train.py --world-size 4 --model-preset icefall \
+      --num-epochs 40 --max-duration 500 --lr-batches 5000 --lr-epochs 10 --model-warm-step 3000
+
+Rerunning with the same --exp-dir resumes from the newest checkpoint
+(or pass --start-epoch / --start-batch explicitly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import sentencepiece as spm
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from icefall_lite.checkpoint import (
+    CheckpointError,
+    find_checkpoints,
+    load_checkpoint,
+    load_checkpoint_file,
+    remove_checkpoints,
+    save_checkpoint,
+    unwrap,
+    update_averaged_model,
+)
+from icefall_lite.clip import adaptive_clip_grad_, clip_grad_norm_, clip_grad_value_, get_total_norm
+from icefall_lite.data import LibriSpeechAsrDataModule, filter_cuts, set_transform_rng_state, transform_rng_state
+from icefall_lite.diagnostics import ModelDiagnostics, register_inf_check_hooks
+from icefall_lite.model import Transducer, add_model_arguments, build_transducer, count_parameters, model_config_from_args
+from icefall_lite.optim import Eden, Eve
+from icefall_lite.utils import AttributeDict, MetricsTracker, setup_logger, str2bool
+
+DIAGNOSTICS_BATCHES = 5
+
+
+def get_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--world-size", type=int, default=1, help="Number of processes (GPUs, or CPU processes with gloo).")
+    parser.add_argument("--master-port", type=int, default=12354, help="Master port for DDP.")
+    parser.add_argument("--tensorboard", type=str2bool, default=True, help="Write TensorBoard scalars to exp-dir/tensorboard.")
+    parser.add_argument("--num-epochs", type=int, default=12, help="Number of epochs to train.")
+    parser.add_argument(
+        "--start-epoch",
+        type=int,
+        default=1,
+        help="Resume from exp-dir/epoch-(N-1).pt when > 1. With --start-epoch 1 and --start-batch 0, "
+        "training resumes from the newest checkpoint in exp-dir if there is one.",
+    )
+    parser.add_argument(
+        "--start-batch", type=int, default=0, help="Resume from exp-dir/checkpoint-N.pt when > 0 (overrides --start-epoch)."
+    )
+    parser.add_argument("--exp-dir", type=Path, default=Path("lstm_transducer_stateless/exp"), help="Checkpoints, logs, tensorboard.")
+    parser.add_argument("--bpe-model", type=str, default="data/lang_bpe_500/bpe.model", help="sentencepiece model.")
+    parser.add_argument("--base-lr", type=float, default=0.003, help="Base learning rate of the Eden schedule.")
+    parser.add_argument("--lr-batches", type=float, default=1000, help="Eden: batches after which the lr starts to fall (icefall: 5000).")
+    parser.add_argument("--lr-epochs", type=float, default=6, help="Eden: epochs after which the lr starts to fall (icefall: 10).")
+    parser.add_argument("--model-warm-step", type=int, default=300,
+                        help="Batches of model warm-up (icefall: 3000): layer bypass ramps over it, the pruned loss is "
+                        "off for the first warm-up, at 0.1 for the second, then 1.0.")
+    parser.add_argument("--prune-range", type=int, default=5, help="s_range of the pruned RNN-T loss.")
+    parser.add_argument("--lm-scale", type=float, default=0.25, help="lm_only_scale of the smoothed simple loss.")
+    parser.add_argument("--am-scale", type=float, default=0.0, help="am_only_scale of the smoothed simple loss.")
+    parser.add_argument("--simple-loss-scale", type=float, default=0.5, help="Weight of the simple loss.")
+    parser.add_argument("--seed", type=int, default=42, help="Random seed.")
+    parser.add_argument("--print-diagnostics", type=str2bool, default=False,
+                        help=f"Accumulate per-module value/gradient statistics over {DIAGNOSTICS_BATCHES} batches, print them and exit.")
+    parser.add_argument("--inf-check", type=str2bool, default=False, help="Log modules whose outputs or gradients are non-finite.")
+    parser.add_argument("--save-every-n", type=int, default=200, help="Save checkpoint-<batch>.pt every N batches (0 = never).")
+    parser.add_argument("--keep-last-k", type=int, default=5, help="Keep only the newest K checkpoint-<batch>.pt (0 = all).")
+    parser.add_argument("--average-period", type=int, default=20, help="Update model_avg every N batches.")
+    parser.add_argument("--use-fp16", type=str2bool, default=False, help="Mixed precision with a GradScaler (CUDA only).")
+    parser.add_argument("--clip-grad-norm", type=float, default=5.0,
+                        help="Threshold of the clipping chosen by --clip-type: the max global L2 norm (norm), the max "
+                        "|gradient| (value) or lambda (adaptive). 0 = no clipping.")
+    parser.add_argument("--clip-type", choices=["norm", "value", "adaptive"], default="norm", help="Clipping flavour.")
+    parser.add_argument("--log-interval", type=int, default=20, help="Log training statistics every N batches.")
+    parser.add_argument("--max-batches", type=int, default=0,
+                        help="Stop after this many training batches in total (0 = no limit); used by the ablation "
+                        "to train every arm for the same number of steps.")
+    add_model_arguments(parser)
+    LibriSpeechAsrDataModule.add_arguments(parser)
+    return parser
+
+
+def get_params() -> AttributeDict:
+    """Fixed settings and training progress, logged at start and stored in checkpoints."""
+    return AttributeDict(
+        {
+            "best_train_loss": float("inf"),
+            "best_valid_loss": float("inf"),
+            "best_train_epoch": -1,
+            "best_valid_epoch": -1,
+            "batch_idx_train": 0,
+            "cur_epoch": 1,
+            "batch_idx_in_epoch": 0,
+            "reset_interval": 200,
+            "feature_dim": 80,
+            "subsampling_factor": 4,
+            "skipped_steps": 0,
+            "skipped_utterances": 0,
+        }
+    )
+
+
+def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse errors naming the flag for bad or conflicting values."""
+    if args.world_size < 1:
+        parser.error(f"--world-size must be >= 1, got {args.world_size}")
+    if args.num_epochs < 1:
+        parser.error(f"--num-epochs must be >= 1, got {args.num_epochs}")
+    if args.start_epoch < 1:
+        parser.error(f"--start-epoch must be >= 1, got {args.start_epoch}")
+    if args.start_epoch > args.num_epochs:
+        parser.error(f"--start-epoch ({args.start_epoch}) is larger than --num-epochs ({args.num_epochs})")
+    if args.start_batch < 0:
+        parser.error(f"--start-batch must be >= 0, got {args.start_batch}")
+    if args.clip_grad_norm < 0:
+        parser.error(f"--clip-grad-norm must be >= 0, got {args.clip_grad_norm}")
+    if args.grad_filter_threshold < 0:
+        parser.error(f"--grad-filter-threshold must be >= 0, got {args.grad_filter_threshold}")
+    if args.prune_range < 1:
+        parser.error(f"--prune-range must be >= 1, got {args.prune_range}")
+    if args.use_fp16 and not torch.cuda.is_available():
+        parser.error("--use-fp16 needs a CUDA device; none is available")
+    if args.average_period < 1:
+        parser.error(f"--average-period must be >= 1, got {args.average_period}")
+    if not Path(args.bpe_model).is_file():
+        parser.error(f"--bpe-model {args.bpe_model} does not exist; run prepare.sh (stage 4) first")
+
+
+def fix_random_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def get_rng_state(train_dl=None) -> Dict[str, Any]:
+    return {
+        "transforms": [] if train_dl is None else transform_rng_state(train_dl),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: Dict[str, Any], train_dl=None) -> None:
+    if train_dl is not None:
+        set_transform_rng_state(train_dl, state["transforms"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def pruned_loss_scale(warmup: float) -> float:
+    """icefall's ramp: 0 during the first warm-up, 0.1 during the second, then 1."""
+    if warmup < 1.0:
+        return 0.0
+    if warmup < 2.0:
+        return 0.1
+    return 1.0
+
+
+def compute_loss(
+    params: AttributeDict,
+    model: nn.Module,
+    sp: spm.SentencePieceProcessor,
+    batch: Dict[str, Any],
+    is_training: bool,
+    warmup: float = 1.0,
+) -> Tuple[Optional[torch.Tensor], MetricsTracker]:
+    """Per-utterance summed loss over the batch.
+
+    Utterances whose loss is not finite are dropped and counted. Returns
+    ``(None, info)`` when no utterance is left.
+    """
+    device = next(model.parameters()).device
+    feature = batch["inputs"].to(device)
+    supervisions = batch["supervisions"]
+    feature_lens = supervisions["num_frames"].to(device)
+    token_ids = sp.encode(list(supervisions["text"]), out_type=int)
+    with torch.set_grad_enabled(is_training):
+        simple_loss, pruned_loss, _ = model(
+            x=feature,
+            x_lens=feature_lens,
+            y=token_ids,
+            prune_range=params.prune_range,
+            am_scale=params.am_scale,
+            lm_scale=params.lm_scale,
+            warmup=warmup,
+        )
+        is_finite = torch.isfinite(simple_loss) & torch.isfinite(pruned_loss)
+        num_dropped = int((~is_finite).sum())
+        info = MetricsTracker()
+        info["utterances"] = float(is_finite.sum())
+        info["dropped_utterances"] = float(num_dropped)
+        if num_dropped:
+            cut_ids = [c.id for c, ok in zip(supervisions["cut"], is_finite.tolist()) if not ok] if "cut" in supervisions else []
+            logging.warning(f"Dropping {num_dropped} utterance(s) with non-finite loss: {cut_ids}")
+        if num_dropped == len(token_ids):
+            return None, info
+        simple_loss = simple_loss[is_finite].sum()
+        pruned_loss = pruned_loss[is_finite].sum()
+        loss = params.simple_loss_scale * simple_loss + pruned_loss_scale(warmup) * pruned_loss
+    frames = ((feature_lens[is_finite] - 3) // 2 - 1) // 2
+    info["frames"] = float(frames.sum())
+    info["loss"] = float(loss.detach())
+    info["simple_loss"] = float(simple_loss.detach())
+    info["pruned_loss"] = float(pruned_loss.detach())
+    return loss, info
+
+
+def clip_gradients(params: AttributeDict, model: nn.Module) -> Tuple[float, float]:
+    """Clip as --clip-type/--clip-grad-norm say.
+
+    Returns (pre-clip global L2 norm, clip scale as the ratio of post- to
+    pre-clip norm). A non-finite norm is returned as is, with nothing clipped.
+    """
+    named = [(n, p) for n, p in unwrap(model).named_parameters() if p.grad is not None]
+    if params.clip_grad_norm > 0 and params.clip_type == "norm":
+        norm = float(clip_grad_norm_(named, params.clip_grad_norm, error_if_nonfinite=False))
+        scale = min(1.0, params.clip_grad_norm / (norm + 1e-6)) if math.isfinite(norm) else 1.0
+        return norm, scale
+    norm = float(get_total_norm([p.grad for _, p in named]))
+    if not math.isfinite(norm) or params.clip_grad_norm <= 0:
+        return norm, 1.0
+    if params.clip_type == "value":
+        clip_grad_value_(named, params.clip_grad_norm)
+    else:
+        # The paper leaves the final classifier layer unclipped.
+        adaptive_clip_grad_(named, params.clip_grad_norm, exclude=[n for n, _ in named if "output_linear" in n])
+    after = float(get_total_norm([p.grad for _, p in named]))
+    return norm, after / norm if norm > 0 else 1.0
+
+
+def log_filter_stats(model: nn.Module, tb_writer, step: int) -> Dict[str, float]:
+    """Per-layer GradientFilter statistics of the last backward, to TensorBoard."""
+    stats: Dict[str, float] = {}
+    for layer, grad_filter in unwrap(model).encoder.gradient_filters():
+        for key, value in grad_filter.stats.as_dict().items():
+            stats[f"layer{layer}/{key}"] = value
+            if tb_writer is not None:
+                tb_writer.add_scalar(f"grad_filter/layer{layer}/{key}", value, step)
+    return stats
+
+
+def compute_validation_loss(
+    params: AttributeDict, model: nn.Module, sp: spm.SentencePieceProcessor, valid_dl, world_size: int
+) -> MetricsTracker:
+    model.eval()
+    tot = MetricsTracker()
+    with torch.no_grad():
+        for batch in valid_dl:
+            _, info = compute_loss(params, model, sp, batch, is_training=False)
+            tot = tot + info
+    if world_size > 1:
+        tot.reduce(next(model.parameters()).device)
+    model.train()
+    return tot
+
+
+def save_progress_checkpoint(
+    params: AttributeDict, filename: Path, model, model_avg, optimizer, scheduler, scaler, train_dl, rank: int
+) -> None:
+    """Rank 0 saves model, model_avg, optimizer, scheduler, scaler, sampler position and RNG states."""
+    if rank != 0:
+        return
+    save_checkpoint(
+        filename,
+        model=model,
+        model_avg=model_avg,
+        params=params,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=scaler,
+        sampler=None if train_dl is None else train_dl.sampler,
+        extra={"rng_state": get_rng_state(train_dl)},
+    )
+
+
+def train_step(
+    params: AttributeDict,
+    model: nn.Module,
+    optimizer: Eve,
+    scheduler: Eden,
+    scaler: Optional[torch.amp.GradScaler],
+    sp: spm.SentencePieceProcessor,
+    batch: Dict[str, Any],
+) -> Tuple[MetricsTracker, float, float]:
+    """Forward, backward, clip and update on one batch (``params.batch_idx_train`` already counts it).
+
+    A step whose gradient norm is not finite, or whose batch has no utterance
+    with a finite loss, is skipped: no update, counted in
+    ``params.skipped_steps`` and logged. Returns (info, pre-clip grad norm, clip scale).
+    """
+    warmup = params.batch_idx_train / params.model_warm_step
+    with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=params.use_fp16):
+        loss, info = compute_loss(params, model, sp, batch, is_training=True, warmup=warmup)
+    params.skipped_utterances += int(info["dropped_utterances"])
+    if loss is None:
+        # Keep DDP ranks in step: backward through a zero that touches every parameter.
+        loss = sum(p.sum() * 0.0 for p in model.parameters())
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    else:
+        loss.backward()
+    grad_norm, clip_scale = clip_gradients(params, model)
+    if not math.isfinite(grad_norm) or info["utterances"] == 0:
+        params.skipped_steps += 1
+        reason = "no utterance with a finite loss" if info["utterances"] == 0 else f"gradient norm is {grad_norm}"
+        logging.warning(
+            f"Skipping step at batch {params.batch_idx_train}: {reason} (skipped steps so far: {params.skipped_steps})"
+        )
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.update()
+    else:
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    scheduler.step_batch(params.batch_idx_train)
+    return info, grad_norm, clip_scale
+
+
+def train_one_epoch(
+    params: AttributeDict,
+    model: nn.Module,
+    model_avg: Optional[nn.Module],
+    optimizer: Eve,
+    scheduler: Eden,
+    scaler: Optional[torch.amp.GradScaler],
+    sp: spm.SentencePieceProcessor,
+    train_dl,
+    valid_dl,
+    tb_writer,
+    world_size: int,
+    rank: int,
+    rng_state: Optional[Dict[str, Any]] = None,
+    diagnostics: Optional[ModelDiagnostics] = None,
+) -> bool:
+    """Train one epoch; returns False when --max-batches stopped training early."""
+    model.train()
+    tot_loss = MetricsTracker()
+    iterator = iter(train_dl)
+    if rng_state is not None:
+        # Restore after the iterator drew its seed, as in the uninterrupted run.
+        set_rng_state(rng_state, train_dl)
+    progress = tqdm(iterator, desc=f"epoch {params.cur_epoch}", disable=rank != 0, dynamic_ncols=True,
+                    initial=params.batch_idx_in_epoch, unit="batch")
+    for batch in progress:
+        params.batch_idx_train += 1
+        params.batch_idx_in_epoch += 1
+        batch_size = len(batch["supervisions"]["text"])
+        info, grad_norm, clip_scale = train_step(params, model, optimizer, scheduler, scaler, sp, batch)
+        filter_stats = log_filter_stats(model, tb_writer if rank == 0 else None, params.batch_idx_train)
+
+        if diagnostics is not None and params.batch_idx_in_epoch >= DIAGNOSTICS_BATCHES:
+            diagnostics.print_diagnostics()
+            return False
+
+        if rank == 0 and model_avg is not None and params.batch_idx_train % params.average_period == 0:
+            update_averaged_model(params.average_period, params.batch_idx_train, model, model_avg)
+
+        tot_loss = tot_loss * (1 - 1 / params.reset_interval) + info
+        if rank == 0 and tb_writer is not None:
+            step = params.batch_idx_train
+            if info["frames"] > 0:
+                for key in ("loss", "simple_loss", "pruned_loss"):
+                    tb_writer.add_scalar(f"train/{key}", info[key] / info["frames"], step)
+            tb_writer.add_scalar("train/learning_rate", scheduler.get_last_lr()[0], step)
+            tb_writer.add_scalar("train/grad_norm", grad_norm, step)
+            tb_writer.add_scalar("train/clip_scale", clip_scale, step)
+            tb_writer.add_scalar("train/skipped_steps", params.skipped_steps, step)
+        if rank == 0:
+            progress.set_postfix(
+                loss=f"{tot_loss.per_frame('loss'):.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", gnorm=f"{grad_norm:.3g}"
+            )
+        if params.batch_idx_train % params.log_interval == 0:
+            filtered = [v for k, v in filter_stats.items() if k.endswith("fraction_filtered")]
+            logging.info(
+                f"Epoch {params.cur_epoch}, batch {params.batch_idx_in_epoch}, global batch {params.batch_idx_train}, "
+                f"loss[{info.per_frame_str()}], tot_loss[{tot_loss.per_frame_str()}], batch size: {batch_size}, "
+                f"lr: {scheduler.get_last_lr()[0]:.2e}, grad_norm: {grad_norm:.3g}, clip_scale: {clip_scale:.3g}, "
+                f"filtered: {(sum(filtered) / len(filtered)) if filtered else 0.0:.3f}, skipped steps: {params.skipped_steps}"
+            )
+        if params.save_every_n > 0 and params.batch_idx_train % params.save_every_n == 0:
+            save_progress_checkpoint(
+                params, params.exp_dir / f"checkpoint-{params.batch_idx_train}.pt",
+                model, model_avg, optimizer, scheduler, scaler, train_dl, rank,
+            )
+            if rank == 0:
+                remove_checkpoints(params.exp_dir, params.keep_last_k)
+        if params.max_batches > 0 and params.batch_idx_train >= params.max_batches:
+            progress.close()
+            return False
+    progress.close()
+    loss_value = tot_loss.per_frame("loss")
+    params.train_loss = loss_value
+    if loss_value < params.best_train_loss:
+        params.best_train_epoch = params.cur_epoch
+        params.best_train_loss = loss_value
+    return True
+
+
+def model_checksum(model: nn.Module) -> str:
+    """SHA-256 of all parameter bytes: equal on every DDP rank when training is in sync."""
+    digest = hashlib.sha256()
+    for _, p in sorted(unwrap(model).named_parameters()):
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def resume_checkpoint_path(params: AttributeDict) -> Optional[Path]:
+    """The checkpoint to resume from: explicit flags first, else the newest in exp-dir."""
+    if params.start_batch > 0:
+        return params.exp_dir / f"checkpoint-{params.start_batch}.pt"
+    if params.start_epoch > 1:
+        return params.exp_dir / f"epoch-{params.start_epoch - 1}.pt"
+    candidates: List[Tuple[int, Path]] = []
+    for path in list(params.exp_dir.glob("epoch-*.pt")) + find_checkpoints(params.exp_dir):
+        try:
+            candidates.append((int(load_checkpoint_file(path)["batch_idx_train"]), path))
+        except (CheckpointError, KeyError) as e:
+            logging.warning(f"Ignoring unusable checkpoint {path}: {e}")
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: (c[0], c[1].name.startswith("epoch-")))[1]
+
+
+def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
+    params = get_params()
+    params.update(vars(args))
+    fix_random_seed(params.seed)
+    if world_size > 1:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        os.environ.setdefault("MASTER_ADDR", "localhost")
+        os.environ.setdefault("MASTER_PORT", str(params.master_port))
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
+    setup_logger(params.exp_dir / "log" / "log-train", rank=rank, world_size=world_size)
+    device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    logging.info(f"Device: {device}")
+
+    sp = spm.SentencePieceProcessor()
+    sp.load(str(params.bpe_model))
+    params.blank_id = sp.piece_to_id("<blk>")
+    params.vocab_size = sp.get_piece_size()
+    model_config = model_config_from_args(args, vocab_size=params.vocab_size, blank_id=params.blank_id)
+    params.update({f"model_{k}": v for k, v in model_config.items()})
+    model = build_transducer(**model_config)
+    num_param = count_parameters(model)
+    params.num_parameters = num_param
+    logging.info("Training started")
+    logging.info(params)
+    logging.info(f"Number of model parameters: {num_param}")
+    model_avg = None
+    if rank == 0:
+        import copy
+
+        model_avg = copy.deepcopy(model).to(torch.float64)
+
+    resume_from = resume_checkpoint_path(params)
+    checkpoint: Optional[Dict[str, Any]] = None
+    if resume_from is not None:
+        logging.info(f"Loading checkpoint {resume_from} (use a fresh --exp-dir to start over)")
+        checkpoint = load_checkpoint(resume_from, model, model_avg=model_avg)
+        for key in ("batch_idx_train", "best_train_loss", "best_valid_loss", "best_train_epoch",
+                    "best_valid_epoch", "skipped_steps", "skipped_utterances"):
+            if key in checkpoint:
+                params[key] = checkpoint[key]
+        finished_epoch = checkpoint.get("batch_idx_in_epoch", 0) == 0 or resume_from.name.startswith("epoch-")
+        params.cur_epoch = int(checkpoint["cur_epoch"]) + (1 if finished_epoch else 0)
+        params.batch_idx_in_epoch = 0 if finished_epoch else int(checkpoint["batch_idx_in_epoch"])
+
+    model.to(device)
+    if params.inf_check:
+        register_inf_check_hooks(model)
+    diagnostics = ModelDiagnostics(model) if params.print_diagnostics else None
+    if world_size > 1:
+        model = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
+
+    optimizer = Eve(model.parameters(), lr=params.base_lr)
+    scheduler = Eden(optimizer, params.lr_batches, params.lr_epochs)
+    scaler = torch.amp.GradScaler("cuda") if params.use_fp16 else None
+    if checkpoint is not None:
+        for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("grad_scaler", scaler)):
+            if obj is not None and checkpoint.get(name) is not None:
+                obj.load_state_dict(checkpoint[name])
+
+    librispeech = LibriSpeechAsrDataModule(args)
+    # icefall keeps 1-20 s utterances with at least as many frames as tokens.
+    train_cuts = filter_cuts(librispeech.train_cuts(), sp, min_duration=1.0, max_duration=20.0, name="train")
+    valid_cuts = filter_cuts(librispeech.dev_clean_cuts() + librispeech.dev_other_cuts(), sp, name="valid")
+    valid_dl = librispeech.valid_dataloaders(valid_cuts)
+
+    tb_writer = None
+    if rank == 0 and params.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        tb_writer = SummaryWriter(log_dir=str(params.exp_dir / "tensorboard"), purge_step=params.batch_idx_train + 1)
+
+    start = time.time()
+    for epoch in range(params.cur_epoch, params.num_epochs + 1):
+        params.cur_epoch = epoch
+        scheduler.step_epoch(epoch - 1)
+        fix_random_seed(params.seed + epoch - 1)
+        sampler_state = None
+        rng_state = None
+        if checkpoint is not None and params.batch_idx_in_epoch > 0:
+            sampler_state = checkpoint.get("sampler")
+            rng_state = checkpoint.get("rng_state")
+        else:
+            params.batch_idx_in_epoch = 0
+        train_dl = librispeech.train_dataloaders(train_cuts)
+        train_dl.sampler.set_epoch(epoch - 1)
+        if sampler_state is not None:
+            train_dl.sampler.load_state_dict(sampler_state)
+        checkpoint = None
+        if tb_writer is not None:
+            tb_writer.add_scalar("train/epoch", epoch, params.batch_idx_train)
+        epoch_start = time.time()
+        finished = train_one_epoch(
+            params, model, model_avg, optimizer, scheduler, scaler, sp, train_dl, valid_dl, tb_writer,
+            world_size, rank, rng_state=rng_state, diagnostics=diagnostics,
+        )
+        if diagnostics is not None:
+            logging.info("Diagnostics printed; exiting (--print-diagnostics).")
+            break
+        if not finished:
+            logging.info(f"Reached --max-batches {params.max_batches}; saving and stopping.")
+            save_progress_checkpoint(
+                params, params.exp_dir / f"checkpoint-{params.batch_idx_train}.pt",
+                model, model_avg, optimizer, scheduler, scaler, train_dl, rank,
+            )
+            break
+        valid_info = compute_validation_loss(params, model, sp, valid_dl, world_size)
+        valid_loss = valid_info.per_frame("loss")
+        params.valid_loss = valid_loss
+        if valid_loss < params.best_valid_loss:
+            params.best_valid_loss = valid_loss
+            params.best_valid_epoch = epoch
+        logging.info(
+            f"Epoch {epoch} done in {time.time() - epoch_start:.1f} s: train loss {params.train_loss:.4f}, "
+            f"validation: {valid_info.per_frame_str()}, skipped steps {params.skipped_steps}, "
+            f"dropped utterances {params.skipped_utterances}"
+        )
+        if tb_writer is not None:
+            tb_writer.add_scalar("train/valid_loss", valid_loss, params.batch_idx_train)
+            tb_writer.add_scalar("train/epoch_train_loss", params.train_loss, params.batch_idx_train)
+        params.batch_idx_in_epoch = 0
+        filename = params.exp_dir / f"epoch-{epoch}.pt"
+        save_progress_checkpoint(params, filename, model, model_avg, optimizer, scheduler, scaler, None, rank)
+        if rank == 0:
+            if params.best_train_epoch == epoch:
+                shutil.copyfile(filename, params.exp_dir / "best-train-loss.pt")
+            if params.best_valid_epoch == epoch:
+                shutil.copyfile(filename, params.exp_dir / "best-valid-loss.pt")
+    logging.info(f"Done. Training took {time.time() - start:.1f} s; skipped steps: {params.skipped_steps}")
+    logging.info(f"Model checksum (rank {rank}): {model_checksum(model)}")
+    if tb_writer is not None:
+        tb_writer.close()
+    if world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = get_parser()
+    args = parser.parse_args()
+    validate_args(parser, args)
+    args.exp_dir = Path(args.exp_dir)
+    args.exp_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.world_size > 1:
+            mp.spawn(run, args=(args.world_size, args), nprocs=args.world_size, join=True)
+        else:
+            run(rank=0, world_size=1, args=args)
+    except CheckpointError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    main()

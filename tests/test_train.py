@@ -1,0 +1,199 @@
+"""train.py end to end on the tiny corpus: resume equals an uninterrupted run, DDP ranks
+agree, non-finite batches are skipped, bad checkpoints and flags give clear errors."""
+
+import importlib.util
+import math
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+
+from conftest import RECIPE, recipe_env
+from icefall_lite.checkpoint import load_checkpoint_file
+
+TRAIN = RECIPE / "lstm_transducer_stateless" / "train.py"
+TINY_MODEL = [
+    "--encoder-dim", "32", "--rnn-hidden-size", "32", "--dim-feedforward", "64",
+    "--num-encoder-layers", "2", "--decoder-dim", "32", "--joiner-dim", "32",
+]
+
+
+def _load_train_module():
+    spec = importlib.util.spec_from_file_location("icefall_lite_train_script", TRAIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train = _load_train_module()
+
+
+def run_train(work: Path, exp_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    args = [
+        sys.executable, str(TRAIN), "--exp-dir", str(exp_dir), "--bpe-model", "data/lang_bpe_100/bpe.model",
+        "--max-duration", "30", "--num-workers", "0", "--num-epochs", "1", "--log-interval", "1",
+        "--tensorboard", "false", *TINY_MODEL, *extra,
+    ]
+    return subprocess.run(args, cwd=work, capture_output=True, text=True, env=recipe_env(), timeout=600)
+
+
+def _batch_losses(exp_dir: Path) -> dict:
+    """{global batch: 'loss[...]' text} from the training logs in exp_dir/log."""
+    out = {}
+    for log in sorted((exp_dir / "log").glob("log-train-*")):
+        for m in re.finditer(r"global batch (\d+), loss\[([^\]]*)\]", log.read_text()):
+            out[int(m.group(1))] = m.group(2)
+    return out
+
+
+def test_resume_equals_uninterrupted_run(tiny_data, tmp_path):
+    full = run_train(tiny_data, tmp_path / "full", "--max-batches", "6", "--save-every-n", "3")
+    assert full.returncode == 0, full.stderr
+    first = run_train(tiny_data, tmp_path / "resumed", "--max-batches", "3", "--save-every-n", "3")
+    assert first.returncode == 0, first.stderr
+    assert not (tmp_path / "resumed" / "checkpoint-6.pt").exists()
+    second = run_train(tiny_data, tmp_path / "resumed", "--max-batches", "6", "--save-every-n", "3")
+    assert second.returncode == 0, second.stderr
+    assert "Loading checkpoint" in second.stderr and "checkpoint-3.pt" in second.stderr
+
+    losses_full = _batch_losses(tmp_path / "full")
+    losses_resumed = _batch_losses(tmp_path / "resumed")
+    assert sorted(losses_full) == [1, 2, 3, 4, 5, 6]
+    for b in (4, 5, 6):
+        assert losses_resumed[b] == losses_full[b], b
+    a = load_checkpoint_file(tmp_path / "full" / "checkpoint-6.pt")
+    b = load_checkpoint_file(tmp_path / "resumed" / "checkpoint-6.pt")
+    for name, value in a["model"].items():
+        assert torch.equal(value, b["model"][name]), name
+    for name, value in a["model_avg"].items():
+        assert torch.equal(value, b["model_avg"][name]), name
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_processes_keep_identical_weights(tiny_data, tmp_path):
+    proc = run_train(
+        tiny_data, tmp_path / "ddp", "--world-size", "2", "--max-batches", "2", "--save-every-n", "0",
+        "--master-port", str(_free_port()),
+    )
+    assert proc.returncode == 0, proc.stderr
+    logs = sorted((tmp_path / "ddp" / "log").glob("log-train-*"))
+    assert len(logs) == 2
+    checksums = {}
+    for log in logs:
+        m = re.search(r"Model checksum \(rank (\d)\): ([0-9a-f]{64})", log.read_text())
+        assert m, log.read_text()[-2000:]
+        checksums[int(m.group(1))] = m.group(2)
+    assert set(checksums) == {0, 1}
+    assert checksums[0] == checksums[1]
+
+
+def _params_and_model(tiny_data: Path, *extra: str):
+    parser = train.get_parser()
+    args = parser.parse_args(["--bpe-model", str(tiny_data / "data/lang_bpe_100/bpe.model"), *TINY_MODEL, *extra])
+    params = train.get_params()
+    params.update(vars(args))
+    sp = spm.SentencePieceProcessor()
+    sp.load(params.bpe_model)
+    config = train.model_config_from_args(args, vocab_size=sp.get_piece_size())
+    torch.manual_seed(0)
+    model = train.build_transducer(**config)
+    optimizer = train.Eve(model.parameters(), lr=params.base_lr)
+    scheduler = train.Eden(optimizer, params.lr_batches, params.lr_epochs)
+    return params, model, optimizer, scheduler, sp
+
+
+def _batch(nan_rows=()):
+    gen = torch.Generator().manual_seed(3)
+    inputs = torch.randn(3, 120, 80, generator=gen)
+    for r in nan_rows:
+        inputs[r, 10:20] = float("nan")
+    return {
+        "inputs": inputs,
+        "supervisions": {"text": ["HELLO THERE", "A CAT", "THE END"], "num_frames": torch.tensor([120, 100, 90])},
+    }
+
+
+@pytest.mark.parametrize("nan_rows", [(1,), (0, 1, 2)])
+def test_nonfinite_batch_is_skipped_and_weights_stay_finite(tiny_data, nan_rows):
+    params, model, optimizer, scheduler, sp = _params_and_model(tiny_data)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    params.batch_idx_train = 1
+    info, grad_norm, _ = train.train_step(params, model, optimizer, scheduler, None, sp, _batch(nan_rows))
+    assert params.skipped_steps == 1
+    assert params.skipped_utterances == len(nan_rows)
+    for n, p in model.named_parameters():
+        assert torch.isfinite(p).all(), n
+        assert torch.equal(p, before[n]), n
+    # A clean batch afterwards trains normally.
+    params.batch_idx_train = 2
+    train.train_step(params, model, optimizer, scheduler, None, sp, _batch())
+    assert params.skipped_steps == 1
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("clip_type", ["norm", "value", "adaptive"])
+def test_clip_gradients_reports_preclip_norm(tiny_data, clip_type):
+    params, model, *_ = _params_and_model(tiny_data, "--clip-type", clip_type, "--clip-grad-norm", "0.01")
+    s, p, _ = model(_batch()["inputs"], torch.tensor([120, 100, 90]), [[5, 6], [7], [8, 9, 10]], warmup=3.0)
+    (s.sum() + p.sum()).backward()
+    grads = {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
+    expected = math.sqrt(sum(float(g.double().square().sum()) for g in grads.values()))
+    norm, scale = train.clip_gradients(params, model)
+    assert norm == pytest.approx(expected, rel=1e-5)
+    after = math.sqrt(sum(float(q.grad.double().square().sum()) for q in model.parameters() if q.grad is not None))
+    assert scale == pytest.approx(after / expected, rel=1e-5)
+    assert scale < 1.0
+    if clip_type == "value":
+        assert max(float(q.grad.abs().max()) for q in model.parameters() if q.grad is not None) <= 0.01
+    if clip_type == "adaptive":
+        # The final classifier layer is left unclipped, as the AGC paper does.
+        assert torch.equal(model.joiner.output_linear.weight.grad, grads["joiner.output_linear.weight"])
+
+
+def test_truncated_checkpoint_gives_clear_error(tiny_data, tmp_path):
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "checkpoint-5.pt").write_bytes(b"PK\x03\x04 truncated")
+    proc = run_train(tiny_data, exp, "--start-batch", "5")
+    assert proc.returncode != 0
+    assert "checkpoint-5.pt cannot be read" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_print_diagnostics_prints_and_exits(tiny_data, tmp_path):
+    proc = run_train(tiny_data, tmp_path / "diag", "--print-diagnostics", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert "module output statistics" in proc.stderr
+    assert "encoder.layers.0.lstm: value rms=" in proc.stderr
+    assert "Diagnostics printed; exiting" in proc.stderr
+    assert not list((tmp_path / "diag").glob("epoch-*.pt"))
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--start-epoch", "5", "--num-epochs", "2"], "--start-epoch"),
+        (["--clip-grad-norm", "-1"], "--clip-grad-norm"),
+        (["--grad-filter-threshold", "-2"], "--grad-filter-threshold"),
+        (["--clip-type", "sometimes"], "--clip-type"),
+        (["--bpe-model", "/nonexistent/bpe.model"], "--bpe-model"),
+    ],
+)
+def test_bad_flags_give_argparse_errors(argv, flag, capsys, tiny_data):
+    parser = train.get_parser()
+    with pytest.raises(SystemExit) as e:
+        base = ["--bpe-model", str(tiny_data / "data/lang_bpe_100/bpe.model")]
+        args = parser.parse_args(base + argv)
+        train.validate_args(parser, args)
+    assert e.value.code == 2
+    assert flag in capsys.readouterr().err
