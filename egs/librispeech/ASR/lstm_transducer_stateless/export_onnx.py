@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Export the LSTM transducer to ONNX in sherpa-onnx's streaming "lstm" format.
+
+Usage (from egs/librispeech/ASR):
+
+  ./lstm_transducer_stateless/export_onnx.py \\
+      --epoch 12 --avg 4 --use-averaged-model true \\
+      --exp-dir lstm_transducer_stateless/exp \\
+      --bpe-model data/lang_bpe_500/bpe.model
+
+Use the same model-size flags as in training (--model-preset, --encoder-dim, ...).
+It writes into --output-dir (default: --exp-dir), as icefall's export-onnx.py:
+
+  encoder-epoch-12-avg-4.onnx       (x (N, 9, 80), h, c) -> (encoder_out, next_h, next_c)
+  decoder-epoch-12-avg-4.onnx       y (N, context_size) -> decoder_out
+  joiner-epoch-12-avg-4.onnx        (encoder_out, decoder_out) -> logit
+  *-epoch-12-avg-4.int8.onnx        the same, dynamically quantised to int8 (--int8 false skips them)
+  tokens.txt
+
+With --iter N the checkpoints are checkpoint-<batch>.pt (batch <= N) and the
+suffix is iter-N-avg-A. sherpa-onnx runs the files with its OnlineRecognizer
+(model_type "lstm" is streaming-only):
+
+  recognizer = sherpa_onnx.OnlineRecognizer.from_transducer(
+      tokens="exp/tokens.txt", encoder="exp/encoder-epoch-12-avg-4.onnx",
+      decoder="exp/decoder-epoch-12-avg-4.onnx", joiner="exp/joiner-epoch-12-avg-4.onnx",
+      decoding_method="greedy_search")  # or "modified_beam_search"
+  stream = recognizer.create_stream()
+  stream.accept_waveform(16000, samples)  # float32 in [-1, 1]; add ~0.3 s of zeros at the end
+  stream.input_finished()
+  while recognizer.is_ready(stream):
+      recognizer.decode_stream(stream)
+  print(recognizer.get_result(stream))
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+from icefall_lite.bpe import load_bpe_model
+from icefall_lite.checkpoint import CheckpointError, load_state_dict_checked
+from icefall_lite.model import add_model_arguments, build_transducer, count_parameters, model_config_from_args
+from icefall_lite.onnx_export import (
+    DEFAULT_DECODE_CHUNK_LEN,
+    ExportableTransducer,
+    OnnxRuntimeTransducer,
+    averaged_state_dict,
+    build_exportable,
+    checkpoint_suffix,
+    export_transducer_onnx,
+    max_abs_diff,
+    write_tokens_file,
+)
+from icefall_lite.utils import setup_logger, str2bool
+
+
+def get_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument(
+        "--epoch", type=int, default=12, help="Export the model of exp-dir/epoch-N.pt (averaged, see --avg)."
+    )
+    parser.add_argument(
+        "--iter",
+        type=int,
+        default=0,
+        help="If > 0, use checkpoint-<batch>.pt files with batch <= this instead of --epoch.",
+    )
+    parser.add_argument(
+        "--avg",
+        type=int,
+        default=4,
+        help="Number of checkpoints to average: epochs epoch-avg+1..epoch, or with --use-averaged-model the "
+        "running average between epoch-(epoch-avg).pt and epoch-epoch.pt.",
+    )
+    parser.add_argument(
+        "--use-averaged-model",
+        type=str2bool,
+        default=True,
+        help="Average with the model_avg entries of two checkpoints (icefall's averaged model) instead of "
+        "averaging the model entries of --avg checkpoints.",
+    )
+    parser.add_argument(
+        "--exp-dir", type=Path, default=Path("lstm_transducer_stateless/exp"), help="Where the checkpoints are."
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="Where to write the ONNX files, tokens.txt and the log (default: --exp-dir).",
+    )
+    parser.add_argument(
+        "--bpe-model", type=Path, default=Path("data/lang_bpe_500/bpe.model"), help="sentencepiece model."
+    )
+    parser.add_argument(
+        "--decode-chunk-len",
+        type=int,
+        default=DEFAULT_DECODE_CHUNK_LEN,
+        help="Feature frames per encoder call (a multiple of 4); the encoder sees decode_chunk_len + 5 frames (T).",
+    )
+    parser.add_argument(
+        "--int8",
+        type=str2bool,
+        default=True,
+        help="Also write *.int8.onnx (onnxruntime dynamic quantisation), as icefall does.",
+    )
+    add_model_arguments(parser)
+    return parser
+
+
+def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse errors naming the flag for bad values."""
+    if args.avg < 1:
+        parser.error(f"--avg must be >= 1, got {args.avg}")
+    if args.iter < 0:
+        parser.error(f"--iter must be >= 0, got {args.iter}")
+    if args.iter == 0 and args.epoch < 1:
+        parser.error(f"--epoch must be >= 1, got {args.epoch}")
+    if args.decode_chunk_len < 4 or args.decode_chunk_len % 4:
+        parser.error(f"--decode-chunk-len must be a positive multiple of 4, got {args.decode_chunk_len}")
+    if not args.bpe_model.is_file():
+        parser.error(f"--bpe-model {args.bpe_model} does not exist; run prepare.sh (stage 4) first")
+    if not args.exp_dir.is_dir():
+        parser.error(f"--exp-dir {args.exp_dir} does not exist; train first (train.py --exp-dir ...)")
+
+
+@torch.no_grad()
+def check_onnx(exportable: ExportableTransducer, files: Dict[str, Path], int8: bool) -> None:
+    """Log the max |difference| between the PyTorch wrappers and the ONNX files on one random chunk."""
+    meta = exportable.meta
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, meta.T, exportable.encoder.num_features, generator=gen)
+    states = exportable.init_states(batch_size=2)
+    want, _ = exportable.run_encoder(x, states)
+    for kind in ["", ".int8"] if int8 else [""]:
+        runner = OnnxRuntimeTransducer(files["encoder" + kind], files["decoder" + kind], files["joiner" + kind])
+        got, _ = runner.run_encoder(x, states)
+        diff = max_abs_diff(got, want)
+        logging.info(f"encoder{kind or ' fp32'}: max |onnxruntime - torch| = {diff:.3g} on a random chunk")
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = get_parser()
+    args = parser.parse_args(argv)
+    validate_args(parser, args)
+    output_dir = args.output_dir or args.exp_dir
+    output_dir.mkdir(parents=True, exist_ok=True)
+    setup_logger(output_dir / "log" / "log-export-onnx")
+    logging.info(f"Export to ONNX, arguments:\n{vars(args)}")
+
+    sp = load_bpe_model(args.bpe_model)
+    config = model_config_from_args(args, vocab_size=sp.get_piece_size(), blank_id=sp.piece_to_id("<blk>"))
+    logging.info(f"Model config: {config}")
+    model = build_transducer(**config)
+    device = torch.device("cpu")  # ONNX export is done on the CPU, as in icefall
+    try:
+        state_dict = averaged_state_dict(
+            args.exp_dir, args.epoch, args.avg, args.use_averaged_model, device, iter=args.iter
+        )
+        load_state_dict_checked(model, state_dict, f"the averaged checkpoints of {args.exp_dir}")
+    except CheckpointError as e:
+        logging.error(str(e))
+        parser.exit(1, f"error: {e}\n")
+    model.eval()
+    logging.info(f"Number of model parameters: {count_parameters(model)}")
+
+    exportable = build_exportable(model, decode_chunk_len=args.decode_chunk_len)
+    suffix = checkpoint_suffix(args.epoch, args.iter, args.avg)
+    files = export_transducer_onnx(exportable, output_dir, suffix, int8=args.int8)
+    write_tokens_file(args.bpe_model, output_dir / "tokens.txt")
+    check_onnx(exportable, files, args.int8)
+    logging.info(f"Wrote {', '.join(str(f) for f in files.values())} and {output_dir / 'tokens.txt'}")
+    logging.info("Done!")
+
+
+if __name__ == "__main__":
+    main()
