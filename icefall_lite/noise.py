@@ -16,6 +16,7 @@ from icefall_lite.tts import Voice, synthesize
 
 COLOURS = ("white", "pink", "brown")
 NOISE_TYPES = COLOURS + ("babble",)
+SENTENCES_PER_TALKER = 6  # distinct sentences each babble talker reads (cycled)
 _EXPONENT = {"white": 0.0, "pink": 1.0, "brown": 2.0}
 
 
@@ -66,7 +67,7 @@ def babble(
     sentences: Sequence[str],
     num_samples: int,
     rng: np.random.Generator,
-    sentences_per_talker: int = 6,
+    sentences_per_talker: int = SENTENCES_PER_TALKER,
 ) -> np.ndarray:
     """Sum of one :func:`talker_track` per voice, each reading its own sentences."""
     mix = np.zeros(num_samples, dtype=np.float64)

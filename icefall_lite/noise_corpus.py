@@ -72,7 +72,7 @@ def plan_noise(size: NoiseSize, seed: int, vocab_words: int) -> List[NoiseJob]:
         text = babble_sentences(out_of_vocabulary(sentences, vocab), "noise-corpus")
         names = tts.espeak_names(tts.BABBLE_ACCENTS[:1], tts.TRAIN_VARIANTS + tts.OTHER_VARIANTS)
         voices = tts.sample_voices(rng, size.babble_talkers * 3, names, ())
-        per_file = size.babble_talkers * 6
+        per_file = size.babble_talkers * noise_lib.SENTENCES_PER_TALKER
         for k in range(size.babble_files):
             talkers = [voices[(k + j) % len(voices)] for j in range(size.babble_talkers)]
             own = [text[(k * per_file + j) % len(text)] for j in range(per_file)]

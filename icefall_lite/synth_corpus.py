@@ -220,10 +220,11 @@ def plan_corpus(size: CorpusSize, seed: int) -> CorpusPlan:
     oov = {p: oov_counts(texts[TRAIN_PART], texts[p]) for p in EVAL_PARTS}
     babble_text = babble_sentences(splits.babble, "other")
     babble_text = [babble_text[i] for i in rng.permutation(len(babble_text))]
+    num_babble = size.babble_segments * size.babble_talkers * noise_lib.SENTENCES_PER_TALKER
     return CorpusPlan(
         utterances=utterances,
         babble_voices=babble_voices,
-        babble_sentences=babble_text[: size.babble_segments * size.babble_talkers * 6],
+        babble_sentences=babble_text[:num_babble],
         babble_seeds=[int(s) for s in rng.integers(2**31, size=size.babble_segments)],
         oov=oov,
     )
@@ -234,7 +235,8 @@ def plan_corpus(size: CorpusSize, seed: int) -> CorpusPlan:
 _BABBLE_BANK: List[np.ndarray] = []
 
 
-def _set_babble_bank(bank: List[np.ndarray]) -> None:
+def set_babble_bank(bank: List[np.ndarray]) -> None:
+    """Give this process the babble segments (a worker initializer)."""
     global _BABBLE_BANK
     _BABBLE_BANK = bank
 
@@ -249,7 +251,7 @@ def make_babble_bank(
 ) -> List[np.ndarray]:
     """Render the babble segments that noise the ``-other`` parts."""
     num_samples = int(size.babble_seconds * tts.SAMPLE_RATE)
-    per_seg = size.babble_talkers * 6
+    per_seg = size.babble_talkers * noise_lib.SENTENCES_PER_TALKER
     jobs = []
     for k, seed in enumerate(plan.babble_seeds):
         voices = [plan.babble_voices[(k + j) % len(plan.babble_voices)] for j in range(size.babble_talkers)]
@@ -369,7 +371,7 @@ def build_corpus(dl_dir: Path, size_name: str = "default", seed: int = 42, num_j
     seconds: Dict[str, float] = {}
     failures = []
     for utt_id, secs, error in parallel_imap(
-        render_utterance, jobs, num_jobs, desc="synthesizing", initializer=_set_babble_bank, initargs=(bank,)
+        render_utterance, jobs, num_jobs, desc="synthesizing", initializer=set_babble_bank, initargs=(bank,)
     ):
         if error:
             logging.warning(f"skipping utterance {utt_id}: {error}")

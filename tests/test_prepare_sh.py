@@ -122,7 +122,7 @@ def test_corpus_is_deterministic_for_a_seed(tiny: Path, tmp_path: Path) -> None:
     from icefall_lite import synth_corpus
 
     bank = synth_corpus.make_babble_bank(a, SIZES["tiny"], 1)
-    synth_corpus._set_babble_bank(bank)
+    synth_corpus.set_babble_bank(bank)
     chosen = [u for u in a.utterances if u.noise is None][:2] + [u for u in a.utterances if u.noise][:4]
     for utt in chosen:
         utt_id, seconds, error = render_utterance((utt, tmp_path))
