@@ -1,0 +1,512 @@
+"""decode.py: icefall's flags, suffixes and result files on the tiny corpus,
+checkpoint selection and averaging arithmetic, tail padding, and clear errors."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import gzip
+import importlib.util
+import json
+import logging
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+import kaldialign
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import RECIPE, recipe_env
+from icefall_lite.checkpoint import CheckpointError, save_checkpoint
+from icefall_lite.model import build_transducer
+from icefall_lite.search import greedy_search, greedy_search_batch
+from icefall_lite.utils import AttributeDict
+
+DECODE = RECIPE / "lstm_transducer_stateless" / "decode.py"
+TINY_SIZES = dict(
+    encoder_dim=32, rnn_hidden_size=32, dim_feedforward=64, num_encoder_layers=2, decoder_dim=32, joiner_dim=32
+)
+TINY_FLAGS = [item for k, v in TINY_SIZES.items() for item in (f"--{k.replace('_', '-')}", str(v))]
+BPE = "data/lang_bpe_100/bpe.model"
+VOCAB_SIZE = 100  # prepare.sh --size tiny trains a 100-piece BPE model
+SUFFIXES = {
+    "greedy_search": "epoch-3-avg-2-context-2-max-sym-per-frame-1-use-averaged-model",
+    "modified_beam_search": "epoch-3-avg-2-modified_beam_search-beam-size-4-use-averaged-model",
+    "fast_beam_search": "epoch-3-avg-2-beam-20.0-max-contexts-8-max-states-64-use-averaged-model",
+}
+KEYS = {
+    "greedy_search": "greedy_search",
+    "modified_beam_search": "beam_size_4",
+    "fast_beam_search": "beam_20.0_max_contexts_8_max_states_64",
+}
+EXTRA_SET = "my_cuts"  # a test set given by manifest path (a copy of test-clean)
+TEST_SETS = ("test-clean", "test-other", EXTRA_SET)
+
+
+def _load_decode_module():
+    spec = importlib.util.spec_from_file_location("icefall_lite_decode_script", DECODE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+decode = _load_decode_module()
+
+
+# --------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------
+
+
+def tiny_model(vocab_size: int = VOCAB_SIZE, seed: int = 0, **overrides: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return build_transducer(vocab_size=vocab_size, **{**TINY_SIZES, **overrides})
+
+
+def running_average(models: Sequence[nn.Module]) -> nn.Module:
+    """float64 model whose floating entries are the mean of ``models`` (train.py's model_avg)."""
+    avg = copy.deepcopy(models[0]).to(torch.float64)
+    states = [m.state_dict() for m in models]
+    for name, value in avg.state_dict().items():
+        if value.dtype.is_floating_point:
+            value.copy_(sum(s[name].double() for s in states) / len(states))
+    return avg
+
+
+def write_epoch_checkpoints(exp_dir: Path, num_epochs: int, **sizes: int) -> None:
+    """epoch-1.pt .. epoch-N.pt of random tiny models; model_avg = mean so far, 10 batches per epoch."""
+    models = []
+    for epoch in range(1, num_epochs + 1):
+        models.append(tiny_model(seed=epoch, **sizes))
+        save_checkpoint(
+            exp_dir / f"epoch-{epoch}.pt", models[-1], model_avg=running_average(models),
+            params={"batch_idx_train": 10 * epoch},
+        )
+
+
+def constant_copy(model: nn.Module, value: float, dtype: torch.dtype) -> nn.Module:
+    """A copy of ``model`` in ``dtype`` with every floating entry equal to ``value``."""
+    out = copy.deepcopy(model).to(dtype)
+    for tensor in out.state_dict().values():
+        if tensor.dtype.is_floating_point:
+            tensor.fill_(value)
+    return out
+
+
+def floating_values(model: nn.Module) -> torch.Tensor:
+    """All floating state entries of ``model`` flattened into one float64 vector."""
+    return torch.cat([t.double().flatten() for t in model.state_dict().values() if t.dtype.is_floating_point])
+
+
+def run_decode(work: Path, *args: str) -> subprocess.CompletedProcess:
+    """decode.py as a user runs it; one OpenMP thread (tiny matrices, shared 2-core machines)."""
+    env = recipe_env()
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, str(DECODE), "--bpe-model", BPE, "--num-workers", "0", *TINY_FLAGS, *args]
+    return subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env, timeout=300)
+
+
+def read_recogs(path: Path) -> Dict[str, Tuple[List[str], List[str]]]:
+    """{cut_id: (ref words, hyp words)} parsed from an icefall recogs file."""
+    out: Dict[str, Dict[str, List[str]]] = {}
+    for line in path.read_text().splitlines():
+        m = re.fullmatch(r"(.+):\t(ref|hyp)=(\[.*\])", line)
+        assert m, f"unexpected line in {path.name}: {line!r}"
+        out.setdefault(m.group(1), {})[m.group(2)] = ast.literal_eval(m.group(3))
+    return {cut_id: (d["ref"], d["hyp"]) for cut_id, d in out.items()}
+
+
+def manifest_texts(path: Path) -> Dict[str, str]:
+    """{cut_id: supervision text} of a cut manifest."""
+    with gzip.open(path, "rt") as f:
+        cuts = [json.loads(line) for line in f]
+    return {c["id"]: " ".join(s["text"] for s in c["supervisions"]) for c in cuts}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny matrices gain nothing from threads; on a shared 2-core machine spinning
+    OpenMP workers make the in-process decodes many times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def isolated_logging() -> Iterator[None]:
+    """Undo setup_logger's changes to the root logger after an in-process decode.main()."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+
+
+# --------------------------------------------------------------------------
+# Flags, suffixes, keys
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, suffix, key",
+    [
+        ([], "epoch-12-avg-4-context-2-max-sym-per-frame-1-use-averaged-model", "greedy_search"),
+        (["--decoding-method", "modified_beam_search"],
+         "epoch-12-avg-4-modified_beam_search-beam-size-4-use-averaged-model", "beam_size_4"),
+        (["--decoding-method", "fast_beam_search"],
+         "epoch-12-avg-4-beam-20.0-max-contexts-8-max-states-64-use-averaged-model",
+         "beam_20.0_max_contexts_8_max_states_64"),
+        (["--iter", "1000", "--avg", "2", "--use-averaged-model", "false", "--max-sym-per-frame", "3"],
+         "iter-1000-avg-2-context-2-max-sym-per-frame-3", "greedy_search"),
+        (["--epoch", "30", "--avg", "15", "--decoding-method", "fast_beam_search", "--beam", "4",
+          "--max-contexts", "4", "--max-states", "8"],
+         "epoch-30-avg-15-beam-4.0-max-contexts-4-max-states-8-use-averaged-model",
+         "beam_4.0_max_contexts_4_max_states_8"),
+    ],
+)
+def test_suffix_and_key_follow_icefall(argv, suffix, key):
+    params = decode.get_params(decode.get_parser().parse_args(argv))
+    assert params.suffix == suffix
+    assert decode.result_key(params) == key
+    assert params.res_dir == Path("lstm_transducer_stateless/exp") / params.decoding_method
+
+
+def test_defaults():
+    args = decode.get_parser().parse_args([])
+    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (12, 0, 4, True)
+    assert (args.beam_size, args.beam, args.max_contexts, args.max_states, args.max_sym_per_frame) == (4, 20.0, 8, 64, 1)
+    assert args.test_sets == ["test-clean", "test-other"]
+    assert args.decoding_method == "greedy_search"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--avg", "0"], "--avg must be positive, got 0"),
+        (["--epoch", "0"], "--epoch must be positive, got 0"),
+        (["--iter", "-1"], "--iter must be >= 0"),
+        (["--beam-size", "0"], "--beam-size must be positive"),
+        (["--beam", "-1"], "--beam must be positive"),
+        (["--max-contexts", "0"], "--max-contexts must be positive"),
+        (["--max-states", "0"], "--max-states must be positive"),
+        (["--max-sym-per-frame", "0"], "--max-sym-per-frame must be positive"),
+        (["--max-duration", "0"], "--max-duration must be positive"),
+        (["--encoder-dim", "64"], "--rnn-hidden-size (32) must be >= --encoder-dim (64)"),
+        (["--decoding-method", "beam_search"], "--decoding-method: invalid choice"),
+        (["--test-sets", "test-nothing"], "--test-sets: no cut manifest"),
+        (["--test-sets", "missing.jsonl.gz"], "--test-sets: no cut manifest missing.jsonl.gz"),
+        (["--test-sets", "test-clean", "test-clean"], "--test-sets: test set name 'test-clean' given twice"),
+        (["--bpe-model", "nowhere/bpe.model"], "--bpe-model nowhere/bpe.model does not exist"),
+    ],
+)
+def test_bad_flag_values_name_the_flag(tiny_data, capsys, argv, message):
+    base = ["--bpe-model", str(tiny_data / BPE), "--manifest-dir", str(tiny_data / "data/fbank"), *TINY_FLAGS]
+    parser = decode.get_parser()
+    with pytest.raises(SystemExit) as exc:
+        decode.validate_args(parser, parser.parse_args(base + argv))
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_test_sets_accept_part_names_and_manifest_paths(tiny_data, tmp_path):
+    fbank = tiny_data / "data/fbank"
+    extra = tmp_path / "librispeech_cuts_dev-clean.jsonl.gz"
+    shutil.copy(fbank / "librispeech_cuts_dev-clean.jsonl.gz", extra)
+    other = tmp_path / "my_cuts.jsonl.gz"
+    shutil.copy(fbank / "librispeech_cuts_test-other.jsonl.gz", other)
+    resolved = decode.resolve_test_sets(["test-clean", str(extra), str(other)], fbank)
+    assert resolved == [
+        ("test-clean", fbank / "librispeech_cuts_test-clean.jsonl.gz"),
+        ("dev-clean", extra),
+        ("my_cuts", other),
+    ]
+
+
+# --------------------------------------------------------------------------
+# Checkpoint selection and averaging arithmetic
+# --------------------------------------------------------------------------
+
+# name: ("model" constant, "model_avg" constant, batch_idx_train)
+CONSTANT_CKPTS = {
+    "epoch-1.pt": (1.0, 0.5, 10),
+    "epoch-2.pt": (2.0, 1.5, 25),
+    "epoch-3.pt": (4.0, 3.0, 40),
+    "epoch-4.pt": (8.0, 7.0, 100),
+    "checkpoint-100.pt": (-1.0, 0.25, 100),
+    "checkpoint-200.pt": (-2.0, 0.75, 200),
+    "checkpoint-300.pt": (-4.0, 2.0, 300),
+    "checkpoint-400.pt": (-8.0, 9.0, 400),
+}
+
+
+@pytest.fixture(scope="module")
+def constant_exp(tmp_path_factory) -> Path:
+    """An exp dir whose checkpoints hold constant weights (CONSTANT_CKPTS)."""
+    exp_dir = tmp_path_factory.mktemp("constant_exp")
+    model = tiny_model(vocab_size=10)
+    for name, (value, avg_value, batch) in CONSTANT_CKPTS.items():
+        save_checkpoint(
+            exp_dir / name, constant_copy(model, value, torch.float32),
+            model_avg=constant_copy(model, avg_value, torch.float64), params={"batch_idx_train": batch},
+        )
+    return exp_dir
+
+
+def _averaged_formula(start: str, end: str) -> float:
+    _, a_start, b_start = CONSTANT_CKPTS[start]
+    _, a_end, b_end = CONSTANT_CKPTS[end]
+    return (a_end * b_end - a_start * b_start) / (b_end - b_start)
+
+
+@pytest.mark.parametrize(
+    "epoch, iteration, avg, use_averaged, files, expected",
+    [
+        # averaged model between epoch-(E-A) (excluded) and epoch-E
+        (4, 0, 2, True, ["epoch-2.pt", "epoch-4.pt"], _averaged_formula("epoch-2.pt", "epoch-4.pt")),
+        (4, 0, 3, True, ["epoch-1.pt", "epoch-4.pt"], _averaged_formula("epoch-1.pt", "epoch-4.pt")),
+        (3, 0, 1, True, ["epoch-2.pt", "epoch-3.pt"], _averaged_formula("epoch-2.pt", "epoch-3.pt")),
+        # plain mean of the "model" entries of epoch-(E-A+1) .. epoch-E
+        (4, 0, 3, False, ["epoch-2.pt", "epoch-3.pt", "epoch-4.pt"], (2.0 + 4.0 + 8.0) / 3),
+        (4, 0, 4, False, ["epoch-1.pt", "epoch-2.pt", "epoch-3.pt", "epoch-4.pt"], (1.0 + 2.0 + 4.0 + 8.0) / 4),
+        (2, 0, 1, False, ["epoch-2.pt"], 2.0),
+        # --iter: checkpoints with batch <= iter, newest first
+        (99, 350, 2, True, ["checkpoint-100.pt", "checkpoint-300.pt"],
+         _averaged_formula("checkpoint-100.pt", "checkpoint-300.pt")),
+        (99, 400, 1, True, ["checkpoint-300.pt", "checkpoint-400.pt"],
+         _averaged_formula("checkpoint-300.pt", "checkpoint-400.pt")),
+        (99, 350, 2, False, ["checkpoint-300.pt", "checkpoint-200.pt"], (-4.0 - 2.0) / 2),
+    ],
+)
+def test_checkpoint_selection_and_averaging(constant_exp, epoch, iteration, avg, use_averaged, files, expected):
+    params = AttributeDict(exp_dir=constant_exp, epoch=epoch, iter=iteration, avg=avg, use_averaged_model=use_averaged)
+    model = tiny_model(vocab_size=10, seed=123)
+    plan = decode.load_model_weights(params, model, torch.device("cpu"))
+    assert [f.name for f in plan.filenames] == files
+    assert plan.averaged_model == use_averaged
+    values = floating_values(model)
+    assert torch.allclose(values, torch.full_like(values, expected), rtol=1e-6, atol=0), (values.min(), values.max())
+
+
+@pytest.mark.parametrize(
+    "epoch, iteration, avg, use_averaged, message",
+    [
+        (4, 0, 4, True, "--avg 4 is too large for --epoch 4: --use-averaged-model true averages the model between "
+                        "epoch-(EPOCH-AVG).pt (excluded) and epoch-4.pt, so --avg must be below --epoch; use --avg 3 "
+                        "or less, or --use-averaged-model false. Found in {exp}: "
+                        "epoch-1.pt, epoch-2.pt, epoch-3.pt, epoch-4.pt."),
+        (1, 0, 1, True, "so --avg must be below --epoch; use --use-averaged-model false. Found in"),
+        (3, 0, 5, False, "--avg 5 is too large for --epoch 3: --use-averaged-model false averages "
+                         "epoch-(EPOCH-AVG+1).pt .. epoch-3.pt, so --avg must be at most --epoch; use --avg 3 or less."),
+        (6, 0, 3, False, "--epoch 6 --avg 3 --use-averaged-model false needs epoch-4.pt, epoch-5.pt, epoch-6.pt in "
+                         "{exp}; missing: epoch-5.pt, epoch-6.pt. Found: epoch-1.pt, epoch-2.pt, epoch-3.pt, epoch-4.pt."),
+        (5, 0, 2, True, "missing: epoch-5.pt."),
+        (99, 350, 3, True, "Not enough checkpoints (3) found for --iter 350, --avg 3: --use-averaged-model true needs "
+                           "4 checkpoint-<batch>.pt files with batch <= 350 in {exp}. Found: checkpoint-400.pt, "
+                           "checkpoint-300.pt, checkpoint-200.pt, checkpoint-100.pt."),
+        (99, 50, 1, False, "Not enough checkpoints (0) found for --iter 50, --avg 1"),
+    ],
+)
+def test_too_few_checkpoints_name_the_files(constant_exp, epoch, iteration, avg, use_averaged, message):
+    params = AttributeDict(exp_dir=constant_exp, epoch=epoch, iter=iteration, avg=avg, use_averaged_model=use_averaged)
+    with pytest.raises(CheckpointError) as exc:
+        decode.select_checkpoints(params)
+    assert message.format(exp=constant_exp) in str(exc.value)
+
+
+def test_checkpoint_of_another_size_lists_mismatched_shapes(constant_exp):
+    params = AttributeDict(exp_dir=constant_exp, epoch=4, iter=0, avg=2, use_averaged_model=True)
+    bigger = tiny_model(vocab_size=10, encoder_dim=48, rnn_hidden_size=48)
+    with pytest.raises(CheckpointError) as exc:
+        decode.load_model_weights(params, bigger, torch.device("cpu"))
+    text = str(exc.value)
+    assert "does not fit this model (were the model-size flags the same as in training?)" in text
+    assert "Mismatched shapes:" in text
+    assert re.search(r"encoder\.\S+: checkpoint \(\d*, ?32.*\) vs model \(\d*, ?48.*\)", text), text
+
+
+# --------------------------------------------------------------------------
+# Batch decoding pieces
+# --------------------------------------------------------------------------
+
+
+class _WordPieces:
+    """Token ids -> words: a stand-in for the BPE model with a readable mapping."""
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return " ".join(f"w{t}" for t in tokens)
+
+
+def test_tail_padding_before_the_encoder():
+    model = tiny_model(vocab_size=10).eval()
+    seen = {}
+    encoder_forward = model.encoder.forward
+
+    def recording_forward(x, x_lens, **kwargs):
+        seen["x"], seen["x_lens"] = x.clone(), x_lens.clone()
+        return encoder_forward(x, x_lens, **kwargs)
+
+    model.encoder.forward = recording_forward
+    feature = torch.randn(2, 50, 80)
+    batch = {"inputs": feature, "supervisions": {"num_frames": torch.tensor([50, 40])}}
+    params = AttributeDict(decoding_method="greedy_search", max_sym_per_frame=1)
+    out = decode.decode_one_batch(params, model, _WordPieces(), batch)
+    assert list(out) == ["greedy_search"] and len(out["greedy_search"]) == 2
+    assert seen["x"].shape == (2, 85, 80)
+    assert torch.equal(seen["x"][:, :50], feature)
+    assert torch.all(seen["x"][:, 50:] == math.log(1e-10))
+    assert seen["x_lens"].tolist() == [85, 75]
+
+
+def test_search_dispatch_greedy_batch_and_max_sym_per_frame():
+    model = tiny_model(vocab_size=10).eval()
+    torch.manual_seed(5)
+    encoder_out = torch.randn(3, 12, TINY_SIZES["encoder_dim"]) * 3
+    lens = torch.tensor([12, 7, 9])
+    one = decode.search_tokens(AttributeDict(decoding_method="greedy_search", max_sym_per_frame=1), model, encoder_out, lens)
+    assert one == greedy_search_batch(model, encoder_out, lens)
+    three = decode.search_tokens(AttributeDict(decoding_method="greedy_search", max_sym_per_frame=3), model, encoder_out, lens)
+    assert three == [greedy_search(model, encoder_out[i : i + 1, :n], max_sym_per_frame=3) for i, n in enumerate([12, 7, 9])]
+
+
+# --------------------------------------------------------------------------
+# decode.py end to end on the tiny corpus
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def decoded(tiny_data, tmp_path_factory) -> Dict[str, object]:
+    """Three epoch checkpoints of a tiny random model, decoded with all three methods."""
+    root = tmp_path_factory.mktemp("decode_e2e")
+    exp_dir = root / "exp"
+    write_epoch_checkpoints(exp_dir, 3)
+    extra = root / f"{EXTRA_SET}.jsonl.gz"
+    shutil.copy(tiny_data / "data/fbank/librispeech_cuts_test-clean.jsonl.gz", extra)
+    runs = {
+        method: run_decode(
+            tiny_data, "--exp-dir", str(exp_dir), "--epoch", "3", "--avg", "2", "--decoding-method", method,
+            "--test-sets", "test-clean", "test-other", str(extra),
+        )
+        for method in SUFFIXES
+    }
+    manifests = {
+        "test-clean": tiny_data / "data/fbank/librispeech_cuts_test-clean.jsonl.gz",
+        "test-other": tiny_data / "data/fbank/librispeech_cuts_test-other.jsonl.gz",
+        EXTRA_SET: extra,
+    }
+    return {"exp_dir": exp_dir, "runs": runs, "manifests": manifests}
+
+
+@pytest.mark.parametrize("method", list(SUFFIXES))
+def test_decode_writes_icefall_files(decoded, method):
+    run = decoded["runs"][method]
+    assert run.returncode == 0, run.stderr[-3000:]
+    res_dir = decoded["exp_dir"] / method
+    suffix = SUFFIXES[method]
+    expected = {f"{kind}-{name}-{suffix}.txt" for kind in ("recogs", "errs", "wer-summary") for name in TEST_SETS}
+    files = {p.name for p in res_dir.iterdir()}
+    logs = [f for f in files if f.startswith(f"log-decode-{suffix}-")]
+    assert files == expected | set(logs) and len(logs) == 1, sorted(files)
+    log_text = (res_dir / logs[0]).read_text()
+    exp_dir = decoded["exp_dir"]
+    assert f"Loading the averaged model from {exp_dir}/epoch-1.pt (excluded) to {exp_dir}/epoch-3.pt" in log_text
+    assert "Device: cpu" in log_text or "Device: cuda" in log_text
+
+
+@pytest.mark.parametrize("method", list(SUFFIXES))
+def test_errs_wer_equals_kaldialign_recount_of_recogs(decoded, method):
+    res_dir, suffix, key = decoded["exp_dir"] / method, SUFFIXES[method], KEYS[method]
+    for name in TEST_SETS:
+        recogs = read_recogs(res_dir / f"recogs-{name}-{suffix}.txt")
+        counts = [kaldialign.edit_distance(ref, hyp) for ref, hyp in recogs.values()]
+        ins, dels, subs = (sum(c[k] for c in counts) for k in ("ins", "del", "sub"))
+        ref_words = sum(len(ref) for ref, _ in recogs.values())
+        wer = "%.2f" % (100.0 * (ins + dels + subs) / ref_words)
+        errs = (res_dir / f"errs-{name}-{suffix}.txt").read_text().splitlines()
+        assert errs[0] == f"%WER = {wer}"
+        assert errs[1].startswith(
+            f"Errors: {ins} insertions, {dels} deletions, {subs} substitutions, over {ref_words} reference words"
+        )
+        summary = (res_dir / f"wer-summary-{name}-{suffix}.txt").read_text().splitlines()
+        assert summary == ["settings\tWER", f"{key}\t{float(wer)}"]
+
+
+@pytest.mark.parametrize("method", list(SUFFIXES))
+def test_references_are_the_supervision_words(decoded, method):
+    res_dir, suffix = decoded["exp_dir"] / method, SUFFIXES[method]
+    for name in TEST_SETS:
+        recogs = read_recogs(res_dir / f"recogs-{name}-{suffix}.txt")
+        texts = manifest_texts(decoded["manifests"][name])
+        assert sorted(recogs) == sorted(texts)
+        assert all(recogs[cut_id][0] == text.split() for cut_id, text in texts.items())
+        assert any(hyp for _, hyp in recogs.values()), "the random model should emit something"
+
+
+@pytest.mark.parametrize("method", list(SUFFIXES))
+def test_printed_table_has_wer_and_rtf(decoded, method):
+    run = decoded["runs"][method]
+    res_dir, suffix, key = decoded["exp_dir"] / method, SUFFIXES[method], KEYS[method]
+    rows = [line.split() for line in run.stdout.splitlines()]
+    assert rows[0] == ["test", "set", "setting", "WER", "RTF", "cuts", "audio", "(s)"]
+    by_set = {row[0]: row[1:] for row in rows[1:]}
+    assert sorted(by_set) == sorted(TEST_SETS)
+    for name in TEST_SETS:
+        setting, wer, rtf, cuts, _ = by_set[name]
+        errs_wer = (res_dir / f"errs-{name}-{suffix}.txt").read_text().splitlines()[0].split("= ")[1]
+        assert (setting, wer, cuts) == (key, errs_wer, "8")
+        assert 0 < float(rtf) < 100
+        assert re.search(rf"{name}: decoded 8 cuts, [\d.]+ s of audio in [\d.]+ s, RTF {rtf}", run.stderr)
+
+
+# --------------------------------------------------------------------------
+# decode.py's own error exits
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_exp(tmp_path_factory) -> Path:
+    """Two epoch checkpoints of the tiny model, for the error exits."""
+    exp_dir = tmp_path_factory.mktemp("decode_errors")
+    write_epoch_checkpoints(exp_dir, 2)
+    return exp_dir
+
+
+def _main_error(tiny_data, capsys, *argv: str) -> str:
+    """Run decode.main in-process; assert it exits 1 and return its stderr."""
+    base = ["--bpe-model", str(tiny_data / BPE), "--manifest-dir", str(tiny_data / "data/fbank"), "--num-workers", "0"]
+    with pytest.raises(SystemExit) as exc:
+        decode.main([*base, *argv])
+    assert exc.value.code == 1
+    return capsys.readouterr().err
+
+
+def test_main_avg_too_large_exits_with_the_file_names(tiny_data, small_exp, capsys, isolated_logging):
+    err = _main_error(tiny_data, capsys, "--exp-dir", str(small_exp), "--epoch", "2", "--avg", "2", *TINY_FLAGS)
+    assert (
+        "decode.py: error: --avg 2 is too large for --epoch 2: --use-averaged-model true averages the model between "
+        "epoch-(EPOCH-AVG).pt (excluded) and epoch-2.pt, so --avg must be below --epoch; use --avg 1 or less, or "
+        f"--use-averaged-model false. Found in {small_exp}: epoch-1.pt, epoch-2.pt." in err
+    )
+    assert "Traceback" not in err
+
+
+def test_main_other_model_size_exits_with_mismatched_shapes(tiny_data, small_exp, capsys, isolated_logging):
+    flags = [*TINY_FLAGS, "--decoder-dim", "40"]  # a later flag wins
+    err = _main_error(tiny_data, capsys, "--exp-dir", str(small_exp), "--epoch", "2", "--avg", "1", *flags)
+    assert "decode.py: error: the averaged model from" in err
+    assert "Mismatched shapes:" in err
+    assert re.search(r"decoder\.embedding\.weight: checkpoint \(100, 32\) vs model \(100, 40\)", err), err
+    assert "Traceback" not in err
