@@ -4,7 +4,7 @@
 Usage (from egs/librispeech/ASR):
 
   # CPU, default synthetic corpus, default (cpu) model size
-  ./lstm_transducer_stateless/train.py --num-epochs 12 --exp-dir lstm_transducer_stateless/exp
+  ./lstm_transducer_stateless/train.py --num-epochs 8 --exp-dir lstm_transducer_stateless/exp
 
   # GPU, icefall's sizes, 4 GPUs
   ./lstm_transducer_stateless/train.py --world-size 4 --model-preset icefall \
@@ -64,7 +64,7 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--world-size", type=int, default=1, help="Number of processes (GPUs, or CPU processes with gloo).")
     parser.add_argument("--master-port", type=int, default=12354, help="Master port for DDP.")
     parser.add_argument("--tensorboard", type=str2bool, default=True, help="Write TensorBoard scalars to exp-dir/tensorboard.")
-    parser.add_argument("--num-epochs", type=int, default=12, help="Number of epochs to train.")
+    parser.add_argument("--num-epochs", type=int, default=8, help="Number of epochs to train.")
     parser.add_argument(
         "--start-epoch",
         type=int,
@@ -79,8 +79,8 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bpe-model", type=str, default="data/lang_bpe_500/bpe.model", help="sentencepiece model.")
     parser.add_argument("--base-lr", type=float, default=0.003, help="Base learning rate of the Eden schedule.")
     parser.add_argument("--lr-batches", type=float, default=1000, help="Eden: batches after which the lr starts to fall (icefall: 5000).")
-    parser.add_argument("--lr-epochs", type=float, default=6, help="Eden: epochs after which the lr starts to fall (icefall: 10).")
-    parser.add_argument("--model-warm-step", type=int, default=300,
+    parser.add_argument("--lr-epochs", type=float, default=4, help="Eden: epochs after which the lr starts to fall (icefall: 10).")
+    parser.add_argument("--model-warm-step", type=int, default=100,
                         help="Batches of model warm-up (icefall: 3000): layer bypass ramps over it, the pruned loss is "
                         "off for the first warm-up, at 0.1 for the second, then 1.0.")
     parser.add_argument("--prune-range", type=int, default=5, help="s_range of the pruned RNN-T loss.")
