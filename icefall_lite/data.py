@@ -128,7 +128,9 @@ class LibriSpeechAsrDataModule:
         if not path.is_file():
             raise FileNotFoundError(f"no cut manifest {path}: run egs/librispeech/ASR/prepare.sh first")
         logging.info(f"loading {path}")
-        return load_manifest_lazy(path)
+        cuts = load_manifest_lazy(path)
+        # lhotse returns None for a manifest without a line.
+        return CutSet() if cuts is None else cuts
 
     def part_cuts(self, part: str) -> CutSet:
         """The cuts of one LibriSpeech part, e.g. ``part_cuts("dev-clean")`` (lazy)."""
@@ -253,6 +255,20 @@ class LibriSpeechAsrDataModule:
     def test_dataloaders(self, cuts: CutSet) -> DataLoader:
         """Test DataLoader: no augmentation, no shuffling."""
         return self._eval_dataloader(cuts)
+
+
+class EmptyCutSetError(RuntimeError):
+    """A cut set that should hold cuts is empty (after filtering)."""
+
+
+def require_nonempty(cuts: CutSet, what: str) -> CutSet:
+    """Raise :class:`EmptyCutSetError` naming ``what`` when ``cuts`` has no cut (reads one cut)."""
+    if next(iter(cuts), None) is None:
+        raise EmptyCutSetError(
+            f"the {what} cut set is empty (after filtering; see the log for why cuts were removed). "
+            "Check --manifest-dir and rerun prepare.sh if the manifests are empty."
+        )
+    return cuts
 
 
 def _transform_rngs(dataloader: DataLoader) -> List[random.Random]:

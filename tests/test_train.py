@@ -197,3 +197,22 @@ def test_bad_flags_give_argparse_errors(argv, flag, capsys, tiny_data):
         train.validate_args(parser, args)
     assert e.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+def test_missing_or_empty_training_manifest_gives_clear_error(tiny_data, tmp_path):
+    manifests = tmp_path / "fbank"
+    manifests.mkdir()
+    proc = run_train(tiny_data, tmp_path / "exp", "--manifest-dir", str(manifests))
+    assert proc.returncode == 1
+    assert "librispeech_cuts_train-clean-100.jsonl.gz: run egs/librispeech/ASR/prepare.sh first" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    import gzip
+
+    with gzip.open(manifests / "librispeech_cuts_train-clean-100.jsonl.gz", "wt"):
+        pass
+    for part in ("dev-clean", "dev-other"):
+        (manifests / f"librispeech_cuts_{part}.jsonl.gz").symlink_to(tiny_data / "data/fbank" / f"librispeech_cuts_{part}.jsonl.gz")
+    proc = run_train(tiny_data, tmp_path / "exp", "--manifest-dir", str(manifests))
+    assert proc.returncode == 1
+    assert "the training cut set is empty" in proc.stderr
+    assert "Traceback" not in proc.stderr

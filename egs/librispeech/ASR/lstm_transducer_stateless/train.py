@@ -48,7 +48,14 @@ from icefall_lite.checkpoint import (
     update_averaged_model,
 )
 from icefall_lite.clip import adaptive_clip_grad_, clip_grad_norm_, clip_grad_value_, get_total_norm
-from icefall_lite.data import LibriSpeechAsrDataModule, filter_cuts, set_transform_rng_state, transform_rng_state
+from icefall_lite.data import (
+    EmptyCutSetError,
+    LibriSpeechAsrDataModule,
+    filter_cuts,
+    require_nonempty,
+    set_transform_rng_state,
+    transform_rng_state,
+)
 from icefall_lite.diagnostics import ModelDiagnostics, register_inf_check_hooks
 from icefall_lite.model import Transducer, add_model_arguments, build_transducer, count_parameters, model_config_from_args
 from icefall_lite.optim import Eden, Eve
@@ -526,6 +533,8 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
     # icefall keeps 1-20 s utterances with at least as many frames as tokens.
     train_cuts = filter_cuts(librispeech.train_cuts(), sp, min_duration=1.0, max_duration=20.0, name="train")
     valid_cuts = filter_cuts(librispeech.dev_clean_cuts() + librispeech.dev_other_cuts(), sp, name="valid")
+    require_nonempty(train_cuts, "training")
+    require_nonempty(valid_cuts, "validation")
     valid_dl = librispeech.valid_dataloaders(valid_cuts)
 
     tb_writer = None
@@ -610,7 +619,7 @@ def main() -> None:
             mp.spawn(run, args=(args.world_size, args), nprocs=args.world_size, join=True)
         else:
             run(rank=0, world_size=1, args=args)
-    except CheckpointError as e:
+    except (CheckpointError, EmptyCutSetError, FileNotFoundError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(1)
 
