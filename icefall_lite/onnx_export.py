@@ -34,9 +34,6 @@ sherpa-onnx feeds (it runs a chunk only while ``start + T < frames ready``),
 and :func:`streaming_greedy_search` decodes like sherpa-onnx's greedy search,
 with either the PyTorch wrappers (:class:`ExportableTransducer`) or the ONNX
 files (:class:`OnnxRuntimeTransducer`).
-
-:func:`select_checkpoints` / :func:`averaged_state_dict` implement icefall's
-``--epoch/--iter/--avg/--use-averaged-model`` choice of weights.
 """
 
 from __future__ import annotations
@@ -44,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,12 +55,6 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import Tensor
 
 from icefall_lite.bpe import load_bpe_model, write_tokens
-from icefall_lite.checkpoint import (
-    CheckpointError,
-    average_checkpoints,
-    average_checkpoints_with_averaged_model,
-    find_checkpoints,
-)
 from icefall_lite.encoder import RNNEncoder
 from icefall_lite.model import Transducer
 from icefall_lite.prep_util import atomic_output
@@ -95,72 +85,6 @@ INT8_OP_TYPES = {
     "decoder": ["MatMul", "Gather"],
     "joiner": ["MatMul"],
 }
-
-
-# --------------------------------------------------------------------------
-# Choosing the checkpoints (icefall's --epoch/--iter/--avg/--use-averaged-model)
-# --------------------------------------------------------------------------
-
-
-def checkpoint_suffix(epoch: int, iter: int, avg: int) -> str:
-    """icefall's file-name suffix: ``iter-<iter>-avg-<avg>`` when ``iter > 0``, else ``epoch-<epoch>-avg-<avg>``."""
-    return f"iter-{iter}-avg-{avg}" if iter > 0 else f"epoch-{epoch}-avg-{avg}"
-
-
-def _batch_of(path: Path) -> int:
-    return int(re.search(r"checkpoint-(\d+)\.pt$", str(path)).group(1))
-
-
-def select_checkpoints(exp_dir: PathLike, epoch: int, avg: int, use_averaged_model: bool, iter: int = 0) -> List[Path]:
-    """The checkpoint files icefall's decode/export scripts average.
-
-    - ``use_averaged_model``: ``[start, end]`` whose ``model_avg`` entries give the
-      average over the batches between them: ``epoch-(epoch-avg).pt`` and
-      ``epoch-<epoch>.pt``, or with ``iter > 0`` the ``(avg+1)``-th newest and
-      the newest ``checkpoint-<b>.pt`` with ``b <= iter``;
-    - otherwise the ``avg`` files to average the ``model`` entries of:
-      ``epoch-(epoch-avg+1) .. epoch-<epoch>``, or the ``avg`` newest
-      ``checkpoint-<b>.pt`` with ``b <= iter``.
-
-    Raises:
-      ValueError: ``avg < 1``.
-      CheckpointError: not enough checkpoints for these flags (files that should
-        exist are checked when they are loaded).
-    """
-    if avg < 1:
-        raise ValueError(f"--avg must be >= 1, got {avg}")
-    exp_dir = Path(exp_dir)
-    mode = " with --use-averaged-model" if use_averaged_model else ""
-    if iter > 0:
-        need = avg + 1 if use_averaged_model else avg
-        found = [p for p in find_checkpoints(exp_dir) if _batch_of(p) <= iter]
-        if len(found) < need:
-            raise CheckpointError(
-                f"--iter {iter} --avg {avg}{mode} needs {need} checkpoint-<batch>.pt files with batch <= {iter} "
-                f"in {exp_dir}; found {len(found)}. Lower --avg or raise --iter."
-            )
-        return [found[need - 1], found[0]] if use_averaged_model else found[:need]
-    first = epoch - avg if use_averaged_model else epoch - avg + 1
-    if first < 1:
-        raise CheckpointError(
-            f"--epoch {epoch} --avg {avg}{mode} needs epoch-{first}.pt, which cannot exist; "
-            f"use --avg <= {epoch - 1 if use_averaged_model else epoch}."
-        )
-    if use_averaged_model:
-        return [exp_dir / f"epoch-{first}.pt", exp_dir / f"epoch-{epoch}.pt"]
-    return [exp_dir / f"epoch-{i}.pt" for i in range(first, epoch + 1)]
-
-
-def averaged_state_dict(
-    exp_dir: PathLike, epoch: int, avg: int, use_averaged_model: bool, device: torch.device, iter: int = 0
-) -> Dict[str, Tensor]:
-    """The model weights the flags select (:func:`select_checkpoints`), averaged as icefall does."""
-    files = select_checkpoints(exp_dir, epoch, avg, use_averaged_model, iter)
-    if use_averaged_model:
-        logging.info(f"Averaging the model between {files[0]} and {files[1]} (model_avg)")
-        return average_checkpoints_with_averaged_model(files[0], files[1], device=device)
-    logging.info(f"Averaging {[str(f) for f in files]}")
-    return average_checkpoints(files, device=device)
 
 
 # --------------------------------------------------------------------------
@@ -808,9 +732,6 @@ def max_abs_diff(a: Tensor, b: Tensor) -> float:
 
 
 __all__ = [
-    "checkpoint_suffix",
-    "select_checkpoints",
-    "averaged_state_dict",
     "LSTMP",
     "NonScaledBasicNorm",
     "convert_scaled_to_non_scaled",

@@ -1,10 +1,13 @@
 """Shared fixtures. ``tiny_data``: the tiny synthetic corpus, prepared once per
-test session by ``prepare.sh --size tiny``; tests treat it as read-only."""
+test session by ``prepare.sh --size tiny``; tests treat it as read-only.
+``isolated_logging``: undoes a script's ``setup_logger`` after an in-process ``main()``."""
 
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -31,3 +34,19 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return work
+
+
+@pytest.fixture
+def isolated_logging() -> Iterator[None]:
+    """Undo setup_logger's changes to the root logger (handlers, level) after an in-process script main()."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)

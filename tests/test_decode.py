@@ -1,5 +1,5 @@
 """decode.py: icefall's flags, suffixes and result files on the tiny corpus,
-checkpoint selection and averaging arithmetic, tail padding, and clear errors."""
+tail padding, and clear errors (checkpoint selection itself: test_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import copy
 import gzip
 import importlib.util
 import json
-import logging
 import math
 import re
 import shutil
@@ -23,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from conftest import RECIPE, recipe_env
-from icefall_lite.checkpoint import CheckpointError, save_checkpoint
+from icefall_lite.checkpoint import save_checkpoint
 from icefall_lite.model import build_transducer
 from icefall_lite.search import greedy_search, greedy_search_batch
 from icefall_lite.utils import AttributeDict
@@ -91,20 +90,6 @@ def write_epoch_checkpoints(exp_dir: Path, num_epochs: int, **sizes: int) -> Non
         )
 
 
-def constant_copy(model: nn.Module, value: float, dtype: torch.dtype) -> nn.Module:
-    """A copy of ``model`` in ``dtype`` with every floating entry equal to ``value``."""
-    out = copy.deepcopy(model).to(dtype)
-    for tensor in out.state_dict().values():
-        if tensor.dtype.is_floating_point:
-            tensor.fill_(value)
-    return out
-
-
-def floating_values(model: nn.Module) -> torch.Tensor:
-    """All floating state entries of ``model`` flattened into one float64 vector."""
-    return torch.cat([t.double().flatten() for t in model.state_dict().values() if t.dtype.is_floating_point])
-
-
 def run_decode(work: Path, *args: str) -> subprocess.CompletedProcess:
     """decode.py as a user runs it; one OpenMP thread (tiny matrices, shared 2-core machines)."""
     env = recipe_env()
@@ -140,22 +125,6 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture
-def isolated_logging() -> Iterator[None]:
-    """Undo setup_logger's changes to the root logger after an in-process decode.main()."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    for handler in root.handlers[:]:
-        if handler not in handlers:
-            root.removeHandler(handler)
-            handler.close()
-    for handler in handlers:
-        if handler not in root.handlers:
-            root.addHandler(handler)
-    root.setLevel(level)
-
-
 # --------------------------------------------------------------------------
 # Flags, suffixes, keys
 # --------------------------------------------------------------------------
@@ -164,11 +133,11 @@ def isolated_logging() -> Iterator[None]:
 @pytest.mark.parametrize(
     "argv, suffix, key",
     [
-        ([], "epoch-12-avg-4-context-2-max-sym-per-frame-1-use-averaged-model", "greedy_search"),
+        ([], "epoch-8-avg-3-context-2-max-sym-per-frame-1-use-averaged-model", "greedy_search"),
         (["--decoding-method", "modified_beam_search"],
-         "epoch-12-avg-4-modified_beam_search-beam-size-4-use-averaged-model", "beam_size_4"),
+         "epoch-8-avg-3-modified_beam_search-beam-size-4-use-averaged-model", "beam_size_4"),
         (["--decoding-method", "fast_beam_search"],
-         "epoch-12-avg-4-beam-20.0-max-contexts-8-max-states-64-use-averaged-model",
+         "epoch-8-avg-3-beam-20.0-max-contexts-8-max-states-64-use-averaged-model",
          "beam_20.0_max_contexts_8_max_states_64"),
         (["--iter", "1000", "--avg", "2", "--use-averaged-model", "false", "--max-sym-per-frame", "3"],
          "iter-1000-avg-2-context-2-max-sym-per-frame-3", "greedy_search"),
@@ -187,7 +156,7 @@ def test_suffix_and_key_follow_icefall(argv, suffix, key):
 
 def test_defaults():
     args = decode.get_parser().parse_args([])
-    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (12, 0, 4, True)
+    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (8, 0, 3, True)
     assert (args.beam_size, args.beam, args.max_contexts, args.max_states, args.max_sym_per_frame) == (4, 20.0, 8, 64, 1)
     assert args.test_sets == ["test-clean", "test-other"]
     assert args.decoding_method == "greedy_search"
@@ -234,108 +203,6 @@ def test_test_sets_accept_part_names_and_manifest_paths(tiny_data, tmp_path):
         ("dev-clean", extra),
         ("my_cuts", other),
     ]
-
-
-# --------------------------------------------------------------------------
-# Checkpoint selection and averaging arithmetic
-# --------------------------------------------------------------------------
-
-# name: ("model" constant, "model_avg" constant, batch_idx_train)
-CONSTANT_CKPTS = {
-    "epoch-1.pt": (1.0, 0.5, 10),
-    "epoch-2.pt": (2.0, 1.5, 25),
-    "epoch-3.pt": (4.0, 3.0, 40),
-    "epoch-4.pt": (8.0, 7.0, 100),
-    "checkpoint-100.pt": (-1.0, 0.25, 100),
-    "checkpoint-200.pt": (-2.0, 0.75, 200),
-    "checkpoint-300.pt": (-4.0, 2.0, 300),
-    "checkpoint-400.pt": (-8.0, 9.0, 400),
-}
-
-
-@pytest.fixture(scope="module")
-def constant_exp(tmp_path_factory) -> Path:
-    """An exp dir whose checkpoints hold constant weights (CONSTANT_CKPTS)."""
-    exp_dir = tmp_path_factory.mktemp("constant_exp")
-    model = tiny_model(vocab_size=10)
-    for name, (value, avg_value, batch) in CONSTANT_CKPTS.items():
-        save_checkpoint(
-            exp_dir / name, constant_copy(model, value, torch.float32),
-            model_avg=constant_copy(model, avg_value, torch.float64), params={"batch_idx_train": batch},
-        )
-    return exp_dir
-
-
-def _averaged_formula(start: str, end: str) -> float:
-    _, a_start, b_start = CONSTANT_CKPTS[start]
-    _, a_end, b_end = CONSTANT_CKPTS[end]
-    return (a_end * b_end - a_start * b_start) / (b_end - b_start)
-
-
-@pytest.mark.parametrize(
-    "epoch, iteration, avg, use_averaged, files, expected",
-    [
-        # averaged model between epoch-(E-A) (excluded) and epoch-E
-        (4, 0, 2, True, ["epoch-2.pt", "epoch-4.pt"], _averaged_formula("epoch-2.pt", "epoch-4.pt")),
-        (4, 0, 3, True, ["epoch-1.pt", "epoch-4.pt"], _averaged_formula("epoch-1.pt", "epoch-4.pt")),
-        (3, 0, 1, True, ["epoch-2.pt", "epoch-3.pt"], _averaged_formula("epoch-2.pt", "epoch-3.pt")),
-        # plain mean of the "model" entries of epoch-(E-A+1) .. epoch-E
-        (4, 0, 3, False, ["epoch-2.pt", "epoch-3.pt", "epoch-4.pt"], (2.0 + 4.0 + 8.0) / 3),
-        (4, 0, 4, False, ["epoch-1.pt", "epoch-2.pt", "epoch-3.pt", "epoch-4.pt"], (1.0 + 2.0 + 4.0 + 8.0) / 4),
-        (2, 0, 1, False, ["epoch-2.pt"], 2.0),
-        # --iter: checkpoints with batch <= iter, newest first
-        (99, 350, 2, True, ["checkpoint-100.pt", "checkpoint-300.pt"],
-         _averaged_formula("checkpoint-100.pt", "checkpoint-300.pt")),
-        (99, 400, 1, True, ["checkpoint-300.pt", "checkpoint-400.pt"],
-         _averaged_formula("checkpoint-300.pt", "checkpoint-400.pt")),
-        (99, 350, 2, False, ["checkpoint-300.pt", "checkpoint-200.pt"], (-4.0 - 2.0) / 2),
-    ],
-)
-def test_checkpoint_selection_and_averaging(constant_exp, epoch, iteration, avg, use_averaged, files, expected):
-    params = AttributeDict(exp_dir=constant_exp, epoch=epoch, iter=iteration, avg=avg, use_averaged_model=use_averaged)
-    model = tiny_model(vocab_size=10, seed=123)
-    plan = decode.load_model_weights(params, model, torch.device("cpu"))
-    assert [f.name for f in plan.filenames] == files
-    assert plan.averaged_model == use_averaged
-    values = floating_values(model)
-    assert torch.allclose(values, torch.full_like(values, expected), rtol=1e-6, atol=0), (values.min(), values.max())
-
-
-@pytest.mark.parametrize(
-    "epoch, iteration, avg, use_averaged, message",
-    [
-        (4, 0, 4, True, "--avg 4 is too large for --epoch 4: --use-averaged-model true averages the model between "
-                        "epoch-(EPOCH-AVG).pt (excluded) and epoch-4.pt, so --avg must be below --epoch; use --avg 3 "
-                        "or less, or --use-averaged-model false. Found in {exp}: "
-                        "epoch-1.pt, epoch-2.pt, epoch-3.pt, epoch-4.pt."),
-        (1, 0, 1, True, "so --avg must be below --epoch; use --use-averaged-model false. Found in"),
-        (3, 0, 5, False, "--avg 5 is too large for --epoch 3: --use-averaged-model false averages "
-                         "epoch-(EPOCH-AVG+1).pt .. epoch-3.pt, so --avg must be at most --epoch; use --avg 3 or less."),
-        (6, 0, 3, False, "--epoch 6 --avg 3 --use-averaged-model false needs epoch-4.pt, epoch-5.pt, epoch-6.pt in "
-                         "{exp}; missing: epoch-5.pt, epoch-6.pt. Found: epoch-1.pt, epoch-2.pt, epoch-3.pt, epoch-4.pt."),
-        (5, 0, 2, True, "missing: epoch-5.pt."),
-        (99, 350, 3, True, "Not enough checkpoints (3) found for --iter 350, --avg 3: --use-averaged-model true needs "
-                           "4 checkpoint-<batch>.pt files with batch <= 350 in {exp}. Found: checkpoint-400.pt, "
-                           "checkpoint-300.pt, checkpoint-200.pt, checkpoint-100.pt."),
-        (99, 50, 1, False, "Not enough checkpoints (0) found for --iter 50, --avg 1"),
-    ],
-)
-def test_too_few_checkpoints_name_the_files(constant_exp, epoch, iteration, avg, use_averaged, message):
-    params = AttributeDict(exp_dir=constant_exp, epoch=epoch, iter=iteration, avg=avg, use_averaged_model=use_averaged)
-    with pytest.raises(CheckpointError) as exc:
-        decode.select_checkpoints(params)
-    assert message.format(exp=constant_exp) in str(exc.value)
-
-
-def test_checkpoint_of_another_size_lists_mismatched_shapes(constant_exp):
-    params = AttributeDict(exp_dir=constant_exp, epoch=4, iter=0, avg=2, use_averaged_model=True)
-    bigger = tiny_model(vocab_size=10, encoder_dim=48, rnn_hidden_size=48)
-    with pytest.raises(CheckpointError) as exc:
-        decode.load_model_weights(params, bigger, torch.device("cpu"))
-    text = str(exc.value)
-    assert "does not fit this model (were the model-size flags the same as in training?)" in text
-    assert "Mismatched shapes:" in text
-    assert re.search(r"encoder\.\S+: checkpoint \(\d*, ?32.*\) vs model \(\d*, ?48.*\)", text), text
 
 
 # --------------------------------------------------------------------------

@@ -1,7 +1,6 @@
 """ONNX export: non-scaled conversion, streaming wrappers, ONNX files, the export script, sherpa-onnx."""
 
 import importlib.util
-import logging
 import math
 from pathlib import Path
 
@@ -14,12 +13,7 @@ import torch
 import torch.nn as nn
 
 from icefall_lite.bpe import train_bpe_model
-from icefall_lite.checkpoint import (
-    CheckpointError,
-    average_checkpoints,
-    average_checkpoints_with_averaged_model,
-    save_checkpoint,
-)
+from icefall_lite.checkpoint import average_checkpoints, average_checkpoints_with_averaged_model, save_checkpoint
 from icefall_lite.clip import GradientFilter
 from icefall_lite.features import fbank_extractor
 from icefall_lite.model import build_transducer
@@ -28,13 +22,11 @@ from icefall_lite.onnx_export import (
     NonScaledBasicNorm,
     OnnxRuntimeTransducer,
     build_exportable,
-    checkpoint_suffix,
     chunk_starts,
     convert_scaled_to_non_scaled,
     export_transducer_onnx,
     onnx_filenames,
     read_meta_data,
-    select_checkpoints,
     streaming_greedy_search,
     write_tokens_file,
 )
@@ -375,40 +367,13 @@ def test_write_tokens_file(bpe_model, tmp_path):
     assert lines[:3] == ["<blk> 0", "<sos/eos> 1", "<unk> 2"]
 
 
-def test_select_checkpoints(tmp_path):
-    def names(files):
-        return [f.name for f in files]
-
-    assert names(select_checkpoints(tmp_path, 10, 3, use_averaged_model=True)) == ["epoch-7.pt", "epoch-10.pt"]
-    assert names(select_checkpoints(tmp_path, 10, 3, use_averaged_model=False)) == [f"epoch-{i}.pt" for i in (8, 9, 10)]
-    with pytest.raises(CheckpointError, match="use --avg <= 9"):
-        select_checkpoints(tmp_path, 10, 10, use_averaged_model=True)
-    for batch in (100, 200, 300, 400):
-        (tmp_path / f"checkpoint-{batch}.pt").touch()
-    assert names(select_checkpoints(tmp_path, 0, 2, True, iter=350)) == ["checkpoint-100.pt", "checkpoint-300.pt"]
-    assert names(select_checkpoints(tmp_path, 0, 2, False, iter=400)) == ["checkpoint-400.pt", "checkpoint-300.pt"]
-    with pytest.raises(CheckpointError, match="found 2"):
-        select_checkpoints(tmp_path, 0, 2, True, iter=250)
-    assert checkpoint_suffix(10, 0, 3) == "epoch-10-avg-3" and checkpoint_suffix(10, 350, 3) == "iter-350-avg-3"
-
-
 @pytest.fixture
-def export_script():
+def export_script(isolated_logging):
     """The export script as a module; the root logger's handlers are restored afterwards."""
     spec = importlib.util.spec_from_file_location("export_onnx_script", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield module
-    for h in list(root.handlers):
-        if h not in handlers:
-            root.removeHandler(h)
-            h.close()
-    for h in handlers:
-        if h not in root.handlers:
-            root.addHandler(h)
-    root.setLevel(level)
+    return module
 
 
 SIZE_FLAGS = [
@@ -468,6 +433,12 @@ def test_export_script_averaging_and_files(export_script, bpe_model, tmp_path):
     assert _max_diff(other, want) > 1e-3
 
 
+def test_export_script_defaults_point_at_the_trained_model(export_script):
+    args = export_script.get_parser().parse_args([])
+    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (8, 0, 3, True)
+    assert args.exp_dir == Path("lstm_transducer_stateless/exp")
+
+
 def test_export_script_errors(export_script, bpe_model, tmp_path, capsys):
     exp = tmp_path / "exp"
     exp.mkdir()
@@ -475,7 +446,7 @@ def test_export_script_errors(export_script, bpe_model, tmp_path, capsys):
     base = ["--exp-dir", str(exp), "--bpe-model", str(bpe_model), *SIZE_FLAGS]
     with pytest.raises(SystemExit):
         export_script.main(base + ["--epoch", "3", "--avg", "3", "--use-averaged-model", "true"])
-    assert "needs epoch-0.pt" in capsys.readouterr().err
+    assert "--avg 3 is too large for --epoch 3" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         export_script.main(base[:4] + ["--epoch", "3", "--avg", "1", "--encoder-dim", "32"])
     assert "does not fit this model" in capsys.readouterr().err

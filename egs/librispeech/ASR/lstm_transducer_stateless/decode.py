@@ -4,26 +4,26 @@
 
 Usage (from egs/librispeech/ASR, after train.py):
 
-  # greedy search, averaged model between epoch-8.pt (excluded) and epoch-12.pt
-  ./lstm_transducer_stateless/decode.py --epoch 12 --avg 4 \
+  # greedy search, averaged model between epoch-5.pt (excluded) and epoch-8.pt
+  ./lstm_transducer_stateless/decode.py --epoch 8 --avg 3 \
       --exp-dir lstm_transducer_stateless/exp --bpe-model data/lang_bpe_500/bpe.model \
       --decoding-method greedy_search
 
   # modified beam search
-  ./lstm_transducer_stateless/decode.py --epoch 12 --avg 4 \
+  ./lstm_transducer_stateless/decode.py --epoch 8 --avg 3 \
       --decoding-method modified_beam_search --beam-size 4
 
   # fast beam search (one best, trivial graph)
-  ./lstm_transducer_stateless/decode.py --epoch 12 --avg 4 \
+  ./lstm_transducer_stateless/decode.py --epoch 8 --avg 3 \
       --decoding-method fast_beam_search --beam 20.0 --max-contexts 8 --max-states 64
 
   # the averaged model over the batch checkpoints up to checkpoint-6000.pt
-  ./lstm_transducer_stateless/decode.py --iter 6000 --avg 4
+  ./lstm_transducer_stateless/decode.py --iter 6000 --avg 3
 
   # any cut manifest, next to test-clean
   ./lstm_transducer_stateless/decode.py --test-sets test-clean data/fbank/my_cuts.jsonl.gz
 
-Checkpoint selection (as icefall):
+Checkpoint selection (as icefall; ``icefall_lite.checkpoint.select_checkpoints``):
 
 - ``--use-averaged-model true`` with ``--iter 0``: the average of the model
   over the batches between ``epoch-(E-A).pt`` (excluded) and ``epoch-E.pt``,
@@ -37,7 +37,7 @@ Checkpoint selection (as icefall):
 Outputs go to ``<exp-dir>/<decoding-method>/``: ``recogs-<set>-<suffix>.txt``,
 ``errs-<set>-<suffix>.txt``, ``wer-summary-<set>-<suffix>.txt`` and
 ``log-decode-<suffix>-<date>``; the suffix is icefall's, e.g.
-``epoch-12-avg-4-context-2-max-sym-per-frame-1-use-averaged-model``. The WER
+``epoch-8-avg-3-context-2-max-sym-per-frame-1-use-averaged-model``. The WER
 and real-time factor (decoding wall time / audio duration) of every test set
 are logged and printed as a table at the end.
 """
@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -60,13 +59,7 @@ import torch.nn as nn
 from lhotse import CutSet, load_manifest_lazy
 from tqdm import tqdm
 
-from icefall_lite.checkpoint import (
-    CheckpointError,
-    average_checkpoints,
-    average_checkpoints_with_averaged_model,
-    find_checkpoints,
-    load_state_dict_checked,
-)
+from icefall_lite.checkpoint import CheckpointError, checkpoint_suffix, load_averaged_weights
 from icefall_lite.data import LibriSpeechAsrDataModule
 from icefall_lite.metrics import Result, save_results
 from icefall_lite.model import add_model_arguments, build_transducer, count_parameters, model_config_from_args
@@ -96,15 +89,15 @@ MANIFEST_PREFIX = "librispeech_cuts_"
 def get_parser() -> argparse.ArgumentParser:
     """icefall's decode.py flags plus the model-size and datamodule flags."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epoch", type=int, default=12,
-                        help="Decode exp-dir/epoch-N.pt (epochs count from 1; train.py's default --num-epochs is 12). "
-                        "Use --avg to average it with earlier epochs. (default: 12)")
+    parser.add_argument("--epoch", type=int, default=8,
+                        help="Decode exp-dir/epoch-N.pt (epochs count from 1; train.py's default --num-epochs is 8). "
+                        "Use --avg to average it with earlier epochs. (default: 8)")
     parser.add_argument("--iter", type=int, default=0,
                         help="If positive, --epoch is ignored and the checkpoint-<batch>.pt files with batch <= ITER "
                         "are used. (default: 0)")
-    parser.add_argument("--avg", type=int, default=4,
+    parser.add_argument("--avg", type=int, default=3,
                         help="Number of checkpoints to average: consecutive checkpoints ending at the one chosen by "
-                        "--epoch or --iter. (default: 4)")
+                        "--epoch or --iter. (default: 3)")
     parser.add_argument("--use-averaged-model", type=str2bool, default=True,
                         help="Decode with the average of the model over the batches from epoch-(EPOCH-AVG).pt "
                         "(excluded) to epoch-EPOCH.pt, computed from the model_avg of those two checkpoints. "
@@ -208,8 +201,8 @@ def resolve_test_sets(specs: Sequence[str], manifest_dir: Path) -> List[Tuple[st
 
 
 def make_suffix(params: AttributeDict) -> str:
-    """icefall's file-name suffix, e.g. ``epoch-12-avg-4-context-2-max-sym-per-frame-1-use-averaged-model``."""
-    suffix = f"iter-{params.iter}-avg-{params.avg}" if params.iter > 0 else f"epoch-{params.epoch}-avg-{params.avg}"
+    """icefall's file-name suffix, e.g. ``epoch-8-avg-3-context-2-max-sym-per-frame-1-use-averaged-model``."""
+    suffix = checkpoint_suffix(params.epoch, params.iter, params.avg)
     if "fast_beam_search" in params.decoding_method:
         suffix += f"-beam-{params.beam}-max-contexts-{params.max_contexts}-max-states-{params.max_states}"
     elif "beam_search" in params.decoding_method:
@@ -228,126 +221,6 @@ def result_key(params: AttributeDict) -> str:
     if params.decoding_method == "fast_beam_search":
         return f"beam_{params.beam}_max_contexts_{params.max_contexts}_max_states_{params.max_states}"
     return f"beam_size_{params.beam_size}"
-
-
-# --------------------------------------------------------------------------
-# Checkpoint selection and averaging
-# --------------------------------------------------------------------------
-
-
-@dataclass
-class CheckpointPlan:
-    """Which checkpoint files make the decoding model, and how.
-
-    ``averaged_model``: average between ``filenames[0]`` (excluded) and
-    ``filenames[1]`` from their ``model_avg``; else the mean of the
-    ``model`` entries of all ``filenames``.
-    """
-
-    filenames: List[Path]
-    averaged_model: bool
-
-    def describe(self) -> str:
-        if self.averaged_model:
-            return f"the averaged model from {self.filenames[0]} (excluded) to {self.filenames[1]}"
-        return "the average of " + ", ".join(str(f) for f in self.filenames)
-
-
-def _epoch_number(path: Path) -> int:
-    return int(re.fullmatch(r"epoch-(\d+)\.pt", path.name).group(1))
-
-
-def available_epoch_checkpoints(exp_dir: Path) -> List[Path]:
-    """``epoch-<N>.pt`` files in ``exp_dir``, by epoch."""
-    found = [p for p in exp_dir.glob("epoch-*.pt") if re.fullmatch(r"epoch-\d+\.pt", p.name)]
-    return sorted(found, key=_epoch_number)
-
-
-def _found_str(paths: Sequence[Path], what: str) -> str:
-    return ", ".join(p.name for p in paths) if paths else f"no {what} files"
-
-
-def _avg_too_large_message(exp_dir: Path, epoch: int, avg: int, use_averaged_model: bool, found: str) -> str:
-    """Why ``--avg`` does not fit ``--epoch``, and the fix."""
-    if use_averaged_model:
-        rule = (f"averages the model between epoch-(EPOCH-AVG).pt (excluded) and epoch-{epoch}.pt, "
-                "so --avg must be below --epoch")
-        fix = (f"use --avg {epoch - 1} or less, or --use-averaged-model false" if epoch > 1
-               else "use --use-averaged-model false")
-    else:
-        rule = f"averages epoch-(EPOCH-AVG+1).pt .. epoch-{epoch}.pt, so --avg must be at most --epoch"
-        fix = f"use --avg {epoch} or less"
-    return (f"--avg {avg} is too large for --epoch {epoch}: --use-averaged-model "
-            f"{str(use_averaged_model).lower()} {rule}; {fix}. Found in {exp_dir}: {found}.")
-
-
-def _epoch_plan(exp_dir: Path, epoch: int, avg: int, use_averaged_model: bool) -> CheckpointPlan:
-    """icefall's epoch rule: ``epoch-(E-A).pt`` & ``epoch-E.pt`` (averaged model), or ``epoch-(E-A+1..E).pt``."""
-    first = epoch - avg if use_averaged_model else epoch - avg + 1
-    found = _found_str(available_epoch_checkpoints(exp_dir), "epoch-*.pt")
-    if first < 1:
-        raise CheckpointError(_avg_too_large_message(exp_dir, epoch, avg, use_averaged_model, found))
-    numbers = [first, epoch] if use_averaged_model else list(range(first, epoch + 1))
-    filenames = [exp_dir / f"epoch-{n}.pt" for n in numbers]
-    missing = [f.name for f in filenames if not f.is_file()]
-    if missing:
-        raise CheckpointError(
-            f"--epoch {epoch} --avg {avg} --use-averaged-model {str(use_averaged_model).lower()} needs "
-            f"{', '.join(f.name for f in filenames)} in {exp_dir}; missing: {', '.join(missing)}. Found: {found}."
-        )
-    return CheckpointPlan(filenames, use_averaged_model)
-
-
-def _iter_plan(exp_dir: Path, iteration: int, avg: int, use_averaged_model: bool) -> CheckpointPlan:
-    """icefall's ``--iter`` rule: the newest ``checkpoint-<batch>.pt`` with batch <= iter, and older ones."""
-    candidates = [p for p in find_checkpoints(exp_dir) if int(p.stem.split("-")[1]) <= iteration]
-    needed = avg + 1 if use_averaged_model else avg
-    if len(candidates) < needed:
-        raise CheckpointError(
-            f"Not enough checkpoints ({len(candidates)}) found for --iter {iteration}, --avg {avg}: "
-            f"--use-averaged-model {str(use_averaged_model).lower()} needs {needed} checkpoint-<batch>.pt files "
-            f"with batch <= {iteration} in {exp_dir}. Found: {_found_str(find_checkpoints(exp_dir), 'checkpoint-*.pt')}."
-        )
-    chosen = candidates[:needed]
-    if use_averaged_model:
-        return CheckpointPlan([chosen[-1], chosen[0]], True)
-    return CheckpointPlan(chosen, False)
-
-
-def select_checkpoints(params: AttributeDict) -> CheckpointPlan:
-    """The checkpoint files of ``--epoch``/``--iter``, ``--avg`` and ``--use-averaged-model``, as icefall chooses them.
-
-    Raises:
-      CheckpointError: a clear message naming the needed and the found files.
-    """
-    exp_dir = Path(params.exp_dir)
-    if params.iter > 0:
-        return _iter_plan(exp_dir, params.iter, params.avg, params.use_averaged_model)
-    return _epoch_plan(exp_dir, params.epoch, params.avg, params.use_averaged_model)
-
-
-def averaged_state_dict(plan: CheckpointPlan, device: torch.device) -> Dict[str, torch.Tensor]:
-    """The state dict ``plan`` describes (CheckpointError if the files do not fit each other)."""
-    try:
-        if plan.averaged_model:
-            return average_checkpoints_with_averaged_model(plan.filenames[0], plan.filenames[1], device=device)
-        return average_checkpoints(plan.filenames, device=device)
-    except CheckpointError:
-        raise
-    except (RuntimeError, KeyError) as e:
-        raise CheckpointError(
-            f"Cannot average {', '.join(str(f) for f in plan.filenames)}: they do not come from the same model "
-            f"({type(e).__name__}: {e})"
-        ) from e
-
-
-def load_model_weights(params: AttributeDict, model: nn.Module, device: torch.device) -> CheckpointPlan:
-    """Select, average and load the checkpoints into ``model`` (a size mismatch lists the shapes)."""
-    plan = select_checkpoints(params)
-    logging.info(f"Loading {plan.describe()}")
-    state_dict = averaged_state_dict(plan, device)
-    load_state_dict_checked(model, state_dict, plan.describe())
-    return plan
 
 
 # --------------------------------------------------------------------------
@@ -514,7 +387,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         model = build_model(params, args, sp)
         logging.info(params)
-        plan = load_model_weights(params, model, device)
+        plan = load_averaged_weights(
+            model, params.exp_dir, epoch=params.epoch, iter=params.iter, avg=params.avg,
+            use_averaged_model=params.use_averaged_model, device=device,
+        )
     except CheckpointError as e:
         logging.error(str(e))
         print(f"decode.py: error: {e}", file=sys.stderr)

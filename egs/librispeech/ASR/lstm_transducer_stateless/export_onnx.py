@@ -4,17 +4,17 @@
 Usage (from egs/librispeech/ASR):
 
   ./lstm_transducer_stateless/export_onnx.py \\
-      --epoch 12 --avg 4 --use-averaged-model true \\
+      --epoch 8 --avg 3 --use-averaged-model true \\
       --exp-dir lstm_transducer_stateless/exp \\
       --bpe-model data/lang_bpe_500/bpe.model
 
 Use the same model-size flags as in training (--model-preset, --encoder-dim, ...).
 It writes into --output-dir (default: --exp-dir), as icefall's export-onnx.py:
 
-  encoder-epoch-12-avg-4.onnx       (x (N, 9, 80), h, c) -> (encoder_out, next_h, next_c)
-  decoder-epoch-12-avg-4.onnx       y (N, context_size) -> decoder_out
-  joiner-epoch-12-avg-4.onnx        (encoder_out, decoder_out) -> logit
-  *-epoch-12-avg-4.int8.onnx        the same, dynamically quantised to int8 (--int8 false skips them)
+  encoder-epoch-8-avg-3.onnx        (x (N, 9, 80), h, c) -> (encoder_out, next_h, next_c)
+  decoder-epoch-8-avg-3.onnx        y (N, context_size) -> decoder_out
+  joiner-epoch-8-avg-3.onnx         (encoder_out, decoder_out) -> logit
+  *-epoch-8-avg-3.int8.onnx         the same, dynamically quantised to int8 (--int8 false skips them)
   tokens.txt
 
 With --iter N the checkpoints are checkpoint-<batch>.pt (batch <= N) and the
@@ -22,8 +22,8 @@ suffix is iter-N-avg-A. sherpa-onnx runs the files with its OnlineRecognizer
 (model_type "lstm" is streaming-only):
 
   recognizer = sherpa_onnx.OnlineRecognizer.from_transducer(
-      tokens="exp/tokens.txt", encoder="exp/encoder-epoch-12-avg-4.onnx",
-      decoder="exp/decoder-epoch-12-avg-4.onnx", joiner="exp/joiner-epoch-12-avg-4.onnx",
+      tokens="exp/tokens.txt", encoder="exp/encoder-epoch-8-avg-3.onnx",
+      decoder="exp/decoder-epoch-8-avg-3.onnx", joiner="exp/joiner-epoch-8-avg-3.onnx",
       decoding_method="greedy_search")  # or "modified_beam_search"
   stream = recognizer.create_stream()
   stream.accept_waveform(16000, samples)  # float32 in [-1, 1]; add ~0.3 s of zeros at the end
@@ -43,15 +43,13 @@ from typing import Dict, List, Optional
 import torch
 
 from icefall_lite.bpe import load_bpe_model
-from icefall_lite.checkpoint import CheckpointError, load_state_dict_checked
+from icefall_lite.checkpoint import CheckpointError, checkpoint_suffix, load_averaged_weights
 from icefall_lite.model import add_model_arguments, build_transducer, count_parameters, model_config_from_args
 from icefall_lite.onnx_export import (
     DEFAULT_DECODE_CHUNK_LEN,
     ExportableTransducer,
     OnnxRuntimeTransducer,
-    averaged_state_dict,
     build_exportable,
-    checkpoint_suffix,
     export_transducer_onnx,
     max_abs_diff,
     write_tokens_file,
@@ -62,7 +60,8 @@ from icefall_lite.utils import setup_logger, str2bool
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument(
-        "--epoch", type=int, default=12, help="Export the model of exp-dir/epoch-N.pt (averaged, see --avg)."
+        "--epoch", type=int, default=8,
+        help="Export the model of exp-dir/epoch-N.pt (averaged, see --avg); train.py's default --num-epochs is 8."
     )
     parser.add_argument(
         "--iter",
@@ -73,7 +72,7 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--avg",
         type=int,
-        default=4,
+        default=3,
         help="Number of checkpoints to average: epochs epoch-avg+1..epoch, or with --use-averaged-model the "
         "running average between epoch-(epoch-avg).pt and epoch-epoch.pt.",
     )
@@ -158,10 +157,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     model = build_transducer(**config)
     device = torch.device("cpu")  # ONNX export is done on the CPU, as in icefall
     try:
-        state_dict = averaged_state_dict(
-            args.exp_dir, args.epoch, args.avg, args.use_averaged_model, device, iter=args.iter
+        load_averaged_weights(
+            model, args.exp_dir, epoch=args.epoch, iter=args.iter, avg=args.avg,
+            use_averaged_model=args.use_averaged_model, device=device,
         )
-        load_state_dict_checked(model, state_dict, f"the averaged checkpoints of {args.exp_dir}")
     except CheckpointError as e:
         logging.error(str(e))
         parser.exit(1, f"error: {e}\n")
