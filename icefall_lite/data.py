@@ -242,9 +242,7 @@ class LibriSpeechAsrDataModule:
         return SimpleCutSampler(cuts, max_duration=self.args.max_duration, shuffle=shuffle, drop_last=drop_last)
 
     def _eval_dataloader(self, cuts: CutSet) -> DataLoader:
-        dataset = K2SpeechRecognitionDataset(
-            input_strategy=self._input_strategy(), return_cuts=self.args.return_cuts
-        )
+        dataset = FiniteFeaturesDataset(input_strategy=self._input_strategy(), return_cuts=self.args.return_cuts)
         sampler = self._sampler(cuts, bucketing=True, shuffle=False, drop_last=False)
         return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=self.args.num_workers)
 
@@ -253,8 +251,58 @@ class LibriSpeechAsrDataModule:
         return self._eval_dataloader(cuts_valid)
 
     def test_dataloaders(self, cuts: CutSet) -> DataLoader:
-        """Test DataLoader: no augmentation, no shuffling."""
-        return self._eval_dataloader(cuts)
+        """Test DataLoader: no augmentation, no shuffling.
+
+        Raises :class:`EmptyCutSetError` for an empty cut set; iterating raises
+        :class:`NonFiniteFeaturesError` or :class:`FeaturesUnreadableError`
+        naming a cut whose features hold NaN/inf or cannot be read.
+        """
+        return self._eval_dataloader(require_nonempty(cuts, "test"))
+
+
+class NonFiniteFeaturesError(RuntimeError):
+    """Features of a cut hold NaN or inf."""
+
+
+class FeaturesUnreadableError(RuntimeError):
+    """Features of a cut cannot be read (missing or damaged feature file)."""
+
+
+_RECOMPUTE_HINT = (
+    "recompute the part's features (remove data/fbank/librispeech_cuts_<part>.jsonl.gz and its "
+    "librispeech_feats_<part> folder, rerun prepare.sh --stage 2 --stop-stage 2) and check the manifest "
+    "with local/validate_manifest.py"
+)
+
+
+class FiniteFeaturesDataset(K2SpeechRecognitionDataset):
+    """lhotse's K2SpeechRecognitionDataset that names the cut when its features are unreadable or non-finite.
+
+    Used for validation and decoding, where a non-finite input would silently
+    turn into wrong hypotheses or a NaN loss. (Training needs no check: an
+    utterance with a non-finite loss is dropped and counted by ``train.py``.)
+    """
+
+    def _cut_inputs(self, cut: Cut) -> torch.Tensor:
+        return self.input_strategy(CutSet.from_cuts([cut]))[0]
+
+    def __getitem__(self, cuts: CutSet) -> Dict[str, Any]:
+        try:
+            batch = super().__getitem__(cuts)
+        except (OSError, ValueError, RuntimeError) as e:
+            bad = []
+            for cut in cuts:
+                try:
+                    self._cut_inputs(cut)
+                except (OSError, ValueError, RuntimeError) as cut_error:
+                    bad.append(f"{cut.id} ({cut_error})")
+            if not bad:
+                raise
+            raise FeaturesUnreadableError(f"cannot read the features of cut(s) {bad}: {_RECOMPUTE_HINT}") from e
+        if not torch.isfinite(batch["inputs"]).all():
+            bad = [c.id for c in cuts if not torch.isfinite(self._cut_inputs(c)).all()]
+            raise NonFiniteFeaturesError(f"NaN/inf in the features of cut(s) {bad}: {_RECOMPUTE_HINT}")
+        return batch
 
 
 class EmptyCutSetError(RuntimeError):

@@ -61,7 +61,7 @@ def manifest_paths(output_dir: Path, part: str) -> Tuple[Path, Path]:
 
 
 def audio_error(path: Path) -> str:
-    """Why ``path`` is not usable audio ("" if it is): unreadable, empty, truncated, non-finite."""
+    """Why ``path`` is not usable audio ("" if it is): unreadable, empty, truncated, non-finite, all zero."""
     try:
         info = sf.info(str(path))
         samples, _ = sf.read(str(path), dtype="float32", always_2d=True)
@@ -73,6 +73,8 @@ def audio_error(path: Path) -> str:
         return f"truncated: header says {info.frames} samples, decoded {samples.shape[0]}"
     if not np.all(np.isfinite(samples)):
         return "non-finite samples"
+    if not np.any(samples):
+        return "silent: every sample is zero"
     return ""
 
 

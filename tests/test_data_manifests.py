@@ -60,24 +60,28 @@ UTTS = [
 ]
 
 
-def test_corrupt_and_empty_flac_are_skipped_by_name(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_bad_flac_files_are_skipped_by_name(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     corpus = tmp_path / "LibriSpeech"
     paths = write_tree(corpus, "dev-clean", UTTS)
     paths["11-100-0001"].write_bytes(b"")  # empty
     data = paths["12-200-0000"].read_bytes()
     paths["12-200-0000"].write_bytes(data[: len(data) // 3])  # truncated
-    assert audio_error(paths["11-100-0001"]) and audio_error(paths["12-200-0000"])
+    sf.write(str(paths["11-100-0002"]), np.zeros(SR, dtype=np.float32), SR, format="FLAC")  # digital silence
+    paths["12-200-0001"].write_text("not audio at all\n")  # non-audio
+    bad = ["11-100-0001", "12-200-0000", "11-100-0002", "12-200-0001"]
+    assert audio_error(paths["11-100-0002"]) == "silent: every sample is zero"
+    assert all(audio_error(paths[u]) for u in bad)
     assert audio_error(paths["11-100-0000"]) == ""
     out = tmp_path / "manifests"
     with caplog.at_level(logging.WARNING):
         skipped = prepare_librispeech_manifests(corpus, ["dev-clean"], out, num_jobs=2)
-    assert skipped == {"dev-clean": 2}
-    assert str(paths["11-100-0001"]) in caplog.text and str(paths["12-200-0000"]) in caplog.text
-    assert "skipped 2 of 5 utterances" in caplog.text
+    assert skipped == {"dev-clean": 4}
+    assert all(str(paths[u]) in caplog.text for u in bad)
+    assert "skipped 4 of 5 utterances" in caplog.text
     rec_path, sup_path = manifest_paths(out, "dev-clean")
     sups = load_manifest(sup_path)
-    assert sorted(s.id for s in sups) == ["11-100-0000", "11-100-0002", "12-200-0001"]
-    assert len(load_manifest(rec_path)) == 3
+    assert [s.id for s in sups] == ["11-100-0000"]
+    assert len(load_manifest(rec_path)) == 1
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp")]
 
 

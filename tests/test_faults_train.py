@@ -1,0 +1,90 @@
+"""Training faults: kill -9 at any moment (including mid-checkpoint), a DDP rank that dies."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from conftest import recipe_env
+from icefall_lite.checkpoint import load_checkpoint_file
+from test_train import TRAIN, TINY_MODEL, _batch_losses, _free_port, run_train
+
+
+def _popen_train(work: Path, exp_dir: Path, stderr_path: Path, *extra: str) -> subprocess.Popen:
+    """Start train.py; stderr goes to a file (a pipe nobody reads would fill up and block it)."""
+    args = [
+        sys.executable, str(TRAIN), "--exp-dir", str(exp_dir), "--bpe-model", "data/lang_bpe_100/bpe.model",
+        "--max-duration", "30", "--num-workers", "0", "--num-epochs", "1", "--log-interval", "1",
+        "--tensorboard", "false", *TINY_MODEL, *extra,
+    ]
+    return subprocess.Popen(args, cwd=work, env=recipe_env(), stdout=subprocess.DEVNULL,
+                            stderr=stderr_path.open("w"), start_new_session=True)
+
+
+def test_kill_9_during_checkpointing_then_resume_matches_uninterrupted(tiny_data, tmp_path):
+    # Checkpoint after every batch, so the kill very likely lands in or near a save.
+    full = run_train(tiny_data, tmp_path / "full", "--max-batches", "6", "--save-every-n", "1")
+    assert full.returncode == 0, full.stderr
+    exp = tmp_path / "killed"
+    proc = _popen_train(tiny_data, exp, tmp_path / "killed.stderr", "--max-batches", "6", "--save-every-n", "1")
+    deadline = time.time() + 300
+    while not list(exp.glob("checkpoint-3.pt*")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    # Every checkpoint that exists under its final name is complete.
+    for path in exp.glob("checkpoint-*.pt"):
+        load_checkpoint_file(path)
+    resumed = run_train(tiny_data, exp, "--max-batches", "6", "--save-every-n", "1")
+    assert resumed.returncode == 0, resumed.stderr
+    assert not list(exp.glob("*.tmp-*")), "stale temporary checkpoint left behind"
+    a = load_checkpoint_file(tmp_path / "full" / "checkpoint-6.pt")
+    b = load_checkpoint_file(exp / "checkpoint-6.pt")
+    for name, value in a["model"].items():
+        assert torch.equal(value, b["model"][name]), name
+    losses_full, losses_resumed = _batch_losses(tmp_path / "full"), _batch_losses(exp)
+    for batch, loss in losses_resumed.items():
+        assert loss == losses_full[batch], batch
+
+
+def test_ddp_rank_death_stops_the_others(tiny_data, tmp_path):
+    exp = tmp_path / "ddp"
+    stderr_path = tmp_path / "ddp.stderr"
+    proc = _popen_train(tiny_data, exp, stderr_path, "--world-size", "2", "--num-epochs", "50", "--save-every-n", "0",
+                        "--master-port", str(_free_port()))
+    deadline = time.time() + 300
+    log1 = None
+    while time.time() < deadline and proc.poll() is None:
+        logs = sorted((exp / "log").glob("log-train-*-1")) if (exp / "log").is_dir() else []
+        if logs and "global batch 2," in logs[0].read_text():
+            log1 = logs[0]
+            break
+        time.sleep(0.2)
+    assert log1 is not None, "rank 1 never trained"
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    ranks = []
+    for pid in children:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        if "spawn_main" in cmdline:  # not the resource tracker
+            ranks.append(int(pid))
+    assert len(ranks) == 2, children
+    killed_at = time.time()
+    os.kill(max(ranks), signal.SIGKILL)  # the later-started child: rank 1
+    try:
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    elapsed = time.time() - killed_at
+    assert proc.returncode != 0
+    assert elapsed < 120
+    stderr = stderr_path.read_text()
+    assert re.search(r"process \d+ terminated with signal SIGKILL", stderr), stderr[-2000:]
+    for pid in ranks:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
