@@ -32,7 +32,8 @@ class Joiner(nn.Module):
           logits (..., vocab_size).
         """
         if project_input:
-            logit = self.encoder_proj(encoder_out) + self.decoder_proj(decoder_out)
-        else:
-            logit = encoder_out + decoder_out
-        return self.output_linear(torch.tanh(logit))
+            encoder_out = self.encoder_proj(encoder_out)
+            decoder_out = self.decoder_proj(decoder_out)
+        # One expression, so the sum is freed as soon as tanh has read it (on the
+        # full lattice it is as large as the logits).
+        return self.output_linear(torch.tanh(encoder_out + decoder_out))

@@ -493,6 +493,56 @@ def get_rnnt_logprobs_smoothed(
     return _fix_for_boundary(px, boundary), py.expand(B, S + 1, T)
 
 
+class _LogSoftmaxArcs(torch.autograd.Function):
+    """``log_softmax(logits)`` read at two entries per cell, without a
+    normalised copy of ``logits``.
+
+    Forward keeps only ``logits`` (which the joiner's backward needs anyway)
+    and the ``(..., 1)`` normalisers; backward writes the gradient into one
+    new tensor of the size of ``logits``:
+    ``-softmax(logits) * (g_sym + g_blank)``, plus ``g_sym`` at the symbol and
+    ``g_blank`` at the blank.  Autograd through ``logsumexp`` + ``gather`` +
+    indexing would instead hold three logits-sized gradients plus the
+    temporaries of ``logsumexp``'s backward at once.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, symbols: Tensor, blank: int):  # type: ignore[override]
+        normalizers = torch.logsumexp(logits, dim=-1, keepdim=True)  # (..., 1)
+        px = torch.gather(logits, -1, symbols.unsqueeze(-1)).squeeze(-1) - normalizers.squeeze(-1)
+        py = logits[..., blank] - normalizers.squeeze(-1)
+        ctx.save_for_backward(logits, normalizers, symbols)
+        ctx.blank = blank
+        return px, py
+
+    @staticmethod
+    def backward(ctx, grad_px: Optional[Tensor], grad_py: Optional[Tensor]):  # type: ignore[override]
+        logits, normalizers, symbols = ctx.saved_tensors
+        zeros = torch.zeros((), dtype=logits.dtype, device=logits.device)
+        grad_px = zeros.expand(symbols.shape) if grad_px is None else grad_px
+        grad_py = zeros.expand(symbols.shape) if grad_py is None else grad_py
+        grad = torch.sub(logits, normalizers).exp_()  # softmax, the one logits-sized allocation
+        grad.mul_((grad_px + grad_py).neg().unsqueeze(-1))
+        grad.scatter_add_(-1, symbols.unsqueeze(-1), grad_px.unsqueeze(-1).to(grad.dtype))
+        grad[..., ctx.blank] += grad_py
+        return grad, None, None
+
+
+def _log_softmax_arcs(logits: Tensor, symbols: Tensor, blank: int) -> Tuple[Tensor, Tensor]:
+    """Symbol and blank log-probabilities of every joiner cell.
+
+    Args:
+      logits: ``(..., C)`` unnormalised joiner output.
+      symbols: int64, the shape of ``logits`` without its last dim: the symbol
+        whose log-probability is wanted in each cell.
+      blank: blank id.
+    Returns:
+      ``px[...] = log_softmax(logits)[..., symbols[...]]`` and
+      ``py[...] = log_softmax(logits)[..., blank]``, both of ``symbols``' shape.
+    """
+    return _LogSoftmaxArcs.apply(logits, symbols, blank)
+
+
 def get_rnnt_logprobs_joint(
     logits: Tensor,
     symbols: Tensor,
@@ -519,10 +569,11 @@ def get_rnnt_logprobs_joint(
         raise ValueError(f"symbols must be (B, S) = {(B, S)}, got {tuple(symbols.shape)}")
     if not 0 <= termination_symbol < C:
         raise ValueError(f"termination_symbol {termination_symbol} not in [0, {C})")
-    normalizers = torch.logsumexp(logits, dim=3)  # (B, T, S+1)
-    px = torch.gather(logits[:, :, :S], 3, symbols.reshape(B, 1, S, 1).expand(B, T, S, 1)).squeeze(3)
-    px = (px - normalizers[:, :, :S]).transpose(1, 2)  # (B, S, T)
-    py = (logits[:, :, :, termination_symbol] - normalizers).transpose(1, 2)  # (B, S+1, T)
+    term = torch.full((B, 1), termination_symbol, dtype=torch.int64, device=symbols.device)
+    symbols_ext = torch.cat([symbols.to(torch.int64), term], dim=1)  # (B, S+1); px of row S is dropped
+    px, py = _log_softmax_arcs(logits, symbols_ext.reshape(B, 1, S1).expand(B, T, S1), termination_symbol)
+    px = px[:, :, :S].transpose(1, 2)  # (B, S, T)
+    py = py.transpose(1, 2)  # (B, S+1, T)
     px = _append_neg_inf_column(px)
     return _fix_for_boundary(px, boundary), py.contiguous()
 
@@ -561,12 +612,10 @@ def get_rnnt_logprobs_pruned(
         raise ValueError(f"termination_symbol {termination_symbol} not in [0, {C})")
     ranges = ranges.to(torch.int64)
 
-    normalizers = torch.logsumexp(logits, dim=3)  # (B, T, R)
-    term = torch.full((B, 1), termination_symbol, dtype=symbols.dtype, device=symbols.device)
-    symbols_ext = torch.cat([symbols, term], dim=1)  # (B, S+1)
+    term = torch.full((B, 1), termination_symbol, dtype=torch.int64, device=symbols.device)
+    symbols_ext = torch.cat([symbols.to(torch.int64), term], dim=1)  # (B, S+1)
     pruned_symbols = torch.gather(symbols_ext.unsqueeze(1).expand(B, T, S + 1), 2, ranges)  # (B, T, R)
-    px_win = torch.gather(logits, 3, pruned_symbols.unsqueeze(3)).squeeze(3) - normalizers
-    py_win = logits[:, :, :, termination_symbol] - normalizers
+    px_win, py_win = _log_softmax_arcs(logits, pruned_symbols, termination_symbol)
 
     full = torch.full((B, T, S + 1), _NEG_INF, dtype=logits.dtype, device=logits.device)
     px = full.scatter(2, ranges, px_win)[:, :, :S].transpose(1, 2)  # (B, S, T)
