@@ -20,18 +20,26 @@ does both and loads them into a model; :func:`checkpoint_suffix` is the
 
 from __future__ import annotations
 
+import argparse
 import glob
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 
+from icefall_lite.utils import str2bool
+
 PathLike = Union[str, Path]
+DEFAULT_EXP_DIR = Path("lstm_transducer_stateless/exp")
+# train.py's default --num-epochs is 8: decode/export its last epoch averaged over 3.
+DEFAULT_EPOCH = 8
+DEFAULT_AVG = 3
 
 
 class CheckpointError(RuntimeError):
@@ -250,6 +258,37 @@ def average_checkpoints_with_averaged_model(
 # --------------------------------------------------------------------------
 
 
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """icefall's ``--epoch --iter --avg --use-averaged-model --exp-dir`` (decode.py, streaming_decode.py,
+    export_onnx.py); defaults: the last epoch of train.py's default run, averaged over 3."""
+    parser.add_argument("--epoch", type=int, default=DEFAULT_EPOCH,
+                        help="Use exp-dir/epoch-N.pt (epochs count from 1; train.py's default --num-epochs is "
+                        f"{DEFAULT_EPOCH}). Use --avg to average it with earlier epochs. (default: {DEFAULT_EPOCH})")
+    parser.add_argument("--iter", type=int, default=0,
+                        help="If positive, --epoch is ignored and the checkpoint-<batch>.pt files with batch <= ITER "
+                        "are used. (default: 0)")
+    parser.add_argument("--avg", type=int, default=DEFAULT_AVG,
+                        help="Number of checkpoints to average: consecutive checkpoints ending at the one chosen by "
+                        f"--epoch or --iter. (default: {DEFAULT_AVG})")
+    parser.add_argument("--use-averaged-model", type=str2bool, default=True,
+                        help="Use the average of the model over the batches from epoch-(EPOCH-AVG).pt "
+                        "(excluded) to epoch-EPOCH.pt, computed from the model_avg of those two checkpoints; "
+                        "false: the mean of the model entries of the AVG checkpoints. (default: true)")
+    parser.add_argument("--exp-dir", type=Path, default=DEFAULT_EXP_DIR,
+                        help="The experiment dir: checkpoints are read from it, results written below it. "
+                        f"(default: {DEFAULT_EXP_DIR})")
+
+
+def validate_checkpoint_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``parser.error`` naming the flag for a bad ``--iter``, ``--epoch`` or ``--avg``."""
+    if args.iter < 0:
+        parser.error(f"--iter must be >= 0, got {args.iter}")
+    if args.iter == 0 and args.epoch < 1:
+        parser.error(f"--epoch must be positive, got {args.epoch}")
+    if args.avg < 1:
+        parser.error(f"--avg must be positive, got {args.avg}")
+
+
 @dataclass
 class CheckpointPlan:
     """Which checkpoint files make the model, and how.
@@ -403,3 +442,18 @@ def load_averaged_weights(
     logging.info(f"Loading {plan.describe()}")
     load_state_dict_checked(model, averaged_state_dict(plan, device), plan.describe())
     return plan
+
+
+def load_weights_or_exit(model: nn.Module, flags: Mapping[str, Any], device: torch.device, prog: str) -> CheckpointPlan:
+    """:func:`load_averaged_weights` of the checkpoint flags in ``flags`` (``exp_dir``, ``epoch``, ``iter``,
+    ``avg``, ``use_averaged_model``), for scripts: a CheckpointError is logged and ends the program with
+    ``<prog>: error: <message>`` on stderr and exit status 1."""
+    try:
+        return load_averaged_weights(
+            model, flags["exp_dir"], epoch=flags["epoch"], iter=flags["iter"], avg=flags["avg"],
+            use_averaged_model=flags["use_averaged_model"], device=device,
+        )
+    except CheckpointError as e:
+        logging.error(str(e))
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -29,11 +29,9 @@ As icefall's ``lstm_transducer_stateless2/export-onnx.py`` (our own code):
 Output frame ``p`` of ``Conv2dSubsampling`` depends on input frames
 ``[4p, 4p + 9)`` only, so feeding windows of ``T`` frames every
 ``decode_chunk_len`` frames while carrying the LSTM states reproduces the
-full-utterance encoder output exactly. :func:`chunk_starts` gives the windows
-sherpa-onnx feeds (it runs a chunk only while ``start + T < frames ready``),
-and :func:`streaming_greedy_search` decodes like sherpa-onnx's greedy search,
-with either the PyTorch wrappers (:class:`ExportableTransducer`) or the ONNX
-files (:class:`OnnxRuntimeTransducer`).
+full-utterance encoder output exactly. :mod:`icefall_lite.streaming` decodes
+chunk by chunk as sherpa-onnx does, with either the PyTorch wrappers
+(:class:`ExportableTransducer`) or the ONNX files (:class:`OnnxRuntimeTransducer`).
 """
 
 from __future__ import annotations
@@ -354,7 +352,7 @@ class ExportableTransducer(nn.Module):
     """The three exportable wrappers of one Transducer plus their :class:`StreamingMeta`.
 
     ``run_encoder``/``run_decoder``/``run_joiner``/``init_states`` are the
-    interface :func:`streaming_greedy_search` uses; :class:`OnnxRuntimeTransducer`
+    interface :func:`icefall_lite.streaming.streaming_search` uses; :class:`OnnxRuntimeTransducer`
     has the same one.
     """
 
@@ -621,7 +619,7 @@ def write_tokens_file(bpe_model: PathLike, filename: PathLike) -> None:
 
 
 # --------------------------------------------------------------------------
-# Running the ONNX files, and streaming greedy search
+# Running the ONNX files
 # --------------------------------------------------------------------------
 
 
@@ -679,53 +677,6 @@ class OnnxRuntimeTransducer:
         return self._run(self.joiner, encoder_out, decoder_out)[0]
 
 
-def chunk_starts(num_frames: int, chunk_size: int, chunk_shift: int) -> range:
-    """Start frames of the windows sherpa-onnx feeds the encoder.
-
-    sherpa-onnx (``OnlineRecognizerTransducerImpl::IsReady``) runs a chunk
-    while ``start + chunk_size < num_frames_ready`` and then advances
-    ``start`` by ``chunk_shift``: a window that ends exactly on the last frame
-    is not run. Tail padding (extra silence) is the caller's business.
-    """
-    if num_frames <= chunk_size:
-        return range(0)
-    return range(0, num_frames - chunk_size, chunk_shift)
-
-
-@torch.no_grad()
-def streaming_greedy_search(
-    model: Union[ExportableTransducer, OnnxRuntimeTransducer],
-    features: Tensor,
-    blank_id: int = 0,
-    unk_id: Optional[int] = None,
-) -> List[int]:
-    """Chunk-by-chunk greedy search of one utterance, as sherpa-onnx's greedy_search.
-
-    At most one symbol per encoder frame; ``unk_id`` (if given) is treated as
-    blank; the initial context is ``context_size`` blanks.
-
-    Args:
-      model: the PyTorch wrappers or the onnxruntime sessions.
-      features: (num_frames, F) fbank of one utterance.
-    Returns:
-      the token ids, without blanks (and without ``unk_id``).
-    """
-    meta = model.meta
-    states = model.init_states(batch_size=1)
-    hyp = [blank_id] * meta.context_size
-    decoder_out = model.run_decoder(torch.tensor([hyp], dtype=torch.int64))
-    for start in chunk_starts(features.size(0), meta.T, meta.decode_chunk_len):
-        chunk = features[start : start + meta.T].unsqueeze(0)
-        encoder_out, states = model.run_encoder(chunk, states)
-        for t in range(encoder_out.size(1)):
-            logit = model.run_joiner(encoder_out[:, t], decoder_out.to(encoder_out.device))
-            y = int(logit[0].argmax())
-            if y != blank_id and y != unk_id:
-                hyp.append(y)
-                decoder_out = model.run_decoder(torch.tensor([hyp[-meta.context_size :]], dtype=torch.int64))
-    return hyp[meta.context_size :]
-
-
 def max_abs_diff(a: Tensor, b: Tensor) -> float:
     """``max |a - b|`` as a float (0 for empty tensors)."""
     return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
@@ -750,7 +701,5 @@ __all__ = [
     "export_transducer_onnx",
     "write_tokens_file",
     "OnnxRuntimeTransducer",
-    "chunk_starts",
-    "streaming_greedy_search",
     "max_abs_diff",
 ]

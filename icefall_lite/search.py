@@ -22,13 +22,21 @@ Common conventions:
   attribute (icefall: ``unk_id = getattr(model, "unk_id", blank_id)``); an
   unk symbol is treated like blank (no context change). Fast beam search
   treats unk as an ordinary token, as k2's trivial graph does.
+
+Greedy and modified beam search are also available frame by frame, for
+streaming: :class:`GreedyBatchSearch` and :class:`ModifiedBeamSearch` keep the
+hypotheses of ``N`` streams and advance the first ``b`` of them by one encoder
+frame per :meth:`step` call. They take the decoder and joiner as functions
+(:data:`DecoderFn`, :data:`JoinerFn`), so the same search runs a PyTorch
+transducer or its exported ONNX files (:mod:`icefall_lite.streaming`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -37,6 +45,11 @@ from torch import Tensor
 # Maximum number of symbols emitted in one utterance by the per-utterance
 # greedy search (icefall's ``max_sym_per_utt``).
 MAX_SYM_PER_UTT = 1000
+
+# contexts (M, context_size) int64 -> projected decoder output (M, joiner_dim)
+DecoderFn = Callable[[Tensor], Tensor]
+# projected encoder frames (M, joiner_dim), projected decoder outputs (M, joiner_dim) -> logits (M, vocab_size)
+JoinerFn = Callable[[Tensor, Tensor], Tensor]
 
 
 # --------------------------------------------------------------------------
@@ -76,6 +89,11 @@ def _decoder_out(model: nn.Module, contexts: Tensor) -> Tensor:
     """
     out = model.decoder(contexts, need_pad=False)  # (M, 1, decoder_dim)
     return model.joiner.decoder_proj(out.squeeze(1))
+
+
+def model_functions(model: nn.Module) -> Tuple[DecoderFn, JoinerFn]:
+    """The :data:`DecoderFn` and :data:`JoinerFn` of a transducer with ``.decoder`` and ``.joiner``."""
+    return functools.partial(_decoder_out, model), functools.partial(model.joiner, project_input=False)
 
 
 def _log_probs(model: nn.Module, enc: Tensor, dec: Tensor) -> Tensor:
@@ -163,29 +181,75 @@ def greedy_search_batch(model: nn.Module, encoder_out: Tensor, encoder_out_lens:
 
 def _greedy_batch(model: nn.Module, encoder_out: Tensor, lens: List[int]) -> List[List[int]]:
     """Body of :func:`greedy_search_batch` (model already in eval mode)."""
-    device = encoder_out.device
-    blank_id, unk_id = _skip_ids(model)
     order, sorted_lens, batch_sizes = _sort_by_length(lens)
     enc = _project_sorted(model, encoder_out, order, sorted_lens[0])  # (N, T, J)
-    n = enc.size(0)
-
-    context = torch.tensor([_initial_context(model)] * n, device=device)  # (N, c)
-    dec = _decoder_out(model, context)  # (N, J)
-    emitted = torch.full((n, len(batch_sizes)), -1, dtype=torch.int64, device=device)
-
+    search = GreedyBatchSearch(
+        *model_functions(model), _initial_context(model), enc.size(0), _skip_ids(model), encoder_out.device
+    )
     for t, b in enumerate(batch_sizes):
-        logits = model.joiner(enc[:b, t], dec[:b], project_input=False)  # (b, V)
-        y = logits.argmax(dim=-1)  # (b,)
-        emit = (y != blank_id) & (y != unk_id)
-        emitted[:b, t] = torch.where(emit, y, torch.full_like(y, -1))
-        shifted = torch.cat([context[:b, 1:], y.unsqueeze(1)], dim=1)
-        context[:b] = torch.where(emit.unsqueeze(1), shifted, context[:b])
-        # Contexts that did not change give the same decoder output again.
-        dec[:b] = _decoder_out(model, context[:b])
+        search.step(enc[:b, t])
+    return _unsort(search.results(), order)
 
-    rows = emitted.cpu()
-    hyps = [row[row >= 0].tolist() for row in rows]
-    return _unsort(hyps, order)
+
+class GreedyBatchSearch:
+    """Greedy search with one symbol per frame over ``num_streams`` streams, one frame per :meth:`step`.
+
+    At every frame the joiner's argmax is taken; a token other than blank/unk
+    is appended and the decoder context of that stream advances. The work
+    stays on the device (no host synchronisation per frame).
+
+    Args:
+      decoder_fn: contexts (M, context_size) -> projected decoder output (M, J).
+      joiner_fn: (M, J), (M, J) -> logits (M, V).
+      initial_context: the first decoder context of every stream (``context_size`` ids).
+      num_streams: N.
+      skip_ids: ids that are not emitted and keep the context (blank, unk).
+      device: where the contexts live (that of the encoder frames).
+    """
+
+    def __init__(
+        self,
+        decoder_fn: DecoderFn,
+        joiner_fn: JoinerFn,
+        initial_context: Sequence[int],
+        num_streams: int,
+        skip_ids: Sequence[int],
+        device: torch.device,
+    ) -> None:
+        self.decoder_fn = decoder_fn
+        self.joiner_fn = joiner_fn
+        self.skip_ids = tuple(skip_ids)
+        self.context = torch.tensor([list(initial_context)] * num_streams, device=device)  # (N, c)
+        self.dec = decoder_fn(self.context)  # (N, J)
+        self.emitted: List[Tensor] = []  # per step: (b,) token or -1
+
+    def step(self, enc_t: Tensor) -> None:
+        """Advance streams ``0 .. b-1`` by one frame.
+
+        Args:
+          enc_t: (b, J) projected encoder frame of each of the first b streams, b <= N.
+        """
+        b = enc_t.size(0)
+        logits = self.joiner_fn(enc_t, self.dec[:b])  # (b, V)
+        y = logits.argmax(dim=-1).to(self.context.device)  # (b,)
+        emit = torch.ones_like(y, dtype=torch.bool)
+        for skip in self.skip_ids:
+            emit &= y != skip
+        self.emitted.append(torch.where(emit, y, torch.full_like(y, -1)))
+        shifted = torch.cat([self.context[:b, 1:], y.unsqueeze(1)], dim=1)
+        self.context[:b] = torch.where(emit.unsqueeze(1), shifted, self.context[:b])
+        # Contexts that did not change give the same decoder output again.
+        self.dec[:b] = self.decoder_fn(self.context[:b]).to(self.dec.device)
+
+    def results(self) -> List[List[int]]:
+        """Token ids emitted so far by each stream (blank and unk removed)."""
+        n = self.context.size(0)
+        padded = torch.full((n, len(self.emitted)), -1, dtype=torch.int64)
+        if self.emitted:
+            sizes = [tokens.size(0) for tokens in self.emitted]
+            for t, tokens in enumerate(torch.cat(self.emitted).cpu().split(sizes)):  # one device-to-host copy
+                padded[: sizes[t], t] = tokens
+        return [row[row >= 0].tolist() for row in padded]
 
 
 @torch.inference_mode()
@@ -326,56 +390,99 @@ def modified_beam_search(
 
 def _modified_beam(model: nn.Module, encoder_out: Tensor, lens: List[int], beam: int) -> List[List[int]]:
     """Body of :func:`modified_beam_search` (model already in eval mode)."""
-    device = encoder_out.device
-    blank_id, unk_id = _skip_ids(model)
-    context_size = model.decoder.context_size
     order, sorted_lens, batch_sizes = _sort_by_length(lens)
     enc = _project_sorted(model, encoder_out, order, sorted_lens[0])  # (N, T, J)
-    tree = _PrefixTree(_initial_context(model))
-    # hyps[i]: list of (sequence id, log-prob) of sorted utterance i.
-    hyps: List[List[Tuple[int, float]]] = [[(0, 0.0)] for _ in range(enc.size(0))]
-
-    vocab_size = model.decoder.vocab_size
+    search = ModifiedBeamSearch(
+        *model_functions(model), _initial_context(model), enc.size(0), _skip_ids(model), beam
+    )
     for t, b in enumerate(batch_sizes):
-        cand_scores, cand_index = _beam_step(model, enc[:b, t], hyps[:b], tree, beam, device)
-        for i in range(b):
-            hyps[i] = _merge_candidates(hyps[i], cand_scores[i], cand_index[i], vocab_size, tree, (blank_id, unk_id))
-
-    best = [max(h, key=lambda nh: nh[1] / (tree.depth[nh[0]] + context_size))[0] for h in hyps]
-    return _unsort([tree.tokens(node) for node in best], order)
+        search.step(enc[:b, t])
+    return _unsort(search.results(), order)
 
 
-def _beam_step(
-    model: nn.Module,
-    enc_t: Tensor,
-    hyps: List[List[Tuple[int, float]]],
-    tree: _PrefixTree,
-    beam: int,
-    device: torch.device,
-) -> Tuple[List[List[float]], List[List[int]]]:
-    """Score all hypotheses on one frame and take the per-utterance top-``beam``.
+class ModifiedBeamSearch:
+    """icefall's modified beam search over ``num_streams`` streams, one frame per :meth:`step`.
+
+    See :func:`modified_beam_search` for the algorithm: per frame, top
+    ``beam`` (hypothesis, token) pairs per stream; blank/unk keep the token
+    sequence; equal sequences merge by log-add; :meth:`results` picks the
+    length-normalised best, ``score / (len(tokens) + context_size)``.
 
     Args:
-      enc_t: (b, joiner_dim) projected encoder frame of each active utterance.
-      hyps: b lists of (sequence id, score), at most ``beam`` each.
-    Returns:
-      (scores, indexes): per utterance, the top candidates' scores (descending)
-      and their flat indexes ``slot * vocab_size + token`` into the
-      (beam, vocab_size) grid of that utterance.
+      decoder_fn: contexts (M, context_size) -> projected decoder output (M, J).
+      joiner_fn: (M, J), (M, J) -> logits (M, V).
+      initial_context: the first decoder context of every stream (``context_size`` ids).
+      num_streams: N.
+      skip_ids: ids that are not emitted and keep the sequence (blank, unk).
+      beam: hypotheses kept per stream and frame, >= 1.
     """
-    b = len(hyps)
-    rows = [(i, slot, node, score) for i in range(b) for slot, (node, score) in enumerate(hyps[i])]
-    flat_rows = torch.tensor([i * beam + slot for i, slot, _, _ in rows], device=device)
-    utt = torch.tensor([i for i, _, _, _ in rows], device=device)
-    contexts = torch.tensor([tree.context[node] for _, _, node, _ in rows], device=device)
-    scores = torch.tensor([score for _, _, _, score in rows], device=device, dtype=torch.float32)
 
-    log_probs = _log_probs(model, enc_t[utt], _decoder_out(model, contexts))  # (H, V)
-    vocab_size = log_probs.size(1)  # == model.decoder.vocab_size
-    grid = log_probs.new_full((b * beam, vocab_size), -math.inf)
-    grid[flat_rows] = log_probs + scores.unsqueeze(1)
-    top_scores, top_index = grid.view(b, beam * vocab_size).topk(beam, dim=1)  # (b, beam)
-    return top_scores.tolist(), top_index.tolist()
+    def __init__(
+        self,
+        decoder_fn: DecoderFn,
+        joiner_fn: JoinerFn,
+        initial_context: Sequence[int],
+        num_streams: int,
+        skip_ids: Sequence[int],
+        beam: int,
+    ) -> None:
+        if beam < 1:
+            raise ValueError(f"beam must be >= 1, got {beam}")
+        self.decoder_fn = decoder_fn
+        self.joiner_fn = joiner_fn
+        self.skip_ids = tuple(skip_ids)
+        self.beam = beam
+        self.context_size = len(initial_context)
+        self.tree = _PrefixTree(initial_context)
+        # hyps[i]: list of (sequence id, log-prob) of stream i.
+        self.hyps: List[List[Tuple[int, float]]] = [[(0, 0.0)] for _ in range(num_streams)]
+
+    def step(self, enc_t: Tensor) -> None:
+        """Advance streams ``0 .. b-1`` by one frame.
+
+        Args:
+          enc_t: (b, J) projected encoder frame of each of the first b streams, b <= N.
+        """
+        b = enc_t.size(0)
+        cand_scores, cand_index, vocab_size = self._top_candidates(enc_t, self.hyps[:b])
+        for i in range(b):
+            self.hyps[i] = _merge_candidates(
+                self.hyps[i], cand_scores[i], cand_index[i], vocab_size, self.tree, self.skip_ids
+            )
+
+    def results(self) -> List[List[int]]:
+        """Token ids of each stream's best hypothesis so far, by length-normalised score."""
+        tree = self.tree
+        best = [max(h, key=lambda nh: nh[1] / (tree.depth[nh[0]] + self.context_size))[0] for h in self.hyps]
+        return [tree.tokens(node) for node in best]
+
+    def _top_candidates(
+        self, enc_t: Tensor, hyps: List[List[Tuple[int, float]]]
+    ) -> Tuple[List[List[float]], List[List[int]], int]:
+        """Score all hypotheses on one frame and take the per-stream top-``beam``.
+
+        Args:
+          enc_t: (b, J) projected encoder frame of each active stream.
+          hyps: b lists of (sequence id, score), at most ``beam`` each.
+        Returns:
+          (scores, indexes, vocab_size): per stream, the top candidates' scores
+          (descending) and their flat indexes ``slot * vocab_size + token`` into
+          the (beam, vocab_size) grid of that stream.
+        """
+        device, beam, b = enc_t.device, self.beam, len(hyps)
+        rows = [(i, slot, node, score) for i in range(b) for slot, (node, score) in enumerate(hyps[i])]
+        flat_rows = torch.tensor([i * beam + slot for i, slot, _, _ in rows], device=device)
+        utt = torch.tensor([i for i, _, _, _ in rows], device=device)
+        contexts = torch.tensor([self.tree.context[node] for _, _, node, _ in rows], device=device)
+        scores = torch.tensor([score for _, _, _, score in rows], device=device, dtype=torch.float32)
+
+        dec = self.decoder_fn(contexts).to(device)
+        log_probs = self.joiner_fn(enc_t[utt], dec).float().log_softmax(dim=-1)  # (H, V)
+        vocab_size = log_probs.size(1)
+        grid = log_probs.new_full((b * beam, vocab_size), -math.inf)
+        grid[flat_rows] = log_probs + scores.unsqueeze(1)
+        top_scores, top_index = grid.view(b, beam * vocab_size).topk(beam, dim=1)  # (b, beam)
+        return top_scores.tolist(), top_index.tolist(), vocab_size
 
 
 def _merge_candidates(
@@ -384,9 +491,9 @@ def _merge_candidates(
     indexes: List[int],
     vocab_size: int,
     tree: _PrefixTree,
-    skip: Tuple[int, int],
+    skip: Tuple[int, ...],
 ) -> List[Tuple[int, float]]:
-    """Turn one utterance's top candidates into its next hypotheses.
+    """Turn one stream's top candidates into its next hypotheses.
 
     Blank/unk candidates keep the sequence, other tokens extend it; candidates
     with the same resulting sequence are merged with log-add.

@@ -1,15 +1,24 @@
-"""Shared fixtures. ``tiny_data``: the tiny synthetic corpus, prepared once per
+"""Shared fixtures and checks. ``tiny_data``: the tiny synthetic corpus, prepared once per
 test session by ``prepare.sh --size tiny``; tests treat it as read-only.
-``isolated_logging``: undoes a script's ``setup_logger`` after an in-process ``main()``."""
+``isolated_logging``: undoes a script's ``setup_logger`` after an in-process ``main()``.
+``check_wer_files``: the icefall result files of one decoded test set agree with each other and the manifest.
+``reference_streaming_greedy``: what chunk-by-chunk greedy search must give, computed without chunks."""
 
+import ast
+import gzip
+import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Dict, Iterator, List, Tuple
 
+import kaldialign
 import pytest
+import torch
+import torch.nn as nn
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "egs" / "librispeech" / "ASR"
@@ -50,3 +59,65 @@ def isolated_logging() -> Iterator[None]:
         if handler not in root.handlers:
             root.addHandler(handler)
     root.setLevel(level)
+
+
+def read_recogs(path: Path) -> Dict[str, Tuple[List[str], List[str]]]:
+    """{cut_id: (ref words, hyp words)} parsed from an icefall recogs file."""
+    out: Dict[str, Dict[str, List[str]]] = {}
+    for line in path.read_text().splitlines():
+        m = re.fullmatch(r"(.+):\t(ref|hyp)=(\[.*\])", line)
+        assert m, f"unexpected line in {path.name}: {line!r}"
+        out.setdefault(m.group(1), {})[m.group(2)] = ast.literal_eval(m.group(3))
+    return {cut_id: (d["ref"], d["hyp"]) for cut_id, d in out.items()}
+
+
+def manifest_texts(path: Path) -> Dict[str, str]:
+    """{cut_id: supervision text} of a cut manifest."""
+    with gzip.open(path, "rt") as f:
+        cuts = [json.loads(line) for line in f]
+    return {c["id"]: " ".join(s["text"] for s in c["supervisions"]) for c in cuts}
+
+
+def check_wer_files(res_dir: Path, test_set: str, suffix: str, key: str, manifest: Path) -> Dict[str, List[str]]:
+    """Assert that ``recogs/errs/wer-summary-<test_set>-<suffix>.txt`` in ``res_dir`` are icefall's and agree:
+    the references are the manifest's supervision words (every cut once), the errs header and the summary
+    row (``key``) hold the kaldialign recount of the recogs. Returns {cut_id: hyp words}."""
+    recogs = read_recogs(res_dir / f"recogs-{test_set}-{suffix}.txt")
+    texts = manifest_texts(manifest)
+    assert sorted(recogs) == sorted(texts)
+    assert all(recogs[cut_id][0] == text.split() for cut_id, text in texts.items())
+    counts = [kaldialign.edit_distance(ref, hyp) for ref, hyp in recogs.values()]
+    ins, dels, subs = (sum(c[k] for c in counts) for k in ("ins", "del", "sub"))
+    ref_words = sum(len(ref) for ref, _ in recogs.values())
+    wer = "%.2f" % (100.0 * (ins + dels + subs) / ref_words)
+    errs = (res_dir / f"errs-{test_set}-{suffix}.txt").read_text().splitlines()
+    assert errs[0] == f"%WER = {wer}"
+    assert errs[1].startswith(
+        f"Errors: {ins} insertions, {dels} deletions, {subs} substitutions, over {ref_words} reference words"
+    )
+    summary = (res_dir / f"wer-summary-{test_set}-{suffix}.txt").read_text().splitlines()
+    assert summary == ["settings\tWER", f"{key}\t{float(wer)}"]
+    return {cut_id: hyp for cut_id, (_, hyp) in recogs.items()}
+
+
+def reference_streaming_greedy(model: nn.Module, feats: torch.Tensor, unk_id: int = -1) -> List[int]:
+    """Independent reference for streaming greedy search (9-frame windows every 4 frames, as sherpa-onnx):
+    the original (scaled) transducer's encoder on the whole utterance (N=1), cut to the output frames that
+    the windows sherpa-onnx runs produce (one per window ``start + 9 < num_frames``), then one plain loop per
+    frame with a context that starts as blanks; blank (0) and ``unk_id`` emit nothing.
+
+    Args:
+      feats: (num_frames, 80) features.
+    """
+    num_out = max(0, (feats.size(0) - 9 + 3) // 4)  # starts 0, 4, ... < num_frames - 9
+    with torch.no_grad():
+        enc, _, _ = model.encoder(feats.unsqueeze(0), torch.tensor([feats.size(0)]))
+        enc = model.joiner.encoder_proj(enc[0, :num_out])
+        hyp = [0] * model.decoder.context_size
+        for frame in enc:
+            context = torch.tensor([hyp[-model.decoder.context_size :]])
+            dec = model.joiner.decoder_proj(model.decoder(context, need_pad=False)[0, 0])
+            y = int(model.joiner(frame, dec, project_input=False).argmax())
+            if y not in (0, unk_id):
+                hyp.append(y)
+    return hyp[model.decoder.context_size :]

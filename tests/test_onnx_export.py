@@ -12,6 +12,7 @@ import sherpa_onnx
 import torch
 import torch.nn as nn
 
+from conftest import reference_streaming_greedy
 from icefall_lite.bpe import train_bpe_model
 from icefall_lite.checkpoint import average_checkpoints, average_checkpoints_with_averaged_model, save_checkpoint
 from icefall_lite.clip import GradientFilter
@@ -22,15 +23,14 @@ from icefall_lite.onnx_export import (
     NonScaledBasicNorm,
     OnnxRuntimeTransducer,
     build_exportable,
-    chunk_starts,
     convert_scaled_to_non_scaled,
     export_transducer_onnx,
     onnx_filenames,
     read_meta_data,
-    streaming_greedy_search,
     write_tokens_file,
 )
 from icefall_lite.scaling import ActivationBalancer, BasicNorm, ScaledLinear, ScaledLSTM
+from icefall_lite.streaming import chunk_starts, streaming_search
 
 SCRIPT = Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/lstm_transducer_stateless/export_onnx.py"
 TINY = dict(encoder_dim=16, dim_feedforward=32, num_encoder_layers=2, decoder_dim=16, joiner_dim=20)
@@ -332,16 +332,39 @@ def _features(wav: np.ndarray) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind", ["no_proj", "proj"])
 def test_streaming_greedy_torch_equals_onnxruntime(kind, tmp_path):
-    ex = build_exportable(_emitting_model(kind))
+    """Batched chunk-by-chunk greedy search: PyTorch wrappers, onnxruntime and the full-utterance reference agree."""
+    model = _emitting_model(kind)
+    ex = build_exportable(model)
     files = export_transducer_onnx(ex, tmp_path, "x", int8=False)
     ort_model = OnnxRuntimeTransducer(files["encoder"], files["decoder"], files["joiner"])
-    all_tokens = []
-    for wav in _waveforms()[:2]:
-        feats = _features(wav)
-        want = streaming_greedy_search(ex, feats)
-        assert streaming_greedy_search(ort_model, feats) == want
-        all_tokens += want
-    assert len(all_tokens) >= 10 and len(set(all_tokens)) >= 3
+    feats = [_features(wav) for wav in _waveforms()]  # 4 lengths: streams stop at different chunks
+    want = [reference_streaming_greedy(model, f) for f in feats]
+    assert streaming_search(ex, feats) == want
+    assert streaming_search(ort_model, feats) == want
+    assert streaming_search(ex, feats[2:3]) == want[2:3]  # a batch of one
+    all_tokens = sum(want, [])
+    assert len(all_tokens) >= 20 and len(set(all_tokens)) >= 4
+    assert len({len(f) for f in feats}) == 4 and len({tuple(w) for w in want}) == 4
+
+
+@pytest.mark.parametrize("kind", ["no_proj", "proj"])
+def test_streaming_modified_beam_torch_equals_onnxruntime(kind, tmp_path):
+    model = _emitting_model(kind)
+    ex = build_exportable(model)
+    files = export_transducer_onnx(ex, tmp_path, "x", int8=False)
+    ort_model = OnnxRuntimeTransducer(files["encoder"], files["decoder"], files["joiner"])
+    feats = [_features(wav) for wav in _waveforms()]
+    beam4 = streaming_search(ex, feats, decoding_method="modified_beam_search", beam_size=4)
+    assert streaming_search(ort_model, feats, decoding_method="modified_beam_search", beam_size=4) == beam4
+    assert [streaming_search(ex, [f], "modified_beam_search", 4)[0] for f in feats] == beam4  # batching
+    # one hypothesis per frame is greedy search
+    assert streaming_search(ex, feats, decoding_method="modified_beam_search", beam_size=1) == streaming_search(ex, feats)
+    assert all(beam4)
+
+
+def test_streaming_search_rejects_unknown_method():
+    with pytest.raises(ValueError, match="Unsupported streaming decoding method 'fast_beam_search'"):
+        streaming_search(build_exportable(_tiny("proj")), [torch.zeros(20, 80)], decoding_method="fast_beam_search")
 
 
 # --------------------------------------------------------------------------
@@ -500,7 +523,7 @@ def test_sherpa_onnx_greedy_equals_pytorch_streaming_greedy(sherpa_exports, kind
     all_tokens = []
     for wav in _waveforms():
         feats = _features(wav)
-        want = streaming_greedy_search(ex, feats, unk_id=2)  # sherpa-onnx treats <unk> as blank
+        want = streaming_search(ex, [feats], unk_id=2)[0]  # sherpa-onnx treats <unk> as blank
         calls, got, text = _sherpa_decode(files, tokens, wav, "greedy_search")
         assert calls == len(chunk_starts(feats.size(0), 9, 4))
         assert got == want
@@ -520,8 +543,8 @@ def test_sherpa_onnx_treats_unk_as_blank(bpe_model, tmp_path):
     unk_matters = False
     for wav in _waveforms()[:2]:
         feats = _features(wav)
-        want = streaming_greedy_search(ex, feats, unk_id=2)
-        unk_as_token = [t for t in streaming_greedy_search(ex, feats) if t != 2]
+        want = streaming_search(ex, [feats], unk_id=2)[0]
+        unk_as_token = [t for t in streaming_search(ex, [feats])[0] if t != 2]
         unk_matters |= unk_as_token != want
         assert _sherpa_decode(files, tmp_path / "tokens.txt", wav, "greedy_search")[1] == want
     assert unk_matters
@@ -536,6 +559,7 @@ def test_sherpa_onnx_modified_beam_search_and_int8_run(sherpa_exports):
     assert beam1 == greedy
     calls, beam4, text = _sherpa_decode(files, tokens, wav, "modified_beam_search", paths=4)
     assert calls == 36 and beam4 and text.strip()
+    assert beam4 == streaming_search(ex, [_features(wav)], "modified_beam_search", beam_size=4, unk_id=2)[0]
     for method in ("greedy_search", "modified_beam_search"):
         calls, ids, text = _sherpa_decode(files, tokens, wav, method, int8=True)
         assert calls == 36 and ids and text.strip()

@@ -43,7 +43,12 @@ from typing import Dict, List, Optional
 import torch
 
 from icefall_lite.bpe import load_bpe_model
-from icefall_lite.checkpoint import CheckpointError, checkpoint_suffix, load_averaged_weights
+from icefall_lite.checkpoint import (
+    add_checkpoint_arguments,
+    checkpoint_suffix,
+    load_weights_or_exit,
+    validate_checkpoint_args,
+)
 from icefall_lite.model import add_model_arguments, build_transducer, count_parameters, model_config_from_args
 from icefall_lite.onnx_export import (
     DEFAULT_DECODE_CHUNK_LEN,
@@ -58,67 +63,26 @@ from icefall_lite.utils import setup_logger, str2bool
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument(
-        "--epoch", type=int, default=8,
-        help="Export the model of exp-dir/epoch-N.pt (averaged, see --avg); train.py's default --num-epochs is 8."
-    )
-    parser.add_argument(
-        "--iter",
-        type=int,
-        default=0,
-        help="If > 0, use checkpoint-<batch>.pt files with batch <= this instead of --epoch.",
-    )
-    parser.add_argument(
-        "--avg",
-        type=int,
-        default=3,
-        help="Number of checkpoints to average: epochs epoch-avg+1..epoch, or with --use-averaged-model the "
-        "running average between epoch-(epoch-avg).pt and epoch-epoch.pt.",
-    )
-    parser.add_argument(
-        "--use-averaged-model",
-        type=str2bool,
-        default=True,
-        help="Average with the model_avg entries of two checkpoints (icefall's averaged model) instead of "
-        "averaging the model entries of --avg checkpoints.",
-    )
-    parser.add_argument(
-        "--exp-dir", type=Path, default=Path("lstm_transducer_stateless/exp"), help="Where the checkpoints are."
-    )
-    parser.add_argument(
-        "--output-dir",
-        type=Path,
-        default=None,
-        help="Where to write the ONNX files, tokens.txt and the log (default: --exp-dir).",
-    )
-    parser.add_argument(
-        "--bpe-model", type=Path, default=Path("data/lang_bpe_500/bpe.model"), help="sentencepiece model."
-    )
-    parser.add_argument(
-        "--decode-chunk-len",
-        type=int,
-        default=DEFAULT_DECODE_CHUNK_LEN,
-        help="Feature frames per encoder call (a multiple of 4); the encoder sees decode_chunk_len + 5 frames (T).",
-    )
-    parser.add_argument(
-        "--int8",
-        type=str2bool,
-        default=True,
-        help="Also write *.int8.onnx (onnxruntime dynamic quantisation), as icefall does.",
-    )
+    """icefall's checkpoint flags (as decode.py), the output options and the model-size flags."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_checkpoint_arguments(parser)
+    parser.add_argument("--output-dir", type=Path, default=None,
+                        help="Where to write the ONNX files, tokens.txt and the log. (default: --exp-dir)")
+    parser.add_argument("--bpe-model", type=Path, default=Path("data/lang_bpe_500/bpe.model"),
+                        help="sentencepiece model. (default: data/lang_bpe_500/bpe.model)")
+    parser.add_argument("--decode-chunk-len", type=int, default=DEFAULT_DECODE_CHUNK_LEN,
+                        help="Feature frames per encoder call (a multiple of 4); the encoder sees "
+                        f"decode_chunk_len + 5 frames (T). (default: {DEFAULT_DECODE_CHUNK_LEN})")
+    parser.add_argument("--int8", type=str2bool, default=True,
+                        help="Also write *.int8.onnx (onnxruntime dynamic quantisation), as icefall does. "
+                        "(default: true)")
     add_model_arguments(parser)
     return parser
 
 
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """argparse errors naming the flag for bad values."""
-    if args.avg < 1:
-        parser.error(f"--avg must be >= 1, got {args.avg}")
-    if args.iter < 0:
-        parser.error(f"--iter must be >= 0, got {args.iter}")
-    if args.iter == 0 and args.epoch < 1:
-        parser.error(f"--epoch must be >= 1, got {args.epoch}")
+    validate_checkpoint_args(parser, args)
     if args.decode_chunk_len < 4 or args.decode_chunk_len % 4:
         parser.error(f"--decode-chunk-len must be a positive multiple of 4, got {args.decode_chunk_len}")
     if not args.bpe_model.is_file():
@@ -156,14 +120,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     logging.info(f"Model config: {config}")
     model = build_transducer(**config)
     device = torch.device("cpu")  # ONNX export is done on the CPU, as in icefall
-    try:
-        load_averaged_weights(
-            model, args.exp_dir, epoch=args.epoch, iter=args.iter, avg=args.avg,
-            use_averaged_model=args.use_averaged_model, device=device,
-        )
-    except CheckpointError as e:
-        logging.error(str(e))
-        parser.exit(1, f"error: {e}\n")
+    load_weights_or_exit(model, vars(args), device, "export_onnx.py")
     model.eval()
     logging.info(f"Number of model parameters: {count_parameters(model)}")
 

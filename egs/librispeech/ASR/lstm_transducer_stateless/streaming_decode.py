@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Decode the LSTM transducer chunk by chunk, carrying the LSTM states, and write icefall's WER files
+(icefall's ``lstm_transducer_stateless3/streaming_decode.py``, on icefall_lite).
+
+Usage (from egs/librispeech/ASR, after train.py):
+
+  # greedy search, averaged model between epoch-5.pt (excluded) and epoch-8.pt
+  ./lstm_transducer_stateless/streaming_decode.py --epoch 8 --avg 3 \\
+      --exp-dir lstm_transducer_stateless/exp --bpe-model data/lang_bpe_500/bpe.model \\
+      --decoding-method greedy_search
+
+  # modified beam search
+  ./lstm_transducer_stateless/streaming_decode.py --epoch 8 --avg 3 \\
+      --decoding-method modified_beam_search --beam-size 4
+
+The model is converted exactly as export_onnx.py converts it
+(``icefall_lite.onnx_export.build_exportable``) and run as sherpa-onnx runs the
+exported files (``icefall_lite.streaming.streaming_search``): the encoder gets
+windows of ``T = decode_chunk_len + 5`` feature frames every
+``decode_chunk_len`` frames with the h/c states of the previous window, and
+the search advances after every window. The initial decoder context is
+``context_size`` blanks, <unk> is treated as blank, one symbol per frame.
+Features are those of the cut manifests (as decode.py), with decode.py's 35
+tail frames of log(1e-10). The utterances of a batch (--max-duration) are
+decoded side by side, each with its own states.
+
+Checkpoint selection and flags are decode.py's. Outputs go to
+``<exp-dir>/streaming/<decoding-method>/``: ``recogs-<set>-<suffix>.txt``,
+``errs-<set>-<suffix>.txt``, ``wer-summary-<set>-<suffix>.txt`` and
+``log-decode-<suffix>-<date>``, the suffix being decode.py's plus
+``-decode-chunk-len-<N>``. The WER and real-time factor (decoding wall time /
+audio duration) of every test set are logged and printed as a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import sentencepiece as spm
+import torch
+from lhotse import load_manifest_lazy
+
+from icefall_lite.checkpoint import load_weights_or_exit
+from icefall_lite.data import LibriSpeechAsrDataModule
+from icefall_lite.decode_run import (
+    add_decoding_arguments,
+    add_num_threads_argument,
+    batch_features,
+    build_decoding_model,
+    check_positive,
+    decode_and_save,
+    decode_batches,
+    make_suffix,
+    report,
+    result_key,
+    validate_decoding_args,
+)
+from icefall_lite.model import count_parameters
+from icefall_lite.onnx_export import DEFAULT_DECODE_CHUNK_LEN, ExportableTransducer, build_exportable
+from icefall_lite.streaming import STREAMING_METHODS, streaming_search
+from icefall_lite.utils import AttributeDict, setup_logger
+
+
+def get_parser() -> argparse.ArgumentParser:
+    """decode.py's flags (greedy and modified beam search only), ``--decode-chunk-len`` and ``--num-threads``."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--decoding-method", type=str, default="greedy_search", choices=STREAMING_METHODS,
+                        help="Search to decode with. (default: greedy_search)")
+    parser.add_argument("--decode-chunk-len", type=int, default=DEFAULT_DECODE_CHUNK_LEN,
+                        help="Feature frames between encoder calls, a multiple of 4 (export_onnx.py's flag); every "
+                        f"call sees decode_chunk_len + 5 frames. (default: {DEFAULT_DECODE_CHUNK_LEN})")
+    add_num_threads_argument(parser)
+    add_decoding_arguments(parser)
+    return parser
+
+
+def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse errors naming the flag for bad values; also resolves ``args.test_set_paths``."""
+    if args.decode_chunk_len < 4 or args.decode_chunk_len % 4:
+        parser.error(f"--decode-chunk-len must be a positive multiple of 4, got {args.decode_chunk_len}")
+    check_positive(parser, args, ["num_threads"])
+    validate_decoding_args(parser, args)
+
+
+def get_params(args: argparse.Namespace) -> AttributeDict:
+    """Flags plus derived settings (result dir, suffix)."""
+    params = AttributeDict(vars(args))
+    params.exp_dir = Path(args.exp_dir)
+    params.max_sym_per_frame = 1  # streaming search emits at most one symbol per frame
+    params.res_dir = params.exp_dir / "streaming" / params.decoding_method
+    params.suffix = f"{make_suffix(params)}-decode-chunk-len-{params.decode_chunk_len}"
+    return params
+
+
+@torch.inference_mode()
+def decode_one_batch(
+    params: AttributeDict, model: ExportableTransducer, sp: spm.SentencePieceProcessor, unk_id: int, batch: dict
+) -> Dict[str, List[List[str]]]:
+    """Decode one batch chunk by chunk: ``{result_key(params): [hypothesis words per utterance]}``.
+
+    ``batch["inputs"]`` (N, T, C) gets decode.py's tail padding; each
+    utterance is cut to its own frames before chunking.
+    """
+    feature, feature_lens = batch_features(batch, model.device)
+    features = [feature[i, :n] for i, n in enumerate(feature_lens.tolist())]
+    hyp_tokens = streaming_search(
+        model, features, decoding_method=params.decoding_method, beam_size=params.beam_size,
+        blank_id=params.blank_id, unk_id=unk_id,
+    )
+    return {result_key(params): [sp.decode(tokens).split() for tokens in hyp_tokens]}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = get_parser()
+    args = parser.parse_args(argv)
+    validate_args(parser, args)
+    params = get_params(args)
+    setup_logger(params.res_dir / f"log-decode-{params.suffix}")
+    logging.info("Streaming decoding started")
+    torch.set_num_threads(params.num_threads)
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    logging.info(f"Device: {device}, {params.num_threads} CPU thread(s)")
+    sp = spm.SentencePieceProcessor()
+    sp.load(str(params.bpe_model))
+    model = build_decoding_model(args, sp)
+    params.blank_id = model.decoder.blank_id
+    logging.info(params)
+    plan = load_weights_or_exit(model, params, device, "streaming_decode.py")
+    params.checkpoints = [str(f) for f in plan.filenames]
+    logging.info(f"Number of model parameters: {count_parameters(model)}")
+    streaming_model = build_exportable(model.to(device).eval(), decode_chunk_len=params.decode_chunk_len)
+    logging.info(f"Streaming: {streaming_model.meta}")
+    args.return_cuts = True  # cut ids name the utterances in the result files
+    datamodule = LibriSpeechAsrDataModule(args)
+    decode_batch = functools.partial(decode_one_batch, params, streaming_model, sp, model.unk_id)
+    rows = decode_and_save(
+        params.test_set_paths,
+        lambda name, path: decode_batches(
+            datamodule.test_dataloaders(load_manifest_lazy(path)), decode_batch, name,
+            desc=f"{name} streaming {params.decoding_method}",
+        ),
+        params.res_dir,
+        params.suffix,
+    )
+    report(rows, f"streaming {params.decoding_method}, {params.suffix}")
+    logging.info("Done!")
+
+
+if __name__ == "__main__":
+    main()
