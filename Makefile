@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench
+.PHONY: setup test demo bench ablation
 
 setup:
 	@VENV=$(VENV) bash scripts/setup.sh
@@ -15,6 +15,11 @@ test: setup
 # Synthetic corpus -> training -> decoding -> WER table (about 45 minutes on 2 cores).
 demo: setup
 	. $(VENV)/bin/activate && bash egs/librispeech/ASR/demo.sh
+
+# Gradient-control ablation: 4 arms x clean/corrupted training set -> RESULTS.md + PNG plots
+# (about 1 h 40 min to 2 h on 2 idle cores after the data exist; a rerun skips finished arms).
+ablation: setup
+	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh && python lstm_transducer_stateless/ablation.py
 
 # The five benchmarks (loss, scaling, filter overhead, training throughput,
 # decoding vs sherpa-onnx); rewrites benchmarks/RESULTS.md. Decoding uses the
