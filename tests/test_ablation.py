@@ -237,6 +237,7 @@ def test_rerun_skips_finished_arms_and_resumes_the_cut_off_one(ablation):
 def _load_ablation_script():
     spec = importlib.util.spec_from_file_location("icefall_lite_ablation_script", ABLATION)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
 
