@@ -101,6 +101,8 @@ def _filter_figure(results: Sequence[ArmResult], stat: str, ylabel: str, title: 
                 ax.axhline(hline, color="k", ls="--", lw=0.8, label=f"threshold {hline:g}")
             if log:
                 ax.set_yscale("log")
+            else:
+                ax.set_ylim(bottom=0)
             ax.set_xlabel("step")
             ax.set_ylabel(ylabel, fontsize=8)
             ax.legend(fontsize=7)
