@@ -260,11 +260,18 @@ class LibriSpeechAsrDataModule:
         return self._eval_dataloader(require_nonempty(cuts, "test"))
 
 
-class NonFiniteFeaturesError(RuntimeError):
+class CutDataError(RuntimeError):
+    """Bad data in a cut set, with a message naming the cut(s) or the set and the fix.
+
+    Scripts catch it at the top and exit with the message instead of a traceback.
+    """
+
+
+class NonFiniteFeaturesError(CutDataError):
     """Features of a cut hold NaN or inf."""
 
 
-class FeaturesUnreadableError(RuntimeError):
+class FeaturesUnreadableError(CutDataError):
     """Features of a cut cannot be read (missing or damaged feature file)."""
 
 
@@ -305,7 +312,7 @@ class FiniteFeaturesDataset(K2SpeechRecognitionDataset):
         return batch
 
 
-class EmptyCutSetError(RuntimeError):
+class EmptyCutSetError(CutDataError):
     """A cut set that should hold cuts is empty (after filtering)."""
 
 

@@ -25,7 +25,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from icefall_lite.checkpoint import add_checkpoint_arguments, checkpoint_suffix, validate_checkpoint_args
-from icefall_lite.data import LibriSpeechAsrDataModule
+from icefall_lite.data import EmptyCutSetError, LibriSpeechAsrDataModule
 from icefall_lite.metrics import Result, save_results
 from icefall_lite.model import Transducer, add_model_arguments, build_transducer, model_config_from_args
 
@@ -289,7 +289,7 @@ def decode_and_save(
         logging.info(f"Decoding {name} ({path})")
         results, stats = decode_set(name, path)
         if not results:
-            raise ValueError(f"test set {name} ({path}) has no cuts")
+            raise EmptyCutSetError(f"test set {name} ({path}) has no cuts; check the manifest or rerun prepare.sh")
         wers = save_results(res_dir, name, suffix, results)
         rows.extend((name, key, wer, stats) for key, wer in wers.items())
     return rows

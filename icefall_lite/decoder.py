@@ -51,13 +51,29 @@ class Decoder(nn.Module):
         y = y.to(torch.int64)
         embedding_out = self.embedding(y.clamp(min=0)) * (y >= 0).unsqueeze(-1)
         if self.conv is not None:
-            embedding_out = embedding_out.permute(0, 2, 1)
-            if need_pad:
-                embedding_out = F.pad(embedding_out, pad=(self.context_size - 1, 0))
-            elif embedding_out.size(-1) != self.context_size:
-                raise ValueError(
-                    f"Decoder without padding needs exactly context_size={self.context_size} tokens, "
-                    f"got {embedding_out.size(-1)}"
-                )
+            if not need_pad:
+                return F.relu(self._last_context_conv(embedding_out))
+            embedding_out = F.pad(embedding_out.permute(0, 2, 1), pad=(self.context_size - 1, 0))
             embedding_out = self.conv(embedding_out).permute(0, 2, 1)
         return F.relu(embedding_out)
+
+    def _last_context_conv(self, embedding_out: Tensor) -> Tensor:
+        """The depthwise conv at its one output position, as a weighted sum over the context.
+
+        Decoding calls the decoder once per emitted token; at that size a conv
+        kernel call costs several times this sum (same result).
+
+        Args:
+          embedding_out: (N, context_size, decoder_dim).
+        Returns:
+          (N, 1, decoder_dim).
+        """
+        if embedding_out.size(1) != self.context_size:
+            raise ValueError(
+                f"Decoder without padding needs exactly context_size={self.context_size} tokens, "
+                f"got {embedding_out.size(1)}"
+            )
+        conv = self.conv
+        # (decoder_dim, 1, context_size); a plain nn.Conv1d after the ONNX export's scale folding
+        weight = conv.get_weight() if isinstance(conv, ScaledConv1d) else conv.weight
+        return (embedding_out * weight.squeeze(1).t()).sum(dim=1, keepdim=True)

@@ -13,9 +13,13 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterator, Sequence
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from lhotse import CutSet, load_manifest
+from lhotse.features.io import NumpyFilesWriter
+from lhotse.utils import fastcopy
 
 from conftest import RECIPE, check_wer_files, recipe_env
 from icefall_lite.checkpoint import save_checkpoint
@@ -339,3 +343,25 @@ def test_main_other_model_size_exits_with_mismatched_shapes(tiny_data, small_exp
     assert "Mismatched shapes:" in err
     assert re.search(r"decoder\.embedding\.weight: checkpoint \(100, 32\) vs model \(100, 40\)", err), err
     assert "Traceback" not in err
+
+
+def test_main_nan_features_exit_naming_the_cut_without_result_files(tiny_data, small_exp, tmp_path, capsys,
+                                                                    isolated_logging, monkeypatch):
+    monkeypatch.chdir(tiny_data)  # feature paths in the tiny manifests are relative to its work dir
+    cuts = list(load_manifest(tiny_data / "data/fbank/librispeech_cuts_test-clean.jsonl.gz"))[:3]
+    victim = cuts[1]
+    feats = victim.load_features().copy()
+    feats[5, 11] = np.nan
+    with NumpyFilesWriter(tmp_path / "feats") as writer:
+        key = writer.write(victim.id, feats)
+    cuts[1] = fastcopy(victim, features=fastcopy(victim.features, storage_type=writer.name,
+                                                 storage_path=str(tmp_path / "feats"), storage_key=key))
+    manifest = tmp_path / "nan_cuts.jsonl.gz"
+    CutSet.from_cuts(cuts).to_file(manifest)
+    exp_dir = tmp_path / "exp"
+    shutil.copytree(small_exp, exp_dir)
+    err = _main_error(tiny_data, capsys, "--exp-dir", str(exp_dir), "--epoch", "2", "--avg", "1",
+                      "--test-sets", str(manifest), *TINY_FLAGS)
+    assert f"decode.py: error: NaN/inf in the features of cut(s) [{victim.id!r}]" in err, err
+    assert "Traceback" not in err
+    assert not list((exp_dir / "greedy_search").glob("recogs-*")), "no result files from a failed test set"

@@ -105,3 +105,30 @@ def test_model_presets_and_overrides():
     icefall = build_transducer(**model_config_from_args(parser.parse_args(["--model-preset", "icefall"]), 500))
     # icefall's RESULTS.md gives 84,689,496 parameters for lstm_transducer_stateless3.
     assert count_parameters(icefall) == 84_689_496
+
+
+@pytest.mark.parametrize("context_size", [2, 3])
+def test_decoder_one_step_matches_the_padded_conv_and_a_loop(context_size):
+    from icefall_lite.decoder import Decoder
+    from icefall_lite.onnx_export import convert_scaled_to_non_scaled
+
+    torch.manual_seed(0)
+    decoder = Decoder(vocab_size=12, decoder_dim=8, blank_id=0, context_size=context_size)
+    with torch.no_grad():
+        decoder.conv.weight_scale.fill_(0.3)  # a non-trivial scale must be applied
+    y = torch.tensor([[-1, 5, 7, 3][-context_size:], [4, 0, 9, 11][-context_size:]])
+    with torch.no_grad():
+        step = decoder(y, need_pad=False)  # (2, 1, 8)
+        padded = decoder(y)[:, -1:]  # last position of the training path (nn.Conv1d kernel)
+        emb = decoder.embedding(y.clamp(min=0)) * (y >= 0).unsqueeze(-1)  # (2, K, 8)
+        w = decoder.conv.weight * decoder.conv.weight_scale.exp()  # (8, 1, K)
+        loop = torch.zeros(2, 1, 8)
+        for n in range(2):
+            for c in range(8):
+                loop[n, 0, c] = max(0.0, sum(float(w[c, 0, k] * emb[n, k, c]) for k in range(context_size)))
+        plain = convert_scaled_to_non_scaled(decoder)(y, need_pad=False)
+    torch.testing.assert_close(step, padded, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(step, loop, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(plain, step, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=f"exactly context_size={context_size} tokens"):
+        decoder(y[:, -1:], need_pad=False)

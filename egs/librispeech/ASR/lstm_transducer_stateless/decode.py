@@ -56,7 +56,7 @@ import torch.nn as nn
 from lhotse import load_manifest_lazy
 
 from icefall_lite.checkpoint import load_weights_or_exit
-from icefall_lite.data import LibriSpeechAsrDataModule
+from icefall_lite.data import CutDataError, LibriSpeechAsrDataModule
 from icefall_lite.decode_run import (
     DecodeStats,
     add_decoding_arguments,
@@ -201,12 +201,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     logging.info(f"Number of model parameters: {count_parameters(model)}")
     args.return_cuts = True  # cut ids name the utterances in the result files
     datamodule = LibriSpeechAsrDataModule(args)
-    rows = decode_and_save(
-        params.test_set_paths,
-        lambda name, path: decode_dataset(datamodule.test_dataloaders(load_manifest_lazy(path)), params, model, sp, name),
-        params.res_dir,
-        params.suffix,
-    )
+    try:
+        rows = decode_and_save(
+            params.test_set_paths,
+            lambda name, path: decode_dataset(datamodule.test_dataloaders(load_manifest_lazy(path)), params, model, sp, name),
+            params.res_dir,
+            params.suffix,
+        )
+    except CutDataError as e:  # NaN/unreadable features, an empty test set
+        logging.error(str(e))
+        parser.exit(1, f"decode.py: error: {e}\n")
     report(rows, f"{params.decoding_method}, {params.suffix}")
     logging.info("Done!")
 

@@ -46,6 +46,7 @@ from icefall_lite.checkpoint import (
     checkpoint_suffix,
     validate_checkpoint_args,
 )
+from icefall_lite.data import CutDataError
 from icefall_lite.decode_run import (
     add_num_threads_argument,
     add_test_sets_argument,
@@ -155,7 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             params.res_dir,
             params.suffix,
         )
-    except ValueError as e:  # a cut without readable audio, an empty test set
+    except (CutDataError, ValueError) as e:  # a cut without readable audio, an empty test set
         logging.error(str(e))
         parser.exit(1, f"sherpa_onnx_decode.py: error: {e}\n")
     report(rows, f"sherpa-onnx {params.decoding_method}, {params.suffix}")

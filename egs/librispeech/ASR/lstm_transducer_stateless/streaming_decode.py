@@ -45,7 +45,7 @@ import torch
 from lhotse import load_manifest_lazy
 
 from icefall_lite.checkpoint import load_weights_or_exit
-from icefall_lite.data import LibriSpeechAsrDataModule
+from icefall_lite.data import CutDataError, LibriSpeechAsrDataModule
 from icefall_lite.decode_run import (
     add_decoding_arguments,
     add_num_threads_argument,
@@ -137,15 +137,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args.return_cuts = True  # cut ids name the utterances in the result files
     datamodule = LibriSpeechAsrDataModule(args)
     decode_batch = functools.partial(decode_one_batch, params, streaming_model, sp, model.unk_id)
-    rows = decode_and_save(
-        params.test_set_paths,
-        lambda name, path: decode_batches(
-            datamodule.test_dataloaders(load_manifest_lazy(path)), decode_batch, name,
-            desc=f"{name} streaming {params.decoding_method}",
-        ),
-        params.res_dir,
-        params.suffix,
-    )
+    try:
+        rows = decode_and_save(
+            params.test_set_paths,
+            lambda name, path: decode_batches(
+                datamodule.test_dataloaders(load_manifest_lazy(path)), decode_batch, name,
+                desc=f"{name} streaming {params.decoding_method}",
+            ),
+            params.res_dir,
+            params.suffix,
+        )
+    except CutDataError as e:  # NaN/unreadable features, an empty test set
+        logging.error(str(e))
+        parser.exit(1, f"streaming_decode.py: error: {e}\n")
     report(rows, f"streaming {params.decoding_method}, {params.suffix}")
     logging.info("Done!")
 

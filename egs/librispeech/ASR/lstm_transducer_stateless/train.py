@@ -49,9 +49,7 @@ from icefall_lite.checkpoint import (
 )
 from icefall_lite.clip import adaptive_clip_grad_, clip_grad_norm_, clip_grad_value_, get_total_norm
 from icefall_lite.data import (
-    EmptyCutSetError,
-    FeaturesUnreadableError,
-    NonFiniteFeaturesError,
+    CutDataError,
     LibriSpeechAsrDataModule,
     filter_cuts,
     require_nonempty,
@@ -632,7 +630,7 @@ def main() -> None:
             mp.spawn(run, args=(args.world_size, args), nprocs=args.world_size, join=True)
         else:
             run(rank=0, world_size=1, args=args)
-    except (CheckpointError, EmptyCutSetError, FeaturesUnreadableError, NonFiniteFeaturesError, FileNotFoundError) as e:
+    except (CheckpointError, CutDataError, FileNotFoundError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(1)
 
