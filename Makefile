@@ -12,7 +12,7 @@ setup:
 test: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
-# Synthetic corpus -> training -> decoding -> WER table (about 45 minutes on 2 cores).
+# Synthetic corpus -> training -> decoding -> WER table (timings: egs/librispeech/ASR/RESULTS.md).
 demo: setup
 	. $(VENV)/bin/activate && bash egs/librispeech/ASR/demo.sh
 
