@@ -1,4 +1,5 @@
-"""Training faults: kill -9 at any moment (including mid-checkpoint), a DDP rank that dies."""
+"""Training faults: kill -9 at any moment (including mid-checkpoint), a DDP rank that dies, NaN features
+in a training cut (the step is skipped and counted in the log and TensorBoard)."""
 
 import os
 import re
@@ -8,10 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from lhotse import CutSet, load_manifest
 
 from conftest import recipe_env
 from icefall_lite.checkpoint import load_checkpoint_file
+from icefall_lite.tb_reader import read_scalars
 from test_train import TRAIN, TINY_MODEL, _batch_losses, _free_port, run_train
 
 
@@ -88,3 +92,46 @@ def test_ddp_rank_death_stops_the_others(tiny_data, tmp_path):
     assert re.search(r"process \d+ terminated with signal SIGKILL", stderr), stderr[-2000:]
     for pid in ranks:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def _nan_features_cut(cut, storage: Path):
+    """``cut`` whose features are all NaN, stored as a .npy file under ``storage``."""
+    from lhotse.features.io import NumpyFilesWriter
+    from lhotse.utils import fastcopy
+
+    feats = np.full_like(cut.load_features(), np.nan)
+    with NumpyFilesWriter(storage) as writer:
+        key = writer.write(cut.id, feats)
+    return fastcopy(cut, features=fastcopy(cut.features, storage_type=writer.name, storage_path=str(storage),
+                                           storage_key=key))
+
+
+def test_nan_training_features_skip_the_step_counted_in_log_and_tensorboard(tiny_data, tmp_path):
+    fbank = tiny_data / "data" / "fbank"
+    manifests = tmp_path / "fbank"
+    manifests.mkdir()
+    for name in ("librispeech_cuts_dev-clean.jsonl.gz", "librispeech_cuts_dev-other.jsonl.gz", "noise_cuts.jsonl.gz"):
+        (manifests / name).symlink_to(fbank / name)
+    cuts = list(load_manifest(fbank / "librispeech_cuts_train-clean-100.jsonl.gz"))
+    # Feature paths in the manifests are relative to the work dir; the poisoned cut's is absolute.
+    cwd = os.getcwd()
+    os.chdir(tiny_data)
+    try:
+        victim = cuts[5]
+        cuts[5] = _nan_features_cut(victim, tmp_path / "nan_feats")
+    finally:
+        os.chdir(cwd)
+    CutSet.from_cuts(cuts).to_file(manifests / "librispeech_cuts_train-clean-100.jsonl.gz")
+    exp = tmp_path / "exp"
+    proc = run_train(tiny_data, exp, "--manifest-dir", str(manifests), "--tensorboard", "true",
+                     "--enable-musan", "false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = "".join(p.read_text() for p in (exp / "log").glob("log-train-*"))
+    skips = re.findall(r"Skipping step at batch (\d+): (.*?) \(skipped steps so far: (\d+)\)", log)
+    assert len(skips) == 1 and skips[0][2] == "1", skips  # exactly the one batch holding the victim
+    assert re.search(r"Done\. Training took [\d.]+ s; skipped steps: 1\b", log), log[-2000:]
+    series = read_scalars(exp / "tensorboard", ["train/skipped_steps"])["train/skipped_steps"]
+    skipped_at = int(skips[0][0])
+    assert series and all(v == (1.0 if step >= skipped_at else 0.0) for step, v in series), series
+    final = load_checkpoint_file(exp / "epoch-1.pt")
+    assert all(torch.isfinite(v).all() for v in final["model"].values() if v.is_floating_point())

@@ -5,8 +5,10 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -244,3 +246,46 @@ def test_librispeech_corpus_from_a_local_mirror(tiny: Path, tmp_path: Path) -> N
         assert (work / "download" / "LibriSpeech" / part / ".completed").is_file()
         sups = load_manifest(work / "data" / "manifests" / f"librispeech_supervisions_{part}.jsonl.gz")
         assert sorted(s.text for s in sups) == sorted(_transcripts(tiny / "download" / "LibriSpeech" / part).values())
+
+
+def _cuts_and_features(fbank: Path, part: str) -> Dict[str, tuple]:
+    """{cut id: (duration, transcript, features)} of one part's cut manifest (run from the work dir)."""
+    out = {}
+    for cut in load_manifest(fbank / f"librispeech_cuts_{part}.jsonl.gz"):
+        out[cut.id] = (cut.duration, cut.supervisions[0].text, cut.load_features())
+    return out
+
+
+def test_killed_fbank_stage_rerun_gives_the_uninterrupted_outputs(tiny_data: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    work = tmp_path / "work"
+    shutil.copytree(tiny_data, work, symlinks=True)
+    fbank = work / "data" / "fbank"
+    (fbank / ".librispeech.done").unlink()
+    for path in fbank.glob("librispeech_*"):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    cmd = ["bash", str(RECIPE / "prepare.sh"), "--size", "tiny", "--work-dir", str(work), "--stage", "2",
+           "--stop-stage", "2"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    # Kill the whole stage (bash and its python) once the first part's manifest is out: half-way.
+    deadline = time.time() + 300
+    while not list(fbank.glob("librispeech_cuts_*.jsonl.gz")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "stage 2 finished before it could be killed"
+    assert not (fbank / ".librispeech.done").exists()
+    assert len(list(fbank.glob("librispeech_cuts_*.jsonl.gz"))) < len(PARTS)
+    rerun = run_prepare(*cmd[2:])
+    assert rerun.returncode == 0, rerun.stdout[-3000:]
+    assert not list(fbank.glob(".tmp-*")) and (fbank / ".librispeech.done").is_file()
+    for part in PARTS:
+        monkeypatch.chdir(tiny_data)
+        want = _cuts_and_features(tiny_data / "data" / "fbank", part)
+        monkeypatch.chdir(work)
+        got = _cuts_and_features(fbank, part)
+        assert got.keys() == want.keys(), part
+        for cut_id, (duration, text, feats) in want.items():
+            assert got[cut_id][:2] == (duration, text), cut_id
+            np.testing.assert_array_equal(got[cut_id][2], feats, err_msg=cut_id)
