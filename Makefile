@@ -17,7 +17,7 @@ demo: setup
 	. $(VENV)/bin/activate && bash egs/librispeech/ASR/demo.sh
 
 # Gradient-control ablation: 4 arms x clean/corrupted training set -> RESULTS.md + PNG plots
-# (about 1 h 40 min to 2 h on 2 idle cores after the data exist; a rerun skips finished arms).
+# (about 65-70 min on 2 idle cores after the data exist; a rerun skips finished arms).
 ablation: setup
 	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh && python lstm_transducer_stateless/ablation.py
 

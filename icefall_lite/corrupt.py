@@ -8,8 +8,9 @@ Methods (``CORRUPTION_METHODS``):
   transducer loss and train.py's token/frame filter still accept it). The
   features are untouched: the cut keeps its duration, so the sampler puts it
   in exactly the batch the clean cut would be in. A dense, wrong label
-  sequence is the input that gives a sequence the largest gradient in this
-  model (see RESULTS.md).
+  sequence raises that sequence's loss and gradient; how far is measured by
+  the ablation (egs/librispeech/ASR/RESULTS.md: in its run the largest
+  per-sequence gradient stayed below 25 x the batch median).
 * ``scale-features``: the log-mel features of a chosen cut are multiplied by
   ``scale`` and stored as new arrays. The encoder's front end normalises the
   scale away (ScaledConv2d + DoubleSwish are homogeneous, BasicNorm divides by

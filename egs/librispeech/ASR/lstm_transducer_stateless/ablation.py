@@ -16,9 +16,10 @@ Usage (from egs/librispeech/ASR, after prepare.sh; `make ablation` runs both):
 
 Budget of the default on 2 idle CPU cores (the synthetic corpus of
 prepare.sh, about 3 h; the 5.5 M-parameter cpu model): 2 epochs of about 304
-batches at --max-duration 40, i.e. about 608 steps per arm (9-11 min of
-training with the two validations), then greedy and modified beam search on
-test-clean and test-other (3-4 min). Eight arms: about 1 h 40 min to 2 h.
+batches at --max-duration 40, i.e. about 608 steps per arm (7.5-8 min of
+training with the two validations, measured 2026-11-23), then greedy and
+modified beam search on test-clean and test-other (about 25 s). Eight arms:
+about 65-70 min.
 Adding fast_beam_search (--decoding-methods greedy_search
 modified_beam_search fast_beam_search) costs about 2 min more per arm.
 
