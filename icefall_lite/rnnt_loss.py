@@ -241,14 +241,22 @@ def _mutual_information(
     ends = _group_by_diagonal(rows, 2, 3)
     d_last = max(ends) if ends else 0  # no cell beyond this diagonal matters
 
+    # Per-diagonal views made once (unbind), and two scratch rows, so each
+    # step of the loops below is three tensor ops and no Python-side indexing.
+    px_from_s = PX[:, :, 0 : S + 1].unbind(0)  # arc (s-1, t) -> (s, t), on diagonal d-1
+    py_from_t = PY[:, :, 1 : S + 2].unbind(0)  # arc (s, t-1) -> (s, t), on diagonal d-1
+    scratch_a = torch.empty((B, S + 1), dtype=dtype, device=device)
+    scratch_b = torch.empty((B, S + 1), dtype=dtype, device=device)
+
     # ---- forward scores: alpha[d, b, s+1] = p[b, s, d-s]
     alpha = torch.full((D, B, S + 3), _NEG_INF, dtype=dtype, device=device)
+    alpha_shift = alpha[:, :, 0 : S + 1].unbind(0)  # p[s-1, .] in column s+1
+    alpha_cells = alpha[:, :, 1 : S + 2].unbind(0)  # p[s, .] in column s+1
     for d in range(0, d_last + 1):
         if d > 0:
-            prev = alpha[d - 1]
-            from_s = prev[:, 0 : S + 1] + PX[d - 1, :, 0 : S + 1]  # (s-1, t) -> (s, t)
-            from_t = prev[:, 1 : S + 2] + PY[d - 1, :, 1 : S + 2]  # (s, t-1) -> (s, t)
-            torch.logaddexp(from_s, from_t, out=alpha[d, :, 1 : S + 2])
+            torch.add(alpha_shift[d - 1], px_from_s[d - 1], out=scratch_a)
+            torch.add(alpha_cells[d - 1], py_from_t[d - 1], out=scratch_b)
+            torch.logaddexp(scratch_a, scratch_b, out=alpha_cells[d])
         if d in starts:
             bs, cols = starts[d]
             alpha[d, bs, cols] = 0.0
@@ -261,12 +269,15 @@ def _mutual_information(
 
     # ---- backward scores: beta[d, b, s+1] = log-sum over paths (s, d-s) -> end
     beta = torch.full((D + 1, B, S + 3), _NEG_INF, dtype=dtype, device=device)
+    px_to_s = PX[:, :, 1 : S + 2].unbind(0)  # arc (s, t) -> (s+1, t)
+    py_to_t = PY[:, :, 1 : S + 2].unbind(0)  # arc (s, t) -> (s, t+1)
+    beta_shift = beta[:, :, 2 : S + 3].unbind(0)  # beta[s+1, .] in column s+1
+    beta_cells = beta[:, :, 1 : S + 2].unbind(0)
     for d in range(d_last, -1, -1):
         if d < d_last:
-            nxt = beta[d + 1]
-            to_s = PX[d, :, 1 : S + 2] + nxt[:, 2 : S + 3]  # (s, t) -> (s+1, t)
-            to_t = PY[d, :, 1 : S + 2] + nxt[:, 1 : S + 2]  # (s, t) -> (s, t+1)
-            torch.logaddexp(to_s, to_t, out=beta[d, :, 1 : S + 2])
+            torch.add(px_to_s[d], beta_shift[d + 1], out=scratch_a)
+            torch.add(py_to_t[d], beta_cells[d + 1], out=scratch_b)
+            torch.logaddexp(scratch_a, scratch_b, out=beta_cells[d])
         if d in ends:
             bs, cols = ends[d]
             beta[d, bs, cols] = 0.0
@@ -493,6 +504,30 @@ def get_rnnt_logprobs_smoothed(
     return _fix_for_boundary(px, boundary), py.expand(B, S + 1, T)
 
 
+# Rows of ``logits`` whose logsumexp is taken at once in ``_LogSoftmaxArcs``:
+# torch.logsumexp allocates a temporary of its input's size, so on a lattice of
+# logits it would add one more lattice-sized tensor to the peak memory.
+_LOGSUMEXP_CHUNK_ELEMENTS = 1 << 20
+
+
+def _logsumexp_last_dim(x: Tensor) -> Tensor:
+    """``torch.logsumexp(x, dim=-1, keepdim=True)`` computed over chunks of rows,
+    so its temporaries stay below ``_LOGSUMEXP_CHUNK_ELEMENTS`` elements.
+
+    Args:
+      x: ``(..., C)``.
+    Returns:
+      ``(..., 1)``.
+    """
+    C = x.shape[-1]
+    rows = x.reshape(-1, C)
+    out = torch.empty((rows.shape[0], 1), dtype=x.dtype, device=x.device)
+    chunk = max(1, _LOGSUMEXP_CHUNK_ELEMENTS // max(C, 1))
+    for start in range(0, rows.shape[0], chunk):
+        torch.logsumexp(rows[start : start + chunk], dim=-1, keepdim=True, out=out[start : start + chunk])
+    return out.reshape(x.shape[:-1] + (1,))
+
+
 class _LogSoftmaxArcs(torch.autograd.Function):
     """``log_softmax(logits)`` read at two entries per cell, without a
     normalised copy of ``logits``.
@@ -508,7 +543,7 @@ class _LogSoftmaxArcs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, symbols: Tensor, blank: int):  # type: ignore[override]
-        normalizers = torch.logsumexp(logits, dim=-1, keepdim=True)  # (..., 1)
+        normalizers = _logsumexp_last_dim(logits)  # (..., 1)
         px = torch.gather(logits, -1, symbols.unsqueeze(-1)).squeeze(-1) - normalizers.squeeze(-1)
         py = logits[..., blank] - normalizers.squeeze(-1)
         ctx.save_for_backward(logits, normalizers, symbols)
