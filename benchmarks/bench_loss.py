@@ -215,6 +215,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             f"Peak memory: {memory_method()}.",
             f"Goal pruned >= 5x faster: {'met' if speed_ok else 'missed'} ({result.time_ratio:.2f}x); "
             f">= 8x less peak memory: {'met' if memory_ok else 'missed'} ({result.memory_ratio:.2f}x).",
+            "Where the memory goes (profiled on CPU): each path peaks holding three lattice-sized tensors "
+            "(full: in the joiner's backward, the tanh output, its gradient and the pre-tanh gradient; "
+            "pruned: in the forward, the gathered decoder frames, the tanh output and the logits), of (U+1) = "
+            f"{args.symbols + 1} cells per frame on the full path and s_range = {args.prune_range} on the "
+            f"pruned one, so the ratio can reach at most (U+1)/s_range = "
+            f"{(args.symbols + 1) / args.prune_range:.1f}x, and less by what only the pruned path holds (the "
+            "simple loss's (B, T, V) and (B, U+1, T) tensors, the projections). Benchmark 2 shows the ratio "
+            "growing with U.",
         ],
     )
     section.emit(args.markdown_out)

@@ -57,13 +57,24 @@ def setup_threads(threads: int) -> None:
 
 
 def command_line() -> str:
-    """The exact command that is running, relative to the repository root."""
+    """The command that reproduces this run, relative to the repository root:
+    the running one without ``--markdown-out FILE`` (where the section was
+    written changes no number; run_all.py passes a temporary file)."""
     script = Path(sys.argv[0]).resolve()
     try:
         script_str = str(script.relative_to(REPO))
     except ValueError:
         script_str = str(script)
-    return " ".join(["python", shlex.quote(script_str), *(shlex.quote(a) for a in sys.argv[1:])])
+    args: List[str] = []
+    skip_next = False
+    for arg in sys.argv[1:]:
+        if skip_next:
+            skip_next = False
+        elif arg == "--markdown-out":
+            skip_next = True
+        elif not arg.startswith("--markdown-out="):
+            args.append(arg)
+    return " ".join(["python", shlex.quote(script_str), *(shlex.quote(a) for a in args)])
 
 
 # --------------------------------------------------------------------------

@@ -4,8 +4,9 @@
 Each benchmark runs in its own process (so peak-memory accounting and thread
 settings do not leak between them) with ``--markdown-out``; the sections are
 stitched into RESULTS.md in order, which is written only when every benchmark
-finished. About 12-15 minutes on an idle 2-core machine with the default
-model and test-clean (most of it the decoding benchmark).
+finished. About 5 minutes on an idle 2-core machine with the default model
+and test-clean (4 min 24 s measured 2026-11-23; half of it the decoding
+benchmark).
 
 Usage (from the repository root; ``make bench`` does this):
   python benchmarks/run_all.py
