@@ -61,6 +61,18 @@ def isolated_logging() -> Iterator[None]:
     root.setLevel(level)
 
 
+def with_features(cut, feats, storage: Path):
+    """``cut`` (a lhotse Cut) whose features are the array ``feats``, stored as a
+    .npy file under ``storage`` with an absolute path."""
+    from lhotse.features.io import NumpyFilesWriter
+    from lhotse.utils import fastcopy
+
+    with NumpyFilesWriter(storage) as writer:
+        key = writer.write(cut.id, feats)
+    features = fastcopy(cut.features, storage_type=writer.name, storage_path=str(storage), storage_key=key)
+    return fastcopy(cut, features=features)
+
+
 def read_recogs(path: Path) -> Dict[str, Tuple[List[str], List[str]]]:
     """{cut_id: (ref words, hyp words)} parsed from an icefall recogs file."""
     out: Dict[str, Dict[str, List[str]]] = {}

@@ -18,10 +18,8 @@ import pytest
 import torch
 import torch.nn as nn
 from lhotse import CutSet, load_manifest
-from lhotse.features.io import NumpyFilesWriter
-from lhotse.utils import fastcopy
 
-from conftest import RECIPE, check_wer_files, recipe_env
+from conftest import RECIPE, check_wer_files, recipe_env, with_features
 from icefall_lite.checkpoint import save_checkpoint
 from icefall_lite.decode_run import resolve_test_sets, result_key
 from icefall_lite.model import build_transducer
@@ -352,10 +350,7 @@ def test_main_nan_features_exit_naming_the_cut_without_result_files(tiny_data, s
     victim = cuts[1]
     feats = victim.load_features().copy()
     feats[5, 11] = np.nan
-    with NumpyFilesWriter(tmp_path / "feats") as writer:
-        key = writer.write(victim.id, feats)
-    cuts[1] = fastcopy(victim, features=fastcopy(victim.features, storage_type=writer.name,
-                                                 storage_path=str(tmp_path / "feats"), storage_key=key))
+    cuts[1] = with_features(victim, feats, tmp_path / "feats")
     manifest = tmp_path / "nan_cuts.jsonl.gz"
     CutSet.from_cuts(cuts).to_file(manifest)
     exp_dir = tmp_path / "exp"

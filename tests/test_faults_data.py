@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 from lhotse import CutSet, load_manifest
 from lhotse.cut import Cut
-from lhotse.features.io import NumpyFilesWriter
-from lhotse.utils import fastcopy
 
+from conftest import with_features
 from icefall_lite.data import (
     EmptyCutSetError,
     FeaturesUnreadableError,
@@ -42,20 +41,12 @@ def _test_cuts(tiny_data: Path) -> List[Cut]:
     return list(load_manifest(tiny_data / "data" / "fbank" / "librispeech_cuts_test-clean.jsonl.gz"))[:3]
 
 
-def _with_features(cut: Cut, feats: np.ndarray, storage: Path) -> Cut:
-    """``cut`` whose features are ``feats``, stored as a .npy file under ``storage``."""
-    with NumpyFilesWriter(storage) as writer:
-        key = writer.write(cut.id, feats)
-    features = fastcopy(cut.features, storage_type=writer.name, storage_path=str(storage), storage_key=key)
-    return fastcopy(cut, features=features)
-
-
 @pytest.mark.parametrize("bad_value", [np.nan, np.inf])
 def test_non_finite_features_name_the_cut(tiny_data, tmp_path, bad_value):
     good_a, victim, good_b = _test_cuts(tiny_data)
     feats = victim.load_features().copy()
     feats[3, 7] = bad_value
-    cuts = CutSet.from_cuts([good_a, _with_features(victim, feats, tmp_path / "feats"), good_b])
+    cuts = CutSet.from_cuts([good_a, with_features(victim, feats, tmp_path / "feats"), good_b])
     dm = _datamodule(tiny_data / "data" / "fbank")
     with pytest.raises(NonFiniteFeaturesError) as err:
         list(dm.test_dataloaders(cuts))
@@ -63,7 +54,7 @@ def test_non_finite_features_name_the_cut(tiny_data, tmp_path, bad_value):
     assert f"[{victim.id!r}]" in msg, msg  # exactly the victim, not its batch mates
     assert "prepare.sh --stage 2" in msg and "validate_manifest.py" in msg
     # The same cuts with finite features decode as one batch of three.
-    clean = CutSet.from_cuts([good_a, _with_features(victim, victim.load_features(), tmp_path / "ok"), good_b])
+    clean = CutSet.from_cuts([good_a, with_features(victim, victim.load_features(), tmp_path / "ok"), good_b])
     batches = list(dm.test_dataloaders(clean))
     assert sum(b["inputs"].size(0) for b in batches) == 3
 
@@ -71,7 +62,7 @@ def test_non_finite_features_name_the_cut(tiny_data, tmp_path, bad_value):
 def test_missing_feature_file_names_the_cut_and_file(tiny_data, tmp_path):
     good, victim, _ = _test_cuts(tiny_data)
     feats_dir = tmp_path / "feats"
-    moved = _with_features(victim, victim.load_features(), feats_dir)
+    moved = with_features(victim, victim.load_features(), feats_dir)
     shutil.rmtree(feats_dir)
     dm = _datamodule(tiny_data / "data" / "fbank")
     with pytest.raises(FeaturesUnreadableError) as err:

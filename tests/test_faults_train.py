@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from lhotse import CutSet, load_manifest
 
-from conftest import recipe_env
+from conftest import recipe_env, with_features
 from icefall_lite.checkpoint import load_checkpoint_file
 from icefall_lite.tb_reader import read_scalars
 from test_train import TRAIN, TINY_MODEL, _batch_losses, _free_port, run_train
@@ -94,18 +94,6 @@ def test_ddp_rank_death_stops_the_others(tiny_data, tmp_path):
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
 
 
-def _nan_features_cut(cut, storage: Path):
-    """``cut`` whose features are all NaN, stored as a .npy file under ``storage``."""
-    from lhotse.features.io import NumpyFilesWriter
-    from lhotse.utils import fastcopy
-
-    feats = np.full_like(cut.load_features(), np.nan)
-    with NumpyFilesWriter(storage) as writer:
-        key = writer.write(cut.id, feats)
-    return fastcopy(cut, features=fastcopy(cut.features, storage_type=writer.name, storage_path=str(storage),
-                                           storage_key=key))
-
-
 def test_nan_training_features_skip_the_step_counted_in_log_and_tensorboard(tiny_data, tmp_path):
     fbank = tiny_data / "data" / "fbank"
     manifests = tmp_path / "fbank"
@@ -118,7 +106,7 @@ def test_nan_training_features_skip_the_step_counted_in_log_and_tensorboard(tiny
     os.chdir(tiny_data)
     try:
         victim = cuts[5]
-        cuts[5] = _nan_features_cut(victim, tmp_path / "nan_feats")
+        cuts[5] = with_features(victim, np.full_like(victim.load_features(), np.nan), tmp_path / "nan_feats")
     finally:
         os.chdir(cwd)
     CutSet.from_cuts(cuts).to_file(manifests / "librispeech_cuts_train-clean-100.jsonl.gz")
