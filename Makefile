@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench ablation
+.PHONY: setup test demo bench ablation learning-speed
 
 setup:
 	@VENV=$(VENV) bash scripts/setup.sh
@@ -26,3 +26,9 @@ ablation: setup
 # trained default model (exp/, --epoch 8 --avg 3) and test-clean. About 5 minutes (4 min 24 s measured 2026-11-23).
 bench: setup
 	. $(VENV)/bin/activate && python benchmarks/run_all.py
+
+# The learning-speed study: 14 arms x 5 minutes of training each from scratch, one change
+# from the 2026-11-23 defaults per arm, greedy WER -> RESULTS.md "Learning speed" (about 85 min;
+# a rerun skips finished arms).
+learning-speed: setup
+	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh && python lstm_transducer_stateless/learning_speed.py

@@ -24,15 +24,14 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from icefall_lite.metrics import load_wer_summary
-from icefall_lite.prep_util import write_text_atomic
+from icefall_lite.prep_util import replace_marked_section, section_markers, write_text_atomic
 from icefall_lite.tb_reader import Series, after_step, last_value, read_scalars, values
 
 TRAINING_SETS = ("clean", "corrupted")
 TEST_SETS = ("test-clean", "test-other")
 DONE_MARKER = "ablation-done.json"
 WALL_FILE = "ablation-wall.json"
-SECTION_BEGIN = "<!-- ablation:begin (written by lstm_transducer_stateless/ablation.py) -->"
-SECTION_END = "<!-- ablation:end -->"
+SECTION_BEGIN, SECTION_END = section_markers("ablation", "lstm_transducer_stateless/ablation.py")
 
 
 @dataclass(frozen=True)
@@ -365,12 +364,4 @@ def findings(results: Sequence[ArmResult], methods: Sequence[str], threshold: fl
 
 def update_results_md(path: Path, section: str) -> None:
     """Put ``section`` between the ablation markers of ``path`` (appended, or a new file, if absent)."""
-    block = f"{SECTION_BEGIN}\n{section.rstrip()}\n{SECTION_END}\n"
-    text = path.read_text(encoding="utf-8") if path.is_file() else "# Results\n\n"
-    if SECTION_BEGIN in text and SECTION_END in text:
-        head, rest = text.split(SECTION_BEGIN, 1)
-        tail = rest.split(SECTION_END, 1)[1].lstrip("\n")
-        text = head + block + ("\n" + tail if tail else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    write_text_atomic(path, text)
+    replace_marked_section(path, "ablation", section, "lstm_transducer_stateless/ablation.py")

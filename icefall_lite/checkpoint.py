@@ -128,8 +128,15 @@ def load_checkpoint_file(filename: PathLike) -> Dict[str, Any]:
 
 
 def load_state_dict_checked(module: nn.Module, state_dict: Dict[str, torch.Tensor], source: str) -> None:
-    """``load_state_dict(strict=True)`` with an error that lists every mismatched name and shape."""
+    """``load_state_dict(strict=True)`` with an error that lists every mismatched name and shape.
+
+    Entries under the module's ``TRAINING_ONLY_PREFIXES`` (e.g. a CTC head
+    used only in training) that the module lacks are dropped first.
+    """
     own = module.state_dict()
+    prefixes = tuple(getattr(module, "TRAINING_ONLY_PREFIXES", ()))
+    if prefixes:
+        state_dict = {k: v for k, v in state_dict.items() if k in own or not k.startswith(prefixes)}
     missing = sorted(set(own) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(own))
     mismatched = [

@@ -192,17 +192,26 @@ def build_decoding_model(args: argparse.Namespace, sp: spm.SentencePieceProcesso
     return model
 
 
-def pad_tail(feature: Tensor, feature_lens: Tensor) -> Tuple[Tensor, Tensor]:
-    """Append ``NUM_TAIL_PADDED_FRAMES`` frames of log(1e-10) (icefall's fix for tail deletions).
+def pad_tail(
+    feature: Tensor, feature_lens: Tensor, num_frames: int = NUM_TAIL_PADDED_FRAMES
+) -> Tuple[Tensor, Tensor]:
+    """Append ``num_frames`` frames of log(1e-10) to every utterance (icefall's fix for tail deletions).
+
+    Every frame after an utterance's own ``feature_lens`` frames becomes
+    log(1e-10) (lhotse pads batches with that value already; the mask makes
+    it so whatever the batch holds there).
 
     Args:
-      feature: (N, T, C) padded batch (lhotse pads with log(1e-10) too).
+      feature: (N, T, C) padded batch.
       feature_lens: (N,) valid frames.
+      num_frames: frames to append (icefall's decode.py: 35).
     Returns:
-      feature (N, T + 35, C) and feature_lens + 35.
+      feature (N, T + num_frames, C) and feature_lens + num_frames.
     """
-    feature = F.pad(feature, (0, 0, 0, NUM_TAIL_PADDED_FRAMES), mode="constant", value=LOG_EPS)
-    return feature, feature_lens + NUM_TAIL_PADDED_FRAMES
+    feature = F.pad(feature, (0, 0, 0, num_frames), mode="constant", value=LOG_EPS)
+    beyond = torch.arange(feature.size(1), device=feature.device).unsqueeze(0) >= feature_lens.unsqueeze(1)
+    feature = feature.masked_fill(beyond.unsqueeze(-1), LOG_EPS)
+    return feature, feature_lens + num_frames
 
 
 def batch_features(batch: dict, device: torch.device) -> Tuple[Tensor, Tensor]:

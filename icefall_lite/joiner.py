@@ -15,13 +15,19 @@ class Joiner(nn.Module):
     ``encoder_proj`` and ``decoder_proj`` are separate so callers can project
     once and reuse (pruned loss, beam search): pass ``project_input=False``
     with already projected inputs.
+
+    ``blank_penalty`` (a plain attribute, 0 unless a decoder sets it, as
+    icefall's ``--blank-penalty``) is subtracted from the blank logit, so
+    every search that calls the joiner emits tokens more readily.
     """
 
-    def __init__(self, encoder_dim: int, decoder_dim: int, joiner_dim: int, vocab_size: int) -> None:
+    def __init__(self, encoder_dim: int, decoder_dim: int, joiner_dim: int, vocab_size: int, blank_id: int = 0) -> None:
         super().__init__()
         self.encoder_proj = ScaledLinear(encoder_dim, joiner_dim)
         self.decoder_proj = ScaledLinear(decoder_dim, joiner_dim)
         self.output_linear = ScaledLinear(joiner_dim, vocab_size)
+        self.blank_id = blank_id
+        self.blank_penalty = 0.0
 
     def forward(self, encoder_out: Tensor, decoder_out: Tensor, project_input: bool = True) -> Tensor:
         """
@@ -36,4 +42,7 @@ class Joiner(nn.Module):
             decoder_out = self.decoder_proj(decoder_out)
         # One expression, so the sum is freed as soon as tanh has read it (on the
         # full lattice it is as large as the logits).
-        return self.output_linear(torch.tanh(encoder_out + decoder_out))
+        logits = self.output_linear(torch.tanh(encoder_out + decoder_out))
+        if self.blank_penalty != 0.0:
+            logits[..., self.blank_id] -= self.blank_penalty
+        return logits

@@ -91,6 +91,52 @@ def compute_wer(results: Iterable[Result]) -> ErrorStats:
     return stats
 
 
+@dataclass
+class DeletionPositions:
+    """Where in the reference the deleted words are.
+
+    ``by_tenth[k]`` counts deletions whose reference word lies in the k-th
+    tenth of its utterance (position ``i`` of ``n`` words falls in tenth
+    ``floor(10 * i / n)``). ``final_deleted`` counts utterances whose last
+    reference word is deleted, ``trailing_run`` the words of the deletion
+    runs that reach the end of the reference (the hypothesis "stopped short").
+    """
+
+    deletions: int = 0
+    by_tenth: List[int] = None  # type: ignore[assignment]
+    final_deleted: int = 0
+    trailing_run: int = 0
+    utterances: int = 0
+
+    def __post_init__(self) -> None:
+        if self.by_tenth is None:
+            self.by_tenth = [0] * 10
+
+
+def deletion_positions(results: Iterable[Result]) -> DeletionPositions:
+    """:class:`DeletionPositions` of (cut_id, ref, hyp) triples (kaldialign's alignment)."""
+    stats = DeletionPositions()
+    for _, ref, hyp in results:
+        stats.utterances += 1
+        ref_index = 0
+        deleted = []
+        for ref_word, hyp_word in align_words(ref, hyp):
+            if ref_word == ERR:
+                continue
+            if hyp_word == ERR:
+                deleted.append(ref_index)
+                stats.deletions += 1
+                stats.by_tenth[min(9, 10 * ref_index // len(ref))] += 1
+            ref_index += 1
+        if deleted and deleted[-1] == len(ref) - 1:
+            stats.final_deleted += 1
+            run = 1
+            while run < len(deleted) and deleted[-1 - run] == len(ref) - 1 - run:
+                run += 1
+            stats.trailing_run += run
+    return stats
+
+
 # --------------------------------------------------------------------------
 # Atomic writing
 # --------------------------------------------------------------------------

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
 
 from icefall_lite.decoder import Decoder
@@ -32,17 +33,33 @@ def pad_token_ids(token_ids: Sequence[Sequence[int]], padding_value: int, device
 
 
 class Transducer(nn.Module):
-    """icefall's stateless transducer with simple and pruned losses.
+    """icefall's stateless transducer with simple and pruned losses, and an
+    optional CTC head on the encoder output (as icefall's zipformer recipes).
 
     Args:
       encoder: (N, T, F) -> (N, T', encoder_dim).
       decoder: stateless prediction network.
       joiner: combines encoder and decoder frames into logits.
       encoder_dim, decoder_dim, vocab_size: sizes of the simple-loss projections.
+      use_ctc: add ``ctc_output`` (dropout, linear, log-softmax over the
+        vocabulary, blank = the decoder's blank) and return a CTC loss.
+      ctc_dropout: dropout before the CTC head's linear layer.
     """
 
+    # Parameters only training uses: a checkpoint trained with them loads into
+    # a model built without them (decoding, export) with these keys dropped.
+    TRAINING_ONLY_PREFIXES = ("ctc_output.",)
+
     def __init__(
-        self, encoder: RNNEncoder, decoder: Decoder, joiner: Joiner, encoder_dim: int, decoder_dim: int, vocab_size: int
+        self,
+        encoder: RNNEncoder,
+        decoder: Decoder,
+        joiner: Joiner,
+        encoder_dim: int,
+        decoder_dim: int,
+        vocab_size: int,
+        use_ctc: bool = False,
+        ctc_dropout: float = 0.1,
     ) -> None:
         super().__init__()
         self.encoder = encoder
@@ -50,6 +67,36 @@ class Transducer(nn.Module):
         self.joiner = joiner
         self.simple_am_proj = ScaledLinear(encoder_dim, vocab_size, initial_speed=0.5)
         self.simple_lm_proj = ScaledLinear(decoder_dim, vocab_size)
+        self.ctc_output: Optional[nn.Module] = None
+        if use_ctc:
+            self.ctc_output = nn.Sequential(
+                nn.Dropout(ctc_dropout), ScaledLinear(encoder_dim, vocab_size), nn.LogSoftmax(dim=-1)
+            )
+
+    def ctc_loss(self, encoder_out: Tensor, encoder_out_lens: Tensor, y: Sequence[Sequence[int]]) -> Tensor:
+        """Per-utterance CTC loss (N,) of the CTC head, summed over each utterance.
+
+        Args:
+          encoder_out: (N, T', encoder_dim).
+          encoder_out_lens: (N,).
+          y: N token-id lists (no blank).
+        An utterance too short for its labels (CTC needs a blank between
+        repeated tokens) gets loss 0 and no gradient rather than inf.
+        """
+        if self.ctc_output is None:
+            raise RuntimeError("this model has no CTC head (build it with use_ctc=True)")
+        log_probs = self.ctc_output(encoder_out).float()  # (N, T', V)
+        targets = torch.tensor([t for ids in y for t in ids], dtype=torch.int64, device=encoder_out.device)
+        target_lens = torch.tensor([len(ids) for ids in y], dtype=torch.int64, device=encoder_out.device)
+        return F.ctc_loss(
+            log_probs.permute(1, 0, 2),
+            targets,
+            encoder_out_lens,
+            target_lens,
+            blank=self.decoder.blank_id,
+            reduction="none",
+            zero_infinity=True,
+        )
 
     def forward(
         self,
@@ -60,7 +107,7 @@ class Transducer(nn.Module):
         am_scale: float = 0.0,
         lm_scale: float = 0.0,
         warmup: float = 1.0,
-    ) -> Tuple[Tensor, Tensor, Tensor]:
+    ) -> Tuple[Tensor, Tensor, Optional[Tensor], Tensor]:
         """
         Args:
           x: (N, T, F) features.
@@ -71,7 +118,8 @@ class Transducer(nn.Module):
           warmup: training progress in units of the model warm-up.
         Returns:
           simple_loss (N,), pruned_loss (N,) (per-utterance, summed over the
-          utterance, not normalised), and encoder_out_lens (N,).
+          utterance, not normalised), ctc_loss (N,) (None without a CTC
+          head), and encoder_out_lens (N,).
         """
         if x.ndim != 3 or x_lens.ndim != 1 or x.size(0) != x_lens.size(0) != len(y):
             raise ValueError(f"bad shapes: x {tuple(x.shape)}, x_lens {tuple(x_lens.shape)}, {len(y)} transcripts")
@@ -115,7 +163,8 @@ class Transducer(nn.Module):
                 boundary=boundary,
                 reduction="none",
             )
-        return simple_loss, pruned_loss, encoder_out_lens
+        ctc_loss = None if self.ctc_output is None else self.ctc_loss(encoder_out, encoder_out_lens, y)
+        return simple_loss, pruned_loss, ctc_loss, encoder_out_lens
 
 
 def build_transducer(
@@ -132,6 +181,7 @@ def build_transducer(
     grad_filter_threshold: float = 25.0,
     dropout: float = 0.1,
     layer_dropout: float = 0.075,
+    use_ctc: bool = False,
 ) -> Transducer:
     """Build the whole model from sizes (the train/decode/export scripts' flags)."""
     encoder = RNNEncoder(
@@ -145,8 +195,10 @@ def build_transducer(
         layer_dropout=layer_dropout,
     )
     decoder = Decoder(vocab_size, decoder_dim, blank_id=blank_id, context_size=context_size)
-    joiner = Joiner(encoder_dim, decoder_dim, joiner_dim, vocab_size)
-    return Transducer(encoder, decoder, joiner, encoder_dim, decoder_dim, vocab_size)
+    joiner = Joiner(encoder_dim, decoder_dim, joiner_dim, vocab_size, blank_id=blank_id)
+    return Transducer(
+        encoder, decoder, joiner, encoder_dim, decoder_dim, vocab_size, use_ctc=use_ctc, ctc_dropout=dropout
+    )
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -17,7 +17,7 @@ import multiprocessing
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, TypeVar, Union
+from typing import Callable, Iterable, Iterator, Optional, Tuple, TypeVar, Union
 
 from tqdm import tqdm
 
@@ -89,6 +89,30 @@ def write_text_atomic(path: Union[str, Path], text: str) -> None:
     """Write ``text`` to ``path`` through :func:`atomic_output`."""
     with atomic_output(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def section_markers(name: str, writer: str) -> Tuple[str, str]:
+    """The HTML comments around a generated section of a Markdown file."""
+    return f"<!-- {name}:begin (written by {writer}) -->", f"<!-- {name}:end -->"
+
+
+def replace_marked_section(path: Union[str, Path], name: str, section: str, writer: str) -> None:
+    """Put ``section`` between the ``name`` markers of the Markdown file ``path``.
+
+    The section replaces what is between the markers, or is appended (to a
+    new ``# Results`` file if ``path`` does not exist). Written atomically.
+    """
+    path = Path(path)
+    begin, end = section_markers(name, writer)
+    block = f"{begin}\n{section.rstrip()}\n{end}\n"
+    text = path.read_text(encoding="utf-8") if path.is_file() else "# Results\n\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
+        text = head + block + ("\n" + tail if tail else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    write_text_atomic(path, text)
 
 
 def parallel_imap(

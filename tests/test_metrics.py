@@ -192,3 +192,24 @@ def test_atomic_write_leaves_old_file_and_no_temp_on_error(tmp_path):
         f.write("new\n")
     assert path.read_text() == "new\n"
     assert [p.name for p in Path(tmp_path).iterdir()] == ["out.txt"]
+
+
+def test_deletion_positions_by_hand():
+    from icefall_lite.metrics import deletion_positions
+
+    results = [
+        ("a", "A B C D".split(), "A B".split()),  # C, D deleted at the end: positions 2, 3 of 4
+        ("b", "A B C D E".split(), "A C D E".split()),  # B deleted: position 1 of 5 -> tenth 2
+        ("c", "A B".split(), "A B X".split()),  # an insertion only
+        ("d", "A B C".split(), "X B".split()),  # A->X substituted, C (last) deleted: position 2 of 3
+    ]
+    stats = deletion_positions(results)
+    assert stats.utterances == 4 and stats.deletions == 4
+    expected = [0] * 10
+    expected[5] += 1  # 10*2//4
+    expected[7] += 1  # 10*3//4
+    expected[2] += 1  # 10*1//5
+    expected[6] += 1  # 10*2//3
+    assert stats.by_tenth == expected
+    assert stats.final_deleted == 2  # a and d
+    assert stats.trailing_run == 3  # C D of a, C of d

@@ -104,7 +104,7 @@ def _params_and_model(tiny_data: Path, *extra: str):
     params.update(vars(args))
     sp = spm.SentencePieceProcessor()
     sp.load(params.bpe_model)
-    config = train.model_config_from_args(args, vocab_size=sp.get_piece_size())
+    config = train.training_model_config(args, vocab_size=sp.get_piece_size())
     torch.manual_seed(0)
     model = train.build_transducer(**config)
     optimizer = train.Eve(model.parameters(), lr=params.base_lr)
@@ -144,7 +144,7 @@ def test_nonfinite_batch_is_skipped_and_weights_stay_finite(tiny_data, nan_rows)
 @pytest.mark.parametrize("clip_type", ["norm", "value", "adaptive"])
 def test_clip_gradients_reports_preclip_norm(tiny_data, clip_type):
     params, model, *_ = _params_and_model(tiny_data, "--clip-type", clip_type, "--clip-grad-norm", "0.01")
-    s, p, _ = model(_batch()["inputs"], torch.tensor([120, 100, 90]), [[5, 6], [7], [8, 9, 10]], warmup=3.0)
+    s, p, _, _ = model(_batch()["inputs"], torch.tensor([120, 100, 90]), [[5, 6], [7], [8, 9, 10]], warmup=3.0)
     (s.sum() + p.sum()).backward()
     grads = {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
     expected = math.sqrt(sum(float(g.double().square().sum()) for g in grads.values()))
@@ -187,6 +187,11 @@ def test_print_diagnostics_prints_and_exits(tiny_data, tmp_path):
         (["--grad-filter-threshold", "-2"], "--grad-filter-threshold"),
         (["--clip-type", "sometimes"], "--clip-type"),
         (["--bpe-model", "/nonexistent/bpe.model"], "--bpe-model"),
+        (["--dropout", "1.0"], "--dropout"),
+        (["--layer-dropout", "-0.1"], "--layer-dropout"),
+        (["--ctc-loss-scale", "-1"], "--ctc-loss-scale"),
+        (["--tail-pad-frames", "-5"], "--tail-pad-frames"),
+        (["--max-minutes", "-1"], "--max-minutes"),
     ],
 )
 def test_bad_flags_give_argparse_errors(argv, flag, capsys, tiny_data):
@@ -216,3 +221,55 @@ def test_missing_or_empty_training_manifest_gives_clear_error(tiny_data, tmp_pat
     assert proc.returncode == 1
     assert "the training cut set is empty" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_training_flags_reach_the_model(tiny_data):
+    _, model, *_ = _params_and_model(tiny_data)
+    assert model.ctc_output is None
+    assert model.encoder.layers[0].dropout.p == 0.1 and model.encoder.layers[0].layer_dropout == 0.075
+    _, model, *_ = _params_and_model(tiny_data, "--dropout", "0.3", "--layer-dropout", "0", "--ctc-loss-scale", "0.2")
+    for layer in model.encoder.layers:
+        assert layer.dropout.p == 0.3 and layer.feed_forward[3].p == 0.3 and layer.layer_dropout == 0.0
+    assert model.ctc_output is not None and model.ctc_output[0].p == 0.3
+
+
+@pytest.mark.parametrize("warmup, expected", [(0.0, 0.0), (0.99, 0.0), (1.0, 1.0), (1.5, 0.1), (2.0, 1.0), (7.0, 1.0)])
+def test_pruned_loss_scale_is_icefalls_step_schedule(warmup, expected):
+    # icefall: 0 if warmup < 1, else 0.1 if 1 < warmup < 2, else 1 (so exactly 1.0 gives 1.0).
+    assert train.pruned_loss_scale(warmup) == expected
+
+
+def test_compute_loss_with_tail_padding_and_ctc(tiny_data):
+    params, model, _, _, sp = _params_and_model(tiny_data, "--tail-pad-frames", "35", "--ctc-loss-scale", "0.2")
+    model.eval()
+    batch = _batch()
+    lens = batch["supervisions"]["num_frames"]
+    loss, info = train.compute_loss(params, model, sp, batch, is_training=False, warmup=3.0)
+    # Per-frame normalisation counts the utterances' own frames, not the padding.
+    assert info["frames"] == float(sum(((n - 3) // 2 - 1) // 2 for n in lens.tolist()))
+    # The same as the model on features padded by hand with 35 frames of log(1e-10) after each utterance.
+    padded = torch.full((3, 120 + 35, 80), math.log(1e-10))
+    for i, n in enumerate(lens.tolist()):
+        padded[i, :n] = batch["inputs"][i, :n]
+    token_ids = sp.encode(batch["supervisions"]["text"], out_type=int)
+    with torch.no_grad():
+        simple, pruned, ctc, _ = model(padded, lens + 35, token_ids, prune_range=params.prune_range,
+                                       am_scale=params.am_scale, lm_scale=params.lm_scale, warmup=3.0)
+    assert info["loss"] == pytest.approx(float(0.5 * simple.sum() + pruned.sum()), rel=1e-5)
+    assert info["ctc_loss"] == pytest.approx(float(ctc.sum()), rel=1e-5)
+    assert float(loss) == pytest.approx(info["loss"] + 0.2 * info["ctc_loss"], rel=1e-5)
+    # Without the padding the loss is another one.
+    params.tail_pad_frames = 0
+    _, unpadded = train.compute_loss(params, model, sp, batch, is_training=False, warmup=3.0)
+    assert abs(unpadded["loss"] - info["loss"]) > 1e-3 * info["loss"]
+    assert unpadded["frames"] == info["frames"]
+
+
+def test_max_minutes_stops_validates_and_records_progress(tiny_data, tmp_path):
+    proc = run_train(tiny_data, tmp_path / "exp", "--max-minutes", "0.0001", "--num-epochs", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "Stopped by --max-batches 0 / --max-minutes 0.0001 at global batch 1 " in proc.stderr
+    assert [p.name for p in (tmp_path / "exp").glob("*.pt")] == ["checkpoint-1.pt"]
+    ckpt = load_checkpoint_file(tmp_path / "exp" / "checkpoint-1.pt")
+    assert ckpt["batch_idx_train"] == 1 and ckpt["train_seconds"] > 0
+    assert math.isfinite(ckpt["valid_loss"]) and math.isfinite(ckpt["train_loss"])

@@ -102,6 +102,9 @@ def get_parser() -> argparse.ArgumentParser:
                         help="fast_beam_search: max states per utterance and frame. (default: 64)")
     parser.add_argument("--max-sym-per-frame", type=int, default=1,
                         help="greedy_search: max symbols per frame (1 uses the batched search). (default: 1)")
+    parser.add_argument("--blank-penalty", type=float, default=0.0,
+                        help="Subtracted from the blank logit before every search step (icefall's flag); > 0 "
+                        "makes hypotheses longer (against deletions). (default: 0.0)")
     add_decoding_arguments(parser)
     return parser
 
@@ -178,6 +181,8 @@ def get_params(args: argparse.Namespace) -> AttributeDict:
     params.exp_dir = Path(args.exp_dir)
     params.res_dir = params.exp_dir / params.decoding_method
     params.suffix = make_suffix(params)
+    if params.blank_penalty != 0:
+        params.suffix += f"-blank-penalty-{params.blank_penalty}"
     return params
 
 
@@ -196,6 +201,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     logging.info(params)
     plan = load_weights_or_exit(model, params, device, "decode.py")
     params.checkpoints = [str(f) for f in plan.filenames]
+    model.joiner.blank_penalty = params.blank_penalty
     model.to(device)
     model.eval()
     logging.info(f"Number of model parameters: {count_parameters(model)}")

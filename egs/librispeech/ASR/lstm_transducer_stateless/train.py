@@ -56,7 +56,9 @@ from icefall_lite.data import (
     set_transform_rng_state,
     transform_rng_state,
 )
+from icefall_lite.decode_run import NUM_TAIL_PADDED_FRAMES, pad_tail
 from icefall_lite.diagnostics import ModelDiagnostics, register_inf_check_hooks
+from icefall_lite.encoder import subsampled_length
 from icefall_lite.model import Transducer, add_model_arguments, build_transducer, count_parameters, model_config_from_args
 from icefall_lite.optim import Eden, Eve
 from icefall_lite.utils import AttributeDict, MetricsTracker, setup_logger, str2bool
@@ -94,6 +96,17 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lm-scale", type=float, default=0.25, help="lm_only_scale of the smoothed simple loss.")
     parser.add_argument("--am-scale", type=float, default=0.0, help="am_only_scale of the smoothed simple loss.")
     parser.add_argument("--simple-loss-scale", type=float, default=0.5, help="Weight of the simple loss.")
+    parser.add_argument("--ctc-loss-scale", type=float, default=0.0,
+                        help="Weight of an auxiliary CTC loss on the encoder output (a CTC head as in icefall's "
+                        "zipformer recipes, which use 0.2); 0 = no CTC head. The logged 'loss' is the transducer "
+                        "loss (simple + pruned), so it compares between runs with and without CTC.")
+    parser.add_argument("--dropout", type=float, default=0.1,
+                        help="Dropout on the encoder layers' LSTM and feed-forward branches (and the CTC head).")
+    parser.add_argument("--layer-dropout", type=float, default=0.075,
+                        help="Probability, per layer and batch, of nearly bypassing an encoder layer (icefall: 0.075).")
+    parser.add_argument("--tail-pad-frames", type=int, default=0,
+                        help=f"Append this many frames of log(1e-10) to every training utterance, as decode.py "
+                        f"appends {NUM_TAIL_PADDED_FRAMES} before the encoder (0 = none, as icefall's training).")
     parser.add_argument("--seed", type=int, default=42, help="Random seed.")
     parser.add_argument("--print-diagnostics", type=str2bool, default=False,
                         help=f"Accumulate per-module value/gradient statistics over {DIAGNOSTICS_BATCHES} batches, print them and exit.")
@@ -110,6 +123,10 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batches", type=int, default=0,
                         help="Stop after this many training batches in total (0 = no limit); used by the ablation "
                         "to train every arm for the same number of steps.")
+    parser.add_argument("--max-minutes", type=float, default=0.0,
+                        help="Stop after this many minutes of training (0 = no limit; validation is not counted, "
+                        "a resumed run counts the time before the interruption); used by the learning-speed study "
+                        "to give every arm the same wall-clock budget.")
     add_model_arguments(parser)
     LibriSpeechAsrDataModule.add_arguments(parser)
     # Sized for the ~3 s utterances of the synthetic corpus on a 2-core CPU:
@@ -137,6 +154,7 @@ def get_params() -> AttributeDict:
             "subsampling_factor": 4,
             "skipped_steps": 0,
             "skipped_utterances": 0,
+            "train_seconds": 0.0,
         }
     )
 
@@ -159,12 +177,26 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--grad-filter-threshold must be >= 0, got {args.grad_filter_threshold}")
     if args.prune_range < 1:
         parser.error(f"--prune-range must be >= 1, got {args.prune_range}")
+    for name in ("ctc_loss_scale", "tail_pad_frames", "max_minutes"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    for name in ("dropout", "layer_dropout"):
+        if not 0.0 <= getattr(args, name) < 1.0:
+            parser.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(args, name)}")
     if args.use_fp16 and not torch.cuda.is_available():
         parser.error("--use-fp16 needs a CUDA device; none is available")
     if args.average_period < 1:
         parser.error(f"--average-period must be >= 1, got {args.average_period}")
     if not Path(args.bpe_model).is_file():
         parser.error(f"--bpe-model {args.bpe_model} does not exist; run prepare.sh (stage 4) first")
+
+
+def training_model_config(args: argparse.Namespace, vocab_size: int, blank_id: int = 0) -> Dict[str, Any]:
+    """:func:`build_transducer` arguments: the model-size flags plus the training-only ones
+    (``--dropout``, ``--layer-dropout``, a CTC head when ``--ctc-loss-scale`` > 0)."""
+    config = model_config_from_args(args, vocab_size=vocab_size, blank_id=blank_id)
+    config.update(dropout=args.dropout, layer_dropout=args.layer_dropout, use_ctc=args.ctc_loss_scale > 0)
+    return config
 
 
 def fix_random_seed(seed: int) -> None:
@@ -196,10 +228,14 @@ def set_rng_state(state: Dict[str, Any], train_dl=None) -> None:
 
 
 def pruned_loss_scale(warmup: float) -> float:
-    """icefall's ramp: 0 during the first warm-up, 0.1 during the second, then 1."""
+    """icefall's ramp: 0 during the first warm-up, 0.1 during the second, then 1.
+
+    As icefall's, ``warmup == 1.0`` exactly gives 1.0: the validation loss
+    (computed at warmup 1.0) is ``simple_loss_scale * simple + pruned``.
+    """
     if warmup < 1.0:
         return 0.0
-    if warmup < 2.0:
+    if 1.0 < warmup < 2.0:
         return 0.1
     return 1.0
 
@@ -214,16 +250,23 @@ def compute_loss(
 ) -> Tuple[Optional[torch.Tensor], MetricsTracker]:
     """Per-utterance summed loss over the batch.
 
-    Utterances whose loss is not finite are dropped and counted. Returns
-    ``(None, info)`` when no utterance is left.
+    The objective is ``simple_loss_scale * simple + ramp * pruned +
+    ctc_loss_scale * ctc``; ``info["loss"]`` holds its transducer part (the
+    first two terms) and ``info["ctc_loss"]`` the CTC loss. Loss per frame
+    counts the frames of the utterances, not the tail padding
+    (``--tail-pad-frames``). Utterances whose loss is not finite are dropped
+    and counted. Returns ``(None, info)`` when no utterance is left.
     """
     device = next(model.parameters()).device
     feature = batch["inputs"].to(device)
     supervisions = batch["supervisions"]
     feature_lens = supervisions["num_frames"].to(device)
+    num_frames = feature_lens
+    if params.tail_pad_frames > 0:
+        feature, feature_lens = pad_tail(feature, feature_lens, params.tail_pad_frames)
     token_ids = sp.encode(list(supervisions["text"]), out_type=int)
     with torch.set_grad_enabled(is_training):
-        simple_loss, pruned_loss, _ = model(
+        simple_loss, pruned_loss, ctc_loss, _ = model(
             x=feature,
             x_lens=feature_lens,
             y=token_ids,
@@ -233,6 +276,8 @@ def compute_loss(
             warmup=warmup,
         )
         is_finite = torch.isfinite(simple_loss) & torch.isfinite(pruned_loss)
+        if ctc_loss is not None:
+            is_finite &= torch.isfinite(ctc_loss)
         num_dropped = int((~is_finite).sum())
         info = MetricsTracker()
         info["utterances"] = float(is_finite.sum())
@@ -245,9 +290,12 @@ def compute_loss(
         simple_loss = simple_loss[is_finite].sum()
         pruned_loss = pruned_loss[is_finite].sum()
         loss = params.simple_loss_scale * simple_loss + pruned_loss_scale(warmup) * pruned_loss
-    frames = ((feature_lens[is_finite] - 3) // 2 - 1) // 2
-    info["frames"] = float(frames.sum())
-    info["loss"] = float(loss.detach())
+        info["loss"] = float(loss.detach())
+        if ctc_loss is not None:
+            ctc_loss = ctc_loss[is_finite].sum()
+            info["ctc_loss"] = float(ctc_loss.detach())
+            loss = loss + params.ctc_loss_scale * ctc_loss
+    info["frames"] = float(subsampled_length(num_frames[is_finite]).sum())
     info["simple_loss"] = float(simple_loss.detach())
     info["pruned_loss"] = float(pruned_loss.detach())
     return loss, info
@@ -385,7 +433,10 @@ def train_one_epoch(
     rng_state: Optional[Dict[str, Any]] = None,
     diagnostics: Optional[ModelDiagnostics] = None,
 ) -> bool:
-    """Train one epoch; returns False when --max-batches stopped training early."""
+    """Train one epoch; returns False when --max-batches or --max-minutes stopped training early.
+
+    ``params.train_loss`` is set to the running training loss per frame at the end.
+    """
     model.train()
     tot_loss = MetricsTracker()
     iterator = iter(train_dl)
@@ -394,6 +445,7 @@ def train_one_epoch(
         set_rng_state(rng_state, train_dl)
     progress = tqdm(iterator, desc=f"epoch {params.cur_epoch}", disable=rank != 0, dynamic_ncols=True,
                     initial=params.batch_idx_in_epoch, unit="batch")
+    last_time = time.time()
     for batch in progress:
         params.batch_idx_train += 1
         params.batch_idx_in_epoch += 1
@@ -412,8 +464,9 @@ def train_one_epoch(
         if rank == 0 and tb_writer is not None:
             step = params.batch_idx_train
             if info["frames"] > 0:
-                for key in ("loss", "simple_loss", "pruned_loss"):
-                    tb_writer.add_scalar(f"train/{key}", info[key] / info["frames"], step)
+                for key in ("loss", "simple_loss", "pruned_loss", "ctc_loss"):
+                    if key in info:
+                        tb_writer.add_scalar(f"train/{key}", info[key] / info["frames"], step)
             tb_writer.add_scalar("train/learning_rate", scheduler.get_last_lr()[0], step)
             tb_writer.add_scalar("train/grad_norm", grad_norm, step)
             tb_writer.add_scalar("train/clip_scale", clip_scale, step)
@@ -437,8 +490,15 @@ def train_one_epoch(
             )
             if rank == 0:
                 remove_checkpoints(params.exp_dir, params.keep_last_k)
-        if params.max_batches > 0 and params.batch_idx_train >= params.max_batches:
+        now = time.time()
+        params.train_seconds += now - last_time
+        last_time = now
+        out_of_budget = (params.max_batches > 0 and params.batch_idx_train >= params.max_batches) or (
+            params.max_minutes > 0 and params.train_seconds >= 60.0 * params.max_minutes
+        )
+        if out_of_budget:
             progress.close()
+            params.train_loss = tot_loss.per_frame("loss")
             return False
     progress.close()
     loss_value = tot_loss.per_frame("loss")
@@ -493,7 +553,7 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
     sp.load(str(params.bpe_model))
     params.blank_id = sp.piece_to_id("<blk>")
     params.vocab_size = sp.get_piece_size()
-    model_config = model_config_from_args(args, vocab_size=params.vocab_size, blank_id=params.blank_id)
+    model_config = training_model_config(args, vocab_size=params.vocab_size, blank_id=params.blank_id)
     params.update({f"model_{k}": v for k, v in model_config.items()})
     model = build_transducer(**model_config)
     num_param = count_parameters(model)
@@ -518,7 +578,7 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
         logging.info(f"Loading checkpoint {resume_from} (use a fresh --exp-dir to start over)")
         checkpoint = load_checkpoint(resume_from, model, model_avg=model_avg)
         for key in ("batch_idx_train", "best_train_loss", "best_valid_loss", "best_train_epoch",
-                    "best_valid_epoch", "skipped_steps", "skipped_utterances"):
+                    "best_valid_epoch", "skipped_steps", "skipped_utterances", "train_seconds"):
             if key in checkpoint:
                 params[key] = checkpoint[key]
         finished_epoch = checkpoint.get("batch_idx_in_epoch", 0) == 0 or resume_from.name.startswith("epoch-")
@@ -582,7 +642,15 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
             logging.info("Diagnostics printed; exiting (--print-diagnostics).")
             break
         if not finished:
-            logging.info(f"Reached --max-batches {params.max_batches}; saving and stopping.")
+            valid_info = compute_validation_loss(params, model, sp, valid_dl, world_size)
+            params.valid_loss = valid_info.per_frame("loss")
+            logging.info(
+                f"Stopped by --max-batches {params.max_batches} / --max-minutes {params.max_minutes} at global "
+                f"batch {params.batch_idx_train} after {params.train_seconds:.1f} s of training: train loss "
+                f"{params.train_loss:.4f}, validation: {valid_info.per_frame_str()}; saving and stopping."
+            )
+            if tb_writer is not None:
+                tb_writer.add_scalar("train/valid_loss", params.valid_loss, params.batch_idx_train)
             save_progress_checkpoint(
                 params, params.exp_dir / f"checkpoint-{params.batch_idx_train}.pt",
                 model, model_avg, optimizer, scheduler, scaler, train_dl, rank,

@@ -1,0 +1,130 @@
+"""The learning-speed study: result bookkeeping, the RESULTS.md section, the learning curve,
+and the study script end to end on the tiny corpus."""
+
+import importlib.util
+import json
+import sys
+
+import pytest
+import torch
+
+from conftest import RECIPE
+from icefall_lite.checkpoint import save_checkpoint
+from icefall_lite.learning_speed import (
+    DONE_FILE,
+    StudyResult,
+    compare_to_baseline,
+    epoch_training_minutes,
+    first_step_below,
+    format_table,
+    plot_learning_curves,
+    read_curve_csv,
+    seed_spread,
+)
+from icefall_lite.prep_util import replace_marked_section
+
+SCRIPT = RECIPE / "lstm_transducer_stateless" / "learning_speed.py"
+
+
+def _result(name, clean, other, steps=100):
+    return StudyResult(name=name, change=f"change of {name}", steps=steps, train_seconds=300.0, wall_seconds=345.0,
+                       train_loss=0.5, valid_loss=0.4, num_parameters=5_482_756,
+                       wers={"test-clean": clean, "test-other": other}, simple_below_target_step=40)
+
+
+def test_seed_spread_and_comparison_with_the_baseline():
+    base = [_result("baseline", 60.0, 80.0), _result("baseline-seed2", 62.0, 79.0)]
+    arms = [_result("big-win", 40.0, 70.0), _result("noise", 60.5, 78.0), _result("half", 50.0, 79.9)]
+    assert seed_spread(base, "test-clean") == 2.0
+    assert seed_spread(base, "test-other") == 1.0
+    assert seed_spread(base[:1], "test-clean") is None
+    rows = {name: (dc, do, real) for name, dc, do, real in compare_to_baseline(base + arms, base)}
+    assert set(rows) == {"big-win", "noise", "half"}
+    assert rows["big-win"] == (pytest.approx(-21.0), pytest.approx(-9.5), True)
+    # Within the spread on test-clean (0.5 < 2.0): not real.
+    assert rows["noise"][2] is False
+    # Beyond on test-clean (-11), within on test-other (+0.4 < 1.0): not real either.
+    assert rows["half"][0] == pytest.approx(-11.0) and rows["half"][2] is False
+
+
+def test_format_table_has_one_row_per_arm_in_order():
+    table = format_table([_result("b", 61.234, 80.0, steps=321), _result("a", 50.0, 70.0)])
+    lines = table.splitlines()
+    assert len(lines) == 4
+    assert lines[2].startswith("| b | change of b | 5.48 M | 321 | 5.0 | 5.8 | 40 | 0.5000 | 0.4000 | 61.23 | 80.00 |")
+    assert lines[3].startswith("| a |")
+
+
+def test_replace_marked_section_appends_then_replaces(tmp_path):
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# Results\n\nkept text\n")
+    replace_marked_section(md, "study", "first version", "me.py")
+    replace_marked_section(md, "other", "another section", "you.py")
+    replace_marked_section(md, "study", "second version", "me.py")
+    text = md.read_text()
+    assert "first version" not in text
+    assert text.count("second version") == 1 and "another section" in text and "kept text" in text
+    assert text.index("second version") < text.index("another section")
+    assert "<!-- study:begin (written by me.py) -->\nsecond version\n<!-- study:end -->" in text
+
+
+def test_epoch_training_minutes_and_curve_csv(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    for epoch, seconds in ((1, 90.0), (2, 210.0)):
+        save_checkpoint(tmp_path / f"epoch-{epoch}.pt", model, params={"train_seconds": seconds, "cur_epoch": epoch})
+    assert epoch_training_minutes(tmp_path) == {1: 1.5, 2: 3.5}
+    save_checkpoint(tmp_path / "epoch-3.pt", model, params={"cur_epoch": 3})
+    with pytest.raises(KeyError, match="epoch-3.pt has no train_seconds"):
+        epoch_training_minutes(tmp_path)
+    csv = tmp_path / "curve.csv"
+    csv.write_text("# a comment\nlabel,minutes,wer\nold,8.0,95.5\nold,16.0,71.2\nnew,5.0,30.0\n")
+    curves = read_curve_csv(csv)
+    assert curves == {"old": [(8.0, 95.5), (16.0, 71.2)], "new": [(5.0, 30.0)]}
+    png = tmp_path / "curve.png"
+    plot_learning_curves(curves, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    csv.write_text("label,minutes\nold,8.0\n")
+    with pytest.raises(ValueError, match="header"):
+        read_curve_csv(csv)
+
+
+def test_first_step_below_uses_the_moving_average():
+    series = [(1, 0.9), (2, 0.3), (3, 0.6), (4, 0.4), (5, 0.35)]
+    # Window 2 averages: step 2 0.6, step 3 0.45 (the first below 0.5).
+    assert first_step_below(series, 0.5, 2) == 3
+    assert first_step_below(series, 0.5, 1) == 2
+    assert first_step_below(series, 0.1, 2) is None
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("icefall_lite_learning_speed_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_study_runs_arms_resumes_and_writes_the_section(tiny_data, tmp_path, isolated_logging):
+    study = _load_script()
+    results_md = tmp_path / "RESULTS.md"
+    exp_root = tmp_path / "exp"
+    argv = ["--work-dir", str(tiny_data), "--exp-root", str(exp_root), "--results-md", str(results_md),
+            "--bpe-model", "data/lang_bpe_100/bpe.model", "--minutes", "0.002", "--decode-max-duration", "60"]
+    # An arm cut off before (no done file) is started again from scratch.
+    (exp_root / "baseline").mkdir(parents=True)
+    (exp_root / "baseline" / "checkpoint-7.pt").write_bytes(b"left over")
+    assert study.main(argv + ["--arms", "baseline", "bpe100"]) == 0
+    for name in ("baseline", "bpe100"):
+        done = json.loads((exp_root / name / DONE_FILE).read_text())
+        assert done["steps"] >= 1 and set(done["wers"]) == {"test-clean", "test-other"}
+        assert not (exp_root / name / "checkpoint-7.pt").exists()
+    assert (exp_root / "lang_bpe_100" / "bpe.model").is_file()
+    text = results_md.read_text()
+    assert "## Learning speed" in text and "| baseline | none (seed 42) |" in text and "| bpe100 |" in text
+    assert "--bpe-model " + str(exp_root / "lang_bpe_100" / "bpe.model") in text
+    # A rerun skips finished arms (their done files are left as they were).
+    before = (exp_root / "baseline" / DONE_FILE).stat().st_mtime_ns
+    assert study.main(argv + ["--arms", "baseline"]) == 0
+    assert (exp_root / "baseline" / DONE_FILE).stat().st_mtime_ns == before
+    with pytest.raises(SystemExit):
+        study.main(argv + ["--arms", "no-such-arm"])
