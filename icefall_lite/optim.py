@@ -1,5 +1,5 @@
-"""Optimizer and LR schedule in the style of icefall's ``optim.py``: Eve (Adam with a
-norm-targeting weight decay) and the Eden schedule."""
+"""Optimizers and LR schedule in the style of icefall's ``optim.py``: Eve (Adam with a
+norm-targeting weight decay), ScaledAdam (zipformer's) and the Eden schedule."""
 
 from __future__ import annotations
 
@@ -122,3 +122,171 @@ class Eden:
         self.epoch = state["epoch"]
         self.base_lrs = list(state["base_lrs"])
         self._apply()
+
+
+class ScaledAdam(Optimizer):
+    """ScaledAdam, the optimizer of icefall's zipformer recipes (our own code, from its description).
+
+    Per non-scalar tensor ``p`` with root-mean-square ``r`` (re-measured every
+    ``size_update_period`` steps, clamped to ``[param_min_rms, param_max_rms]``):
+
+    - the Adam-normalised gradient ``g / (sqrt(v / (1 - beta2^t)) + eps)`` is
+      scaled by ``lr * r``, so every tensor moves by a fixed fraction of its
+      own size whatever its scale;
+    - the tensor's overall scale is learned as well: the gradient of the loss
+      with respect to ``log(scale)`` is ``sum(p * g)``; summed over
+      ``size_update_period`` steps and Adam-normalised, it moves the scale with
+      learning rate ``lr * scalar_lr_scale`` (never above ``param_max_rms``:
+      there the scale shrinks by that rate instead, and it does not shrink
+      below ``param_min_rms``);
+    - both go through momentum ``beta1`` on the update.
+
+    Scalars get plain Adam with learning rate ``lr * scalar_lr_scale``,
+    clamped to ``[-scalar_max, scalar_max]``.
+
+    Clipping (``clipping_scale``, zipformer: 2.0): the gradient norm, with each
+    non-scalar tensor's gradient weighted by its ``r``, is recorded every step;
+    the threshold is ``clipping_scale`` times the median of the recent norms,
+    re-estimated at steps 10, 20, 40 and every ``clipping_update_period``
+    steps; no clipping before step 10. ``num_clipped`` counts clipped steps and
+    ``last_clipping_scale`` is the factor of the last step (1 = not clipped).
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 3e-2,
+        clipping_scale: Optional[float] = 2.0,
+        betas: Tuple[float, float] = (0.9, 0.98),
+        scalar_lr_scale: float = 0.1,
+        eps: float = 1e-8,
+        param_min_rms: float = 1e-5,
+        param_max_rms: float = 3.0,
+        scalar_max: float = 10.0,
+        size_update_period: int = 4,
+        clipping_update_period: int = 100,
+    ) -> None:
+        if lr < 0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if clipping_scale is not None and clipping_scale <= 0:
+            raise ValueError(f"clipping_scale must be positive or None, got {clipping_scale}")
+        defaults = dict(
+            lr=lr, betas=betas, scalar_lr_scale=scalar_lr_scale, eps=eps, param_min_rms=param_min_rms,
+            param_max_rms=param_max_rms, scalar_max=scalar_max, size_update_period=size_update_period,
+        )
+        super().__init__(params, defaults)
+        self.clipping_scale = clipping_scale
+        self.clipping_update_period = clipping_update_period
+        self.num_clipped = 0
+        self.last_clipping_scale = 1.0
+        self._norms: List[float] = []
+        self._threshold: Optional[float] = None
+        self._steps = 0
+
+    def state_dict(self) -> Dict:
+        state = super().state_dict()
+        state["clipping"] = {"norms": list(self._norms), "threshold": self._threshold, "steps": self._steps,
+                             "num_clipped": self.num_clipped}
+        return state
+
+    def load_state_dict(self, state_dict: Dict) -> None:
+        state_dict = dict(state_dict)
+        clipping = state_dict.pop("clipping", None)
+        super().load_state_dict(state_dict)
+        if clipping is not None:
+            self._norms = list(clipping["norms"])
+            self._threshold = clipping["threshold"]
+            self._steps = int(clipping["steps"])
+            self.num_clipped = int(clipping["num_clipped"])
+
+    def _param_rms(self, group: Dict, p: Tensor, state: Dict) -> Tensor:
+        if "param_rms" not in state:
+            state["param_rms"] = p.detach().square().mean().sqrt()
+        return state["param_rms"]
+
+    def _clipping_factor(self) -> float:
+        """Record this step's weighted gradient norm; the factor to scale the gradients by."""
+        sumsq = 0.0
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                weight = 1.0 if p.numel() == 1 else float(self._param_rms(group, p, self.state[p]))
+                sumsq += float(p.grad.detach().double().square().sum()) * weight**2
+        norm = sumsq**0.5
+        self._norms = (self._norms + [norm])[-self.clipping_update_period:]
+        step = self._steps
+        if step in (10, 20, 40) or (step > 0 and step % self.clipping_update_period == 0):
+            recent = sorted(self._norms[-step:])
+            self._threshold = self.clipping_scale * recent[len(recent) // 2]
+        if self._threshold is None or norm <= self._threshold or norm == 0.0:
+            return 1.0
+        self.num_clipped += 1
+        return self._threshold / norm
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        factor = 1.0 if self.clipping_scale is None else self._clipping_factor()
+        self.last_clipping_scale = factor
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("ScaledAdam does not support sparse gradients")
+                grad = p.grad * factor if factor != 1.0 else p.grad
+                state = self.state[p]
+                if "step" not in state:
+                    state["step"] = 0
+                    state["delta"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["delta"].mul_(beta1)
+                if p.numel() == 1:
+                    self._step_scalar(group, p, grad, state)
+                else:
+                    self._step_tensor(group, p, grad, state)
+                state["step"] += 1
+        self._steps += 1
+        return loss
+
+    def _step_scalar(self, group: Dict, p: Tensor, grad: Tensor, state: Dict) -> None:
+        beta1, beta2 = group["betas"]
+        exp_avg_sq = state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        denom = (exp_avg_sq / (1 - beta2 ** (state["step"] + 1))).sqrt() + group["eps"]
+        state["delta"].add_(grad / denom, alpha=-group["lr"] * group["scalar_lr_scale"] * (1 - beta1))
+        p.add_(state["delta"]).clamp_(min=-group["scalar_max"], max=group["scalar_max"])
+
+    def _step_tensor(self, group: Dict, p: Tensor, grad: Tensor, state: Dict) -> None:
+        beta1, beta2 = group["betas"]
+        period = group["size_update_period"]
+        step = state["step"]
+        param_rms = self._param_rms(group, p, state)
+        if "scale_grads" not in state:
+            state["scale_grads"] = torch.zeros(period, dtype=p.dtype, device=p.device)
+            state["scale_exp_avg_sq"] = torch.zeros((), dtype=p.dtype, device=p.device)
+        state["scale_grads"][step % period] = (p.detach() * grad).sum()
+        if step % period == period - 1:
+            # The scale: an Adam step on d(loss)/d(log scale), once per period.
+            scale_grads = state["scale_grads"]
+            state["scale_exp_avg_sq"].mul_(beta2**period).add_(scale_grads.square().mean(), alpha=1 - beta2**period)
+            size_lr = group["lr"] * group["scalar_lr_scale"]
+            bias_correction2 = 1 - beta2 ** ((step + 1) // period)
+            denom = state["scale_exp_avg_sq"].sqrt() + group["eps"]
+            scale_step = -size_lr * bias_correction2**0.5 * scale_grads.sum() / denom
+            if param_rms < group["param_min_rms"]:
+                scale_step = scale_step.clamp(min=0.0)
+            if param_rms > group["param_max_rms"]:
+                scale_step = torch.full_like(scale_step, -size_lr * period)
+            state["delta"].add_(p.detach() * scale_step, alpha=1 - beta1)
+            state["param_rms"] = p.detach().square().mean().sqrt()
+        exp_avg_sq = state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias_correction2 = 1 - beta2 ** (step + 1)
+        denom = (exp_avg_sq / bias_correction2).sqrt() + group["eps"]
+        rms = param_rms.clamp(min=group["param_min_rms"], max=group["param_max_rms"])
+        state["delta"].add_(grad / denom * rms, alpha=-group["lr"] * (1 - beta1))
+        p.add_(state["delta"])

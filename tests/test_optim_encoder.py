@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from icefall_lite.encoder import RNNEncoder, subsampled_length
-from icefall_lite.optim import Eden, Eve
+from icefall_lite.optim import Eden, Eve, ScaledAdam
 
 
 def test_eden_formula():
@@ -90,3 +90,56 @@ def test_encoder_streaming_states_continue_the_sequence():
     for i, layer in enumerate(enc.layers):
         second, _ = layer(second, states[i])
     torch.testing.assert_close(torch.cat([first, second]), full, rtol=1e-5, atol=1e-6)
+
+
+def test_scaled_adam_first_step_by_hand():
+    lr, beta1, eps = 0.05, 0.9, 1e-8
+    w = torch.nn.Parameter(torch.tensor([[1.0, -2.0], [3.0, 0.5]]))
+    s = torch.nn.Parameter(torch.tensor(0.7))
+    opt = ScaledAdam([w, s], lr=lr, clipping_scale=None, betas=(beta1, 0.98), eps=eps)
+    w.grad = torch.tensor([[0.3, -0.1], [0.0, 2.0]])
+    s.grad = torch.tensor(-4.0)
+    rms = math.sqrt((1 + 4 + 9 + 0.25) / 4)
+    w0, s0 = w.detach().clone(), float(s.detach())
+    opt.step()
+    # Step 1: v / (1 - beta2) = g^2, so the normalised gradient is g / (|g| + eps): each element moves by
+    # lr * (1 - beta1) * rms(w) in the direction of -sign(g) (0 for a zero gradient).
+    g = torch.tensor([[0.3, -0.1], [0.0, 2.0]])
+    expected = w0 - lr * (1 - beta1) * rms * g / (g.abs() + eps)
+    torch.testing.assert_close(w.detach(), expected, rtol=1e-6, atol=1e-7)
+    # Scalars: Adam with lr * scalar_lr_scale (0.1).
+    assert float(s) == pytest.approx(s0 + lr * 0.1 * (1 - beta1), rel=1e-6)
+
+
+def test_scaled_adam_update_is_relative_to_the_parameter_size():
+    torch.manual_seed(0)
+    direction = torch.randn(6, 5)
+    grads = [torch.randn(6, 5) for _ in range(9)]
+    moves = []
+    for size in (0.1, 1.0):  # both rms inside [param_min_rms, param_max_rms]
+        p = torch.nn.Parameter(direction * size)
+        opt = ScaledAdam([p], lr=0.03, clipping_scale=None)
+        for g in grads:
+            p.grad = g.clone()
+            opt.step()
+        moves.append(p.detach() - direction * size)
+    # The same gradients move the 10x larger tensor 10x further (scale steps included).
+    assert float((direction * 1.0).square().mean().sqrt()) < 3.0
+    torch.testing.assert_close(moves[1], 10.0 * moves[0], rtol=1e-4, atol=1e-6)
+
+
+def test_scaled_adam_clips_to_twice_the_median_norm():
+    p = torch.nn.Parameter(torch.ones(4, 4))  # rms 1: the weighted norm is the plain norm
+    opt = ScaledAdam([p], lr=1e-6, clipping_scale=2.0)
+    for k in range(10):
+        p.grad = torch.full((4, 4), 0.25 * (1 + k % 3))  # norms 1, 2, 3, 1, 2, ...
+        opt.step()
+    assert opt.num_clipped == 0  # no threshold before step 10
+    p.grad = torch.full((4, 4), 10.0)  # norm 40 at step 10; median of the 10 norms before and it: 2
+    opt.step()
+    assert opt.num_clipped == 1
+    assert opt.last_clipping_scale == pytest.approx(2.0 * 2.0 / 40.0, rel=1e-4)
+    state = opt.state_dict()
+    again = ScaledAdam([torch.nn.Parameter(torch.ones(4, 4))], lr=1e-6)
+    again.load_state_dict(state)
+    assert again.num_clipped == 1 and again._threshold == opt._threshold

@@ -239,6 +239,15 @@ def test_pruned_loss_scale_is_icefalls_step_schedule(warmup, expected):
     assert train.pruned_loss_scale(warmup) == expected
 
 
+def test_linear_loss_ramp_is_zipformers(tiny_data):
+    params, *_ = _params_and_model(tiny_data, "--loss-ramp", "linear", "--simple-loss-scale", "0.5")
+    # Hand-worked: simple 1 - w * 0.5, pruned 0.1 + 0.9 * w during the warm-up, then (0.5, 1).
+    for warmup, expected in [(0.0, (1.0, 0.1)), (0.5, (0.75, 0.55)), (1.0, (0.5, 1.0)), (4.0, (0.5, 1.0))]:
+        assert train.loss_scales(params, warmup) == pytest.approx(expected)
+    params.loss_ramp = "step"
+    assert train.loss_scales(params, 1.5) == (0.5, 0.1)
+
+
 def test_compute_loss_with_tail_padding_and_ctc(tiny_data):
     params, model, _, _, sp = _params_and_model(tiny_data, "--tail-pad-frames", "35", "--ctc-loss-scale", "0.2")
     model.eval()

@@ -80,6 +80,9 @@ ARMS: List[StudyArm] = [
     StudyArm("shallow-wide", "3 layers x 384 (no projection)",
              model_flags=("--num-encoder-layers", "3", "--encoder-dim", "384", "--rnn-hidden-size", "384",
                           "--dim-feedforward", "1536")),
+    StudyArm("linear-ramp", "--loss-ramp linear (zipformer's warm-up of the loss weights)", ("--loss-ramp", "linear")),
+    StudyArm("scaled-adam", "ScaledAdam, --base-lr 0.045, its own clipping instead of clip_grad_norm",
+             ("--optimizer", "scaled-adam", "--base-lr", "0.045", "--clip-grad-norm", "0")),
 ]
 
 

@@ -60,7 +60,7 @@ from icefall_lite.decode_run import NUM_TAIL_PADDED_FRAMES, pad_tail
 from icefall_lite.diagnostics import ModelDiagnostics, register_inf_check_hooks
 from icefall_lite.encoder import subsampled_length
 from icefall_lite.model import Transducer, add_model_arguments, build_transducer, count_parameters, model_config_from_args
-from icefall_lite.optim import Eden, Eve
+from icefall_lite.optim import Eden, Eve, ScaledAdam
 from icefall_lite.utils import AttributeDict, MetricsTracker, setup_logger, str2bool
 
 DIAGNOSTICS_BATCHES = 5
@@ -86,6 +86,10 @@ def get_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--exp-dir", type=Path, default=Path("lstm_transducer_stateless/exp"), help="Checkpoints, logs, tensorboard.")
     parser.add_argument("--bpe-model", type=str, default="data/lang_bpe_500/bpe.model", help="sentencepiece model.")
+    parser.add_argument("--optimizer", choices=["eve", "scaled-adam"], default="eve",
+                        help="eve: lstm_transducer_stateless3's Adam variant; scaled-adam: the zipformer recipes' "
+                        "ScaledAdam (updates relative to each tensor's size, its own clipping at 2x the median "
+                        "gradient norm; zipformer uses --base-lr 0.045 and no --clip-grad-norm).")
     parser.add_argument("--base-lr", type=float, default=0.003, help="Base learning rate of the Eden schedule.")
     parser.add_argument("--lr-batches", type=float, default=1000, help="Eden: batches after which the lr starts to fall (icefall: 5000).")
     parser.add_argument("--lr-epochs", type=float, default=4, help="Eden: epochs after which the lr starts to fall (icefall: 10).")
@@ -96,6 +100,12 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lm-scale", type=float, default=0.25, help="lm_only_scale of the smoothed simple loss.")
     parser.add_argument("--am-scale", type=float, default=0.0, help="am_only_scale of the smoothed simple loss.")
     parser.add_argument("--simple-loss-scale", type=float, default=0.5, help="Weight of the simple loss.")
+    parser.add_argument("--loss-ramp", choices=["step", "linear"], default="step",
+                        help="How the loss weights reach their final values over the warm-up: 'step' is "
+                        "lstm_transducer_stateless3's (pruned 0 for the first --model-warm-step batches, 0.1 for "
+                        "the second, then 1; simple --simple-loss-scale throughout); 'linear' is the zipformer "
+                        "recipes' (over the first --model-warm-step batches, simple 1.0 -> --simple-loss-scale "
+                        "and pruned 0.1 -> 1.0, linearly).")
     parser.add_argument("--ctc-loss-scale", type=float, default=0.0,
                         help="Weight of an auxiliary CTC loss on the encoder output (a CTC head as in icefall's "
                         "zipformer recipes, which use 0.2); 0 = no CTC head. The logged 'loss' is the transducer "
@@ -199,6 +209,13 @@ def training_model_config(args: argparse.Namespace, vocab_size: int, blank_id: i
     return config
 
 
+def make_optimizer(params: AttributeDict, model: nn.Module) -> torch.optim.Optimizer:
+    """Eve or ScaledAdam (--optimizer) at --base-lr."""
+    if params.optimizer == "scaled-adam":
+        return ScaledAdam(model.parameters(), lr=params.base_lr, clipping_scale=2.0)
+    return Eve(model.parameters(), lr=params.base_lr)
+
+
 def fix_random_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -240,6 +257,15 @@ def pruned_loss_scale(warmup: float) -> float:
     return 1.0
 
 
+def loss_scales(params: AttributeDict, warmup: float) -> Tuple[float, float]:
+    """(simple, pruned) loss weights at ``warmup`` (batches / --model-warm-step) under --loss-ramp."""
+    if params.loss_ramp == "linear":
+        if warmup >= 1.0:
+            return params.simple_loss_scale, 1.0
+        return 1.0 - warmup * (1.0 - params.simple_loss_scale), 0.1 + 0.9 * warmup
+    return params.simple_loss_scale, pruned_loss_scale(warmup)
+
+
 def compute_loss(
     params: AttributeDict,
     model: nn.Module,
@@ -250,8 +276,9 @@ def compute_loss(
 ) -> Tuple[Optional[torch.Tensor], MetricsTracker]:
     """Per-utterance summed loss over the batch.
 
-    The objective is ``simple_loss_scale * simple + ramp * pruned +
-    ctc_loss_scale * ctc``; ``info["loss"]`` holds its transducer part (the
+    The objective is ``simple_scale * simple + pruned_scale * pruned +
+    ctc_loss_scale * ctc`` with the first two weights from
+    :func:`loss_scales`; ``info["loss"]`` holds its transducer part (the
     first two terms) and ``info["ctc_loss"]`` the CTC loss. Loss per frame
     counts the frames of the utterances, not the tail padding
     (``--tail-pad-frames``). Utterances whose loss is not finite are dropped
@@ -289,7 +316,8 @@ def compute_loss(
             return None, info
         simple_loss = simple_loss[is_finite].sum()
         pruned_loss = pruned_loss[is_finite].sum()
-        loss = params.simple_loss_scale * simple_loss + pruned_loss_scale(warmup) * pruned_loss
+        simple_scale, pruned_scale = loss_scales(params, warmup)
+        loss = simple_scale * simple_loss + pruned_scale * pruned_loss
         info["loss"] = float(loss.detach())
         if ctc_loss is not None:
             ctc_loss = ctc_loss[is_finite].sum()
@@ -372,7 +400,7 @@ def save_progress_checkpoint(
 def train_step(
     params: AttributeDict,
     model: nn.Module,
-    optimizer: Eve,
+    optimizer: torch.optim.Optimizer,
     scheduler: Eden,
     scaler: Optional[torch.amp.GradScaler],
     sp: spm.SentencePieceProcessor,
@@ -421,7 +449,7 @@ def train_one_epoch(
     params: AttributeDict,
     model: nn.Module,
     model_avg: Optional[nn.Module],
-    optimizer: Eve,
+    optimizer: torch.optim.Optimizer,
     scheduler: Eden,
     scaler: Optional[torch.amp.GradScaler],
     sp: spm.SentencePieceProcessor,
@@ -470,6 +498,8 @@ def train_one_epoch(
             tb_writer.add_scalar("train/learning_rate", scheduler.get_last_lr()[0], step)
             tb_writer.add_scalar("train/grad_norm", grad_norm, step)
             tb_writer.add_scalar("train/clip_scale", clip_scale, step)
+            if isinstance(optimizer, ScaledAdam):
+                tb_writer.add_scalar("train/optimizer_clip_scale", optimizer.last_clipping_scale, step)
             tb_writer.add_scalar("train/skipped_steps", params.skipped_steps, step)
         if rank == 0:
             progress.set_postfix(
@@ -592,7 +622,7 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
     if world_size > 1:
         model = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
 
-    optimizer = Eve(model.parameters(), lr=params.base_lr)
+    optimizer = make_optimizer(params, model)
     scheduler = Eden(optimizer, params.lr_batches, params.lr_epochs)
     scaler = torch.amp.GradScaler("cuda") if params.use_fp16 else None
     if checkpoint is not None:
