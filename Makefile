@@ -27,8 +27,8 @@ ablation: setup
 bench: setup
 	. $(VENV)/bin/activate && python benchmarks/run_all.py
 
-# The learning-speed study: 14 arms x 5 minutes of training each from scratch, one change
-# from the 2026-11-23 defaults per arm, greedy WER -> RESULTS.md "Learning speed" (about 85 min;
-# a rerun skips finished arms).
+# The learning-speed study: 17 arms x 5 minutes of training each from scratch (one change from
+# the defaults of 2026-11-23 per arm, a second baseline seed, the combination), greedy WER ->
+# RESULTS.md "Learning speed" (about 100 min on 2 idle cores; a rerun skips finished arms).
 learning-speed: setup
 	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh && python lstm_transducer_stateless/learning_speed.py

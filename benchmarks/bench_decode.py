@@ -46,6 +46,7 @@ from lhotse.cut import Cut
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RECIPE, Section, add_common_arguments, markdown_table, setup_threads  # noqa: E402
+from icefall_lite.bpe import DEFAULT_BPE_MODEL  # noqa: E402
 from icefall_lite.checkpoint import load_averaged_weights  # noqa: E402
 from icefall_lite.model import add_model_arguments, build_transducer, model_config_from_args  # noqa: E402
 from icefall_lite.onnx_export import build_exportable, export_transducer_onnx, onnx_filenames, write_tokens_file  # noqa: E402
@@ -66,8 +67,8 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--avg", type=int, default=3, help="Epochs to average. (default: 3)")
     parser.add_argument("--use-averaged-model", type=str2bool, default=True,
                         help="Average with model_avg, as decode.py. (default: true)")
-    parser.add_argument("--bpe-model", type=Path, default=RECIPE / "data" / "lang_bpe_500" / "bpe.model",
-                        help="sentencepiece model. (default: the recipe's data/lang_bpe_500/bpe.model)")
+    parser.add_argument("--bpe-model", type=Path, default=RECIPE / DEFAULT_BPE_MODEL,
+                        help=f"sentencepiece model. (default: the recipe's {DEFAULT_BPE_MODEL})")
     parser.add_argument("--cuts", type=Path,
                         default=RECIPE / "data" / "fbank" / "librispeech_cuts_test-clean.jsonl.gz",
                         help="Cut manifest with features and recordings. (default: the recipe's test-clean)")

@@ -25,10 +25,14 @@ sys.path.insert(0, str(RECIPE / "lstm_transducer_stateless"))
 
 import train as recipe_train  # noqa: E402  (the recipe's train.py: train_step, get_parser, get_params)
 
-from icefall_lite.model import build_transducer, model_config_from_args  # noqa: E402
-from icefall_lite.optim import Eden, Eve  # noqa: E402
+from icefall_lite.bpe import DEFAULT_VOCAB_SIZE  # noqa: E402
+from icefall_lite.model import build_transducer  # noqa: E402
+from icefall_lite.optim import Eden  # noqa: E402
 
 FRAMES_PER_SECOND = 100  # 10 ms fbank frame shift
+# Tokens per second of audio of the default BPE model on the default synthetic training set
+# (measured 2026-11-23: total tokens / total seconds of train-clean-100).
+TOKENS_PER_SECOND = 10.6
 
 
 def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,9 +44,11 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-utt-duration", type=float, default=3.2,
                         help="Longest utterance, seconds (the synthetic corpus averages 2.7 s; a bucketing "
                         "sampler puts similar lengths together). (default: 3.2)")
-    parser.add_argument("--tokens-per-second", type=float, default=5.4,
-                        help="BPE-500 tokens per second of audio (5.4 on the synthetic training set). (default: 5.4)")
-    parser.add_argument("--vocab-size", type=int, default=500, help="BPE vocabulary size. (default: 500)")
+    parser.add_argument("--tokens-per-second", type=float, default=TOKENS_PER_SECOND,
+                        help=f"BPE tokens per second of audio ({TOKENS_PER_SECOND} with the default BPE-"
+                        f"{DEFAULT_VOCAB_SIZE} model on the synthetic training set). (default: {TOKENS_PER_SECOND})")
+    parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE,
+                        help=f"BPE vocabulary size. (default: {DEFAULT_VOCAB_SIZE})")
     parser.add_argument("--num-batches", type=int, default=4,
                         help="Distinct batches, cycled through. (default: 4)")
 
@@ -100,8 +106,8 @@ def batch_shape(batches: Sequence[Batch]) -> str:
 
 
 class Trainer:
-    """The default (``--model-preset cpu``) model with train.py's optimizer,
-    scheduler and parameters; :meth:`step` is one ``train_step`` past warm-up."""
+    """The default model of train.py's flags (``extra_flags`` on top of its defaults) with its
+    optimizer, scheduler and parameters; :meth:`step` is one ``train_step`` past warm-up."""
 
     def __init__(self, extra_flags: Sequence[str], vocab_size: int, seed: int = 0) -> None:
         parser = recipe_train.get_parser()
@@ -113,9 +119,9 @@ class Trainer:
         params.batch_idx_train = 3 * params.model_warm_step  # past warm-up: pruned loss on, no layer bypass ramp
         self.params = params
         torch.manual_seed(seed)
-        self.model: nn.Module = build_transducer(**model_config_from_args(self.args, vocab_size=vocab_size))
+        self.model: nn.Module = build_transducer(**recipe_train.training_model_config(self.args, vocab_size=vocab_size))
         self.model.train()
-        self.optimizer = Eve(self.model.parameters(), lr=params.base_lr)
+        self.optimizer = recipe_train.make_optimizer(params, self.model)
         self.scheduler = Eden(self.optimizer, params.lr_batches, params.lr_epochs)
 
     def step(self, batch: Batch, tokens: TokenTable) -> None:

@@ -37,8 +37,8 @@ from icefall_lite.utils import str2bool
 
 PathLike = Union[str, Path]
 DEFAULT_EXP_DIR = Path("lstm_transducer_stateless/exp")
-# train.py's default --num-epochs is 8: decode/export its last epoch averaged over 3.
-DEFAULT_EPOCH = 8
+# train.py's default --num-epochs is 16: decode/export its last epoch averaged over 3.
+DEFAULT_EPOCH = 16
 DEFAULT_AVG = 3
 
 

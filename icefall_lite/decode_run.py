@@ -24,6 +24,7 @@ from lhotse.cut import Cut
 from torch import Tensor
 from tqdm import tqdm
 
+from icefall_lite.bpe import DEFAULT_BPE_MODEL
 from icefall_lite.checkpoint import add_checkpoint_arguments, checkpoint_suffix, validate_checkpoint_args
 from icefall_lite.data import EmptyCutSetError, LibriSpeechAsrDataModule
 from icefall_lite.metrics import Result, save_results
@@ -52,8 +53,8 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of the PyTorch decoding scripts: checkpoint selection, ``--bpe-model``, ``--beam-size``,
     ``--test-sets``, the model sizes and the datamodule's flags (``--manifest-dir``, ``--max-duration``, ...)."""
     add_checkpoint_arguments(parser)
-    parser.add_argument("--bpe-model", type=str, default="data/lang_bpe_500/bpe.model",
-                        help="Path to the BPE model. (default: data/lang_bpe_500/bpe.model)")
+    parser.add_argument("--bpe-model", type=str, default=DEFAULT_BPE_MODEL,
+                        help=f"Path to the BPE model. (default: {DEFAULT_BPE_MODEL})")
     parser.add_argument("--beam-size", type=int, default=4,
                         help="Hypotheses kept per frame by modified_beam_search. (default: 4)")
     add_test_sets_argument(parser)

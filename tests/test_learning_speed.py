@@ -109,7 +109,7 @@ def test_study_runs_arms_resumes_and_writes_the_section(tiny_data, tmp_path, iso
     results_md = tmp_path / "RESULTS.md"
     exp_root = tmp_path / "exp"
     argv = ["--work-dir", str(tiny_data), "--exp-root", str(exp_root), "--results-md", str(results_md),
-            "--bpe-model", "data/lang_bpe_100/bpe.model", "--minutes", "0.002", "--decode-max-duration", "60"]
+            "--base-vocab-size", "120", "--minutes", "0.002", "--decode-max-duration", "60"]
     # An arm cut off before (no done file) is started again from scratch.
     (exp_root / "baseline").mkdir(parents=True)
     (exp_root / "baseline" / "checkpoint-7.pt").write_bytes(b"left over")
@@ -118,7 +118,7 @@ def test_study_runs_arms_resumes_and_writes_the_section(tiny_data, tmp_path, iso
         done = json.loads((exp_root / name / DONE_FILE).read_text())
         assert done["steps"] >= 1 and set(done["wers"]) == {"test-clean", "test-other"}
         assert not (exp_root / name / "checkpoint-7.pt").exists()
-    assert (exp_root / "lang_bpe_100" / "bpe.model").is_file()
+    assert (exp_root / "lang_bpe_100" / "bpe.model").is_file() and (exp_root / "lang_bpe_120" / "bpe.model").is_file()
     text = results_md.read_text()
     assert "## Learning speed" in text and "| baseline | none (seed 42) |" in text and "| bpe100 |" in text
     assert "--bpe-model " + str(exp_root / "lang_bpe_100" / "bpe.model") in text

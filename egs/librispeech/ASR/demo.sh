@@ -8,7 +8,7 @@ set -eou pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
 exp_dir=lstm_transducer_stateless/exp
-num_epochs=8
+num_epochs=16
 avg=3
 
 log() {
@@ -18,7 +18,7 @@ log() {
 log "Stage 1/3: data (prepare.sh)"
 bash prepare.sh
 
-log "Stage 2/3: training ($num_epochs epochs, GradientFilter threshold 25, clip_grad_norm 5)"
+log "Stage 2/3: training ($num_epochs epochs, GradientFilter threshold 25, clip_grad_norm 5, train.py's defaults)"
 if [ -f "$exp_dir/epoch-$num_epochs.pt" ]; then
   log "$exp_dir/epoch-$num_epochs.pt exists: training finished, skipping"
 else

@@ -28,7 +28,7 @@ corpus=synthetic        # synthetic | librispeech
 size=default            # default | tiny (synthetic corpus only)
 work_dir=""             # where data/ and download/ go (default: this folder)
 dl_dir=""               # default: $work_dir/download
-vocab_size=""           # default: 500 (100 for --size tiny, whose text supports ~220)
+vocab_size=""           # default: 100 for the synthetic corpus (2,000 words), 500 for LibriSpeech
 nj=""                   # default: all cores
 seed=42                 # synthetic corpus and noise
 full_libri=false        # librispeech: also train-clean-360 and train-other-500
@@ -47,7 +47,7 @@ log() {
 usage() {
   sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "Options (default): --stage ($stage) --stop-stage ($stop_stage) --corpus ($corpus)"
-  echo "  --size ($size) --work-dir (recipe dir) --dl-dir (WORK_DIR/download) --vocab-size (500)"
+  echo "  --size ($size) --work-dir (recipe dir) --dl-dir (WORK_DIR/download) --vocab-size (100 synthetic, 500 librispeech)"
   echo "  --nj (all cores) --seed ($seed) --full-libri ($full_libri) --perturb-speed (auto)"
   echo "  --librispeech-url ($librispeech_url)"
 }
@@ -80,7 +80,7 @@ mkdir -p "$dl_dir"
 dl_dir=$(cd "$dl_dir" && pwd)  # absolute, as icefall's $PWD/download: audio paths in manifests stay valid
 nj=${nj:-$(nproc)}
 if [ -z "$vocab_size" ]; then
-  if [ "$corpus" = synthetic ] && [ "$size" = tiny ]; then vocab_size=100; else vocab_size=500; fi
+  if [ "$corpus" = synthetic ]; then vocab_size=100; else vocab_size=500; fi
 fi
 if [ -z "$perturb_speed" ]; then
   if [ "$corpus" = librispeech ]; then perturb_speed=true; else perturb_speed=false; fi

@@ -6,7 +6,7 @@ Usage (from egs/librispeech/ASR):
   ./lstm_transducer_stateless/export_onnx.py \\
       --epoch 8 --avg 3 --use-averaged-model true \\
       --exp-dir lstm_transducer_stateless/exp \\
-      --bpe-model data/lang_bpe_500/bpe.model
+      --bpe-model data/lang_bpe_100/bpe.model
 
 Use the same model-size flags as in training (--model-preset, --encoder-dim, ...).
 It writes into --output-dir (default: --exp-dir), as icefall's export-onnx.py:
@@ -42,7 +42,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from icefall_lite.bpe import load_bpe_model
+from icefall_lite.bpe import DEFAULT_BPE_MODEL, load_bpe_model
 from icefall_lite.checkpoint import (
     add_checkpoint_arguments,
     checkpoint_suffix,
@@ -68,8 +68,8 @@ def get_parser() -> argparse.ArgumentParser:
     add_checkpoint_arguments(parser)
     parser.add_argument("--output-dir", type=Path, default=None,
                         help="Where to write the ONNX files, tokens.txt and the log. (default: --exp-dir)")
-    parser.add_argument("--bpe-model", type=Path, default=Path("data/lang_bpe_500/bpe.model"),
-                        help="sentencepiece model. (default: data/lang_bpe_500/bpe.model)")
+    parser.add_argument("--bpe-model", type=Path, default=Path(DEFAULT_BPE_MODEL),
+                        help=f"sentencepiece model. (default: {DEFAULT_BPE_MODEL})")
     parser.add_argument("--decode-chunk-len", type=int, default=DEFAULT_DECODE_CHUNK_LEN,
                         help="Feature frames per encoder call (a multiple of 4); the encoder sees "
                         f"decode_chunk_len + 5 frames (T). (default: {DEFAULT_DECODE_CHUNK_LEN})")

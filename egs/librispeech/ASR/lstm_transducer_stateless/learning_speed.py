@@ -58,10 +58,20 @@ from icefall_lite.prep_util import replace_marked_section, write_text_atomic
 RECIPE_DIR = Path(__file__).resolve().parents[1]
 SECTION = "learning-speed"
 
-# One change from the defaults per arm (the defaults of 2026-11-23: 4 x 256
-# LSTM layers, BPE 500, --max-duration 40, Eve lr 0.003, Eden 1000/4,
-# dropout 0.1, layer dropout 0.075, SpecAugment and noise mixing on,
-# --model-warm-step 100, no CTC head, no tail padding).
+# The defaults the study started from (train.py's of 2026-11-23, before the
+# study changed them), given explicitly to every arm so that the arms mean the
+# same after the defaults change: 4 x 256 LSTM layers (cpu preset), BPE 500
+# (--base-vocab-size), --max-duration 40, Eve lr 0.003, Eden 1000/4, dropout
+# 0.1, layer dropout 0.075, SpecAugment and noise mixing on, --model-warm-step
+# 100, step loss ramp, no CTC head, no tail padding, GradientFilter 25,
+# clip_grad_norm 5. An arm's own flags come after these and override them.
+STUDY_DEFAULTS = (
+    "--max-duration", "40", "--optimizer", "eve", "--base-lr", "0.003", "--lr-batches", "1000", "--lr-epochs", "4",
+    "--dropout", "0.1", "--layer-dropout", "0.075", "--enable-spec-aug", "true", "--enable-musan", "true",
+    "--model-warm-step", "100", "--loss-ramp", "step", "--ctc-loss-scale", "0", "--tail-pad-frames", "0",
+    "--grad-filter-threshold", "25", "--clip-grad-norm", "5", "--model-preset", "cpu",
+)
+
 ARMS: List[StudyArm] = [
     StudyArm("baseline", "none (seed 42)"),
     StudyArm("baseline-seed2", "none (seed 2)", seed=2),
@@ -83,6 +93,9 @@ ARMS: List[StudyArm] = [
     StudyArm("linear-ramp", "--loss-ramp linear (zipformer's warm-up of the loss weights)", ("--loss-ramp", "linear")),
     StudyArm("scaled-adam", "ScaledAdam, --base-lr 0.045, its own clipping instead of clip_grad_norm",
              ("--optimizer", "scaled-adam", "--base-lr", "0.045", "--clip-grad-norm", "0")),
+    # The levers that helped beyond the seed spread on their own, together.
+    StudyArm("combined", "SpecAugment off + dropout 0, layer dropout 0 + BPE 100 (noise mixing kept)",
+             ("--enable-spec-aug", "false", "--dropout", "0", "--layer-dropout", "0"), vocab_size=100),
 ]
 
 
@@ -100,8 +113,9 @@ def get_parser() -> argparse.ArgumentParser:
                         help="the file whose 'Learning speed' section is rewritten")
     parser.add_argument("--minutes", type=float, default=5.0, help="training budget of every arm (train.py --max-minutes)")
     parser.add_argument("--arms", nargs="+", default=None, help="names of the arms to run (default: all)")
-    parser.add_argument("--bpe-model", type=Path, default=Path("data/lang_bpe_500/bpe.model"),
-                        help="BPE model of the arms without a vocabulary change")
+    parser.add_argument("--base-vocab-size", type=int, default=500,
+                        help="BPE vocabulary of the arms without a vocabulary change (every BPE model of the study "
+                        "is trained on the training transcripts into <exp-root>/lang_bpe_<N>)")
     parser.add_argument("--decode-max-duration", type=float, default=200.0, help="seconds of audio per decoding batch")
     parser.add_argument("--list", action="store_true", help="print the arms and exit")
     return parser
@@ -121,11 +135,13 @@ def run_command(work_dir: Path, cmd: List[str], what: str) -> float:
     return elapsed
 
 
+def vocab_size_of(args: argparse.Namespace, arm: StudyArm) -> int:
+    return args.base_vocab_size if arm.vocab_size is None else arm.vocab_size
+
+
 def bpe_model_of(args: argparse.Namespace, arm: StudyArm) -> Path:
-    """The arm's BPE model, relative to the work dir (another vocabulary: under the exp root)."""
-    if arm.vocab_size is None:
-        return args.bpe_model
-    return args.exp_root / f"lang_bpe_{arm.vocab_size}" / "bpe.model"
+    """The arm's BPE model (under the exp root), relative to the work dir."""
+    return args.exp_root / f"lang_bpe_{vocab_size_of(args, arm)}" / "bpe.model"
 
 
 def bpe_command(args: argparse.Namespace, vocab_size: int) -> List[str]:
@@ -138,14 +154,14 @@ def train_command(args: argparse.Namespace, arm: StudyArm) -> List[str]:
     return (["python", "lstm_transducer_stateless/train.py", "--exp-dir", str(args.exp_root / arm.name),
              "--num-epochs", "100", "--max-minutes", f"{args.minutes:g}", "--seed", str(arm.seed),
              "--bpe-model", str(bpe_model_of(args, arm))]
-            + list(arm.train_flags) + list(arm.model_flags))
+            + list(STUDY_DEFAULTS) + list(arm.train_flags) + list(arm.model_flags))
 
 
 def decode_command(args: argparse.Namespace, arm: StudyArm, last_batch: int) -> List[str]:
     return (["python", "lstm_transducer_stateless/decode.py", "--exp-dir", str(args.exp_root / arm.name),
              "--iter", str(last_batch), "--avg", "1", "--use-averaged-model", "false",
              "--decoding-method", "greedy_search", "--max-duration", f"{args.decode_max_duration:g}",
-             "--bpe-model", str(bpe_model_of(args, arm))]
+             "--bpe-model", str(bpe_model_of(args, arm)), "--model-preset", "cpu"]
             + list(arm.model_flags))
 
 
@@ -156,8 +172,9 @@ def run_arm(args: argparse.Namespace, arm: StudyArm) -> StudyResult:
         logging.info(f"{arm.name}: removing the unfinished run in {exp_dir} (budgets are wall-clock: start over)")
         shutil.rmtree(exp_dir)
     start = time.time()
-    if arm.vocab_size is not None and not (args.work_dir / bpe_model_of(args, arm)).is_file():
-        run_command(args.work_dir, bpe_command(args, arm.vocab_size), f"{arm.name}: BPE {arm.vocab_size}")
+    if not (args.work_dir / bpe_model_of(args, arm)).is_file():
+        vocab_size = vocab_size_of(args, arm)
+        run_command(args.work_dir, bpe_command(args, vocab_size), f"{arm.name}: BPE {vocab_size}")
     run_command(args.work_dir, train_command(args, arm), f"{arm.name}: training")
     progress = read_training_progress(last_checkpoint(exp_dir))
     run_command(args.work_dir, decode_command(args, arm, progress["steps"]), f"{arm.name}: decoding")
@@ -190,10 +207,10 @@ def finished_results(args: argparse.Namespace) -> List[StudyResult]:
 def commands_block(args: argparse.Namespace, results: Sequence[StudyResult]) -> str:
     by_name = {a.name: a for a in ARMS}
     lines = []
+    for vocab_size in sorted({vocab_size_of(args, by_name[r.name]) for r in results}):
+        lines.append(shlex.join(bpe_command(args, vocab_size)))
     for r in results:
         arm = by_name[r.name]
-        if arm.vocab_size is not None:
-            lines.append(shlex.join(bpe_command(args, arm.vocab_size)))
         lines.append(shlex.join(train_command(args, arm)))
         lines.append(shlex.join(decode_command(args, arm, r.steps)))
     return "\n".join(lines)
@@ -212,7 +229,8 @@ def render_section(args: argparse.Namespace, results: Sequence[StudyResult]) -> 
         "validation pass at the end is not counted), with one change from the defaults of 2026-11-23 "
         "(cpu preset: 4 x 256 LSTM layers, BPE 500, `--max-duration 40`, Eve lr 0.003, Eden 1000/4, "
         "dropout 0.1, layer dropout 0.075, SpecAugment and noise mixing on, `--model-warm-step 100`, "
-        "GradientFilter 25 and clip_grad_norm 5 on). The budget is wall-clock rather than steps because "
+        "GradientFilter 25 and clip_grad_norm 5 on; the commands below give these explicitly, so they mean the same "
+        "after train.py's defaults changed). The budget is wall-clock rather than steps because "
         "the demo's budget is wall-clock and several levers change the cost of a step. WER: greedy "
         "search with the weights at the end of the budget (`--avg 1`, no averaging). Losses are the "
         "transducer loss per encoder frame (0.5 simple + pruned, CTC excluded): the running training "
@@ -256,8 +274,9 @@ def main(argv: Sequence[str] = None) -> int:
     if args.minutes <= 0:
         parser.error(f"--minutes must be positive, got {args.minutes}")
     args.work_dir = args.work_dir.resolve()
-    if not (args.work_dir / args.bpe_model).is_file():
-        parser.error(f"--bpe-model {args.bpe_model} not found in {args.work_dir}: run prepare.sh first")
+    supervisions = args.work_dir / "data/manifests/librispeech_supervisions_train-clean-100.jsonl.gz"
+    if not supervisions.is_file() or not (args.work_dir / "data/fbank").is_dir():
+        parser.error(f"no prepared data in {args.work_dir} ({supervisions} is missing): run prepare.sh first")
     selected = [a for a in ARMS if args.arms is None or a.name in args.arms]
     for i, arm in enumerate(selected, 1):
         if (args.work_dir / args.exp_root / arm.name / DONE_FILE).is_file():

@@ -37,6 +37,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from icefall_lite.bpe import DEFAULT_BPE_MODEL
 from icefall_lite.checkpoint import (
     CheckpointError,
     find_checkpoints,
@@ -73,7 +74,7 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--world-size", type=int, default=1, help="Number of processes (GPUs, or CPU processes with gloo).")
     parser.add_argument("--master-port", type=int, default=12354, help="Master port for DDP.")
     parser.add_argument("--tensorboard", type=str2bool, default=True, help="Write TensorBoard scalars to exp-dir/tensorboard.")
-    parser.add_argument("--num-epochs", type=int, default=8, help="Number of epochs to train.")
+    parser.add_argument("--num-epochs", type=int, default=16, help="Number of epochs to train.")
     parser.add_argument(
         "--start-epoch",
         type=int,
@@ -85,7 +86,7 @@ def get_parser() -> argparse.ArgumentParser:
         "--start-batch", type=int, default=0, help="Resume from exp-dir/checkpoint-N.pt when > 0 (overrides --start-epoch)."
     )
     parser.add_argument("--exp-dir", type=Path, default=Path("lstm_transducer_stateless/exp"), help="Checkpoints, logs, tensorboard.")
-    parser.add_argument("--bpe-model", type=str, default="data/lang_bpe_500/bpe.model", help="sentencepiece model.")
+    parser.add_argument("--bpe-model", type=str, default=DEFAULT_BPE_MODEL, help="sentencepiece model.")
     parser.add_argument("--optimizer", choices=["eve", "scaled-adam"], default="eve",
                         help="eve: lstm_transducer_stateless3's Adam variant; scaled-adam: the zipformer recipes' "
                         "ScaledAdam (updates relative to each tensor's size, its own clipping at 2x the median "
@@ -110,9 +111,10 @@ def get_parser() -> argparse.ArgumentParser:
                         help="Weight of an auxiliary CTC loss on the encoder output (a CTC head as in icefall's "
                         "zipformer recipes, which use 0.2); 0 = no CTC head. The logged 'loss' is the transducer "
                         "loss (simple + pruned), so it compares between runs with and without CTC.")
-    parser.add_argument("--dropout", type=float, default=0.1,
-                        help="Dropout on the encoder layers' LSTM and feed-forward branches (and the CTC head).")
-    parser.add_argument("--layer-dropout", type=float, default=0.075,
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="Dropout on the encoder layers' LSTM and feed-forward branches (and the CTC head) "
+                        "(icefall: 0.1).")
+    parser.add_argument("--layer-dropout", type=float, default=0.0,
                         help="Probability, per layer and batch, of nearly bypassing an encoder layer (icefall: 0.075).")
     parser.add_argument("--tail-pad-frames", type=int, default=0,
                         help=f"Append this many frames of log(1e-10) to every training utterance, as decode.py "
@@ -139,12 +141,14 @@ def get_parser() -> argparse.ArgumentParser:
                         "to give every arm the same wall-clock budget.")
     add_model_arguments(parser)
     LibriSpeechAsrDataModule.add_arguments(parser)
-    # Sized for the ~3 s utterances of the synthetic corpus on a 2-core CPU:
-    # smaller batches give ~2,400 updates in the default 8 epochs (a transducer
-    # needs updates to leave the blank plateau), and icefall's 80-frame time
-    # warp distorts 3 s utterances too much. For LibriSpeech on a GPU pass
-    # icefall's --max-duration 500 --spec-aug-time-warp-factor 80.
-    parser.set_defaults(max_duration=40.0, spec_aug_time_warp_factor=-1)
+    # Sized for the ~3 s utterances of the 3-hour synthetic corpus on a 2-core
+    # CPU, as the learning-speed study (RESULTS.md) measured: small batches
+    # (more updates; --max-duration 100 learned slower per minute), no
+    # SpecAugment and no dropout (both slowed learning within the demo's
+    # budget; noise mixing stays on for the noisy test-other). For LibriSpeech
+    # on a GPU pass icefall's --max-duration 500 --enable-spec-aug true
+    # --spec-aug-time-warp-factor 80 --dropout 0.1 --layer-dropout 0.075.
+    parser.set_defaults(max_duration=40.0, spec_aug_time_warp_factor=-1, enable_spec_aug=False)
     return parser
 
 
