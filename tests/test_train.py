@@ -226,7 +226,8 @@ def test_missing_or_empty_training_manifest_gives_clear_error(tiny_data, tmp_pat
 def test_training_flags_reach_the_model(tiny_data):
     _, model, *_ = _params_and_model(tiny_data)
     assert model.ctc_output is None
-    assert model.encoder.layers[0].dropout.p == 0.1 and model.encoder.layers[0].layer_dropout == 0.075
+    # The defaults chosen by the learning-speed study: no dropout, no layer dropout.
+    assert model.encoder.layers[0].dropout.p == 0.0 and model.encoder.layers[0].layer_dropout == 0.0
     _, model, *_ = _params_and_model(tiny_data, "--dropout", "0.3", "--layer-dropout", "0", "--ctc-loss-scale", "0.2")
     for layer in model.encoder.layers:
         assert layer.dropout.p == 0.3 and layer.feed_forward[3].p == 0.3 and layer.layer_dropout == 0.0
@@ -282,3 +283,12 @@ def test_max_minutes_stops_validates_and_records_progress(tiny_data, tmp_path):
     ckpt = load_checkpoint_file(tmp_path / "exp" / "checkpoint-1.pt")
     assert ckpt["batch_idx_train"] == 1 and ckpt["train_seconds"] > 0
     assert math.isfinite(ckpt["valid_loss"]) and math.isfinite(ckpt["train_loss"])
+
+
+def test_prepare_sh_default_vocabulary_is_train_py_default_bpe_model(tiny_data):
+    # prepare.sh (bash) and icefall_lite.bpe (Python) both state the synthetic corpus's vocabulary:
+    # the tiny corpus, prepared without --vocab-size, has the BPE model train.py and decode.py default to.
+    from icefall_lite.bpe import DEFAULT_BPE_MODEL
+
+    assert (tiny_data / DEFAULT_BPE_MODEL).is_file()
+    assert train.get_parser().parse_args([]).bpe_model == DEFAULT_BPE_MODEL
