@@ -23,7 +23,7 @@ ablation: setup
 
 # The five benchmarks (loss, scaling, filter overhead, training throughput,
 # decoding vs sherpa-onnx); rewrites benchmarks/RESULTS.md. Decoding uses the
-# trained default model (exp/, --epoch 8 --avg 3) and test-clean. About 5 minutes (4 min 24 s measured 2026-11-23).
+# trained default model (exp/, --epoch 16 --avg 3) and test-clean. About 5 minutes (4 min 24 s measured 2026-11-23).
 bench: setup
 	. $(VENV)/bin/activate && python benchmarks/run_all.py
 

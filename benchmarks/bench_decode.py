@@ -15,11 +15,11 @@ same load. RTF = wall time / audio duration over the whole cut set. The WER
 of each variant is printed as a check that they decode alike.
 
 Usage (defaults: the trained default model and test-clean, from the repository root):
-  python benchmarks/bench_decode.py --epoch 8 --avg 3 \\
+  python benchmarks/bench_decode.py --epoch 16 --avg 3 \\
       --exp-dir egs/librispeech/ASR/lstm_transducer_stateless/exp \\
       --cuts egs/librispeech/ASR/data/fbank/librispeech_cuts_test-clean.jsonl.gz
 
-  # already exported files (encoder-epoch-8-avg-3.onnx, ..., tokens.txt)
+  # already exported files (encoder-epoch-16-avg-3.onnx, ..., tokens.txt)
   python benchmarks/bench_decode.py --onnx-dir egs/librispeech/ASR/lstm_transducer_stateless/exp
 """
 
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RECIPE, Section, add_common_arguments, markdown_table, setup_threads  # noqa: E402
 from icefall_lite.bpe import DEFAULT_BPE_MODEL  # noqa: E402
-from icefall_lite.checkpoint import load_averaged_weights  # noqa: E402
+from icefall_lite.checkpoint import DEFAULT_EPOCH, load_averaged_weights  # noqa: E402
 from icefall_lite.model import add_model_arguments, build_transducer, model_config_from_args  # noqa: E402
 from icefall_lite.onnx_export import build_exportable, export_transducer_onnx, onnx_filenames, write_tokens_file  # noqa: E402
 from icefall_lite.search import fast_beam_search_one_best, greedy_search_batch, modified_beam_search  # noqa: E402
@@ -63,7 +63,8 @@ def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--exp-dir", type=Path, default=RECIPE / "lstm_transducer_stateless" / "exp",
                         help="Checkpoints (epoch-N.pt). (default: the recipe's lstm_transducer_stateless/exp)")
-    parser.add_argument("--epoch", type=int, default=8, help="Last epoch to average. (default: 8)")
+    parser.add_argument("--epoch", type=int, default=DEFAULT_EPOCH,
+                        help=f"Last epoch to average. (default: {DEFAULT_EPOCH}, train.py's last)")
     parser.add_argument("--avg", type=int, default=3, help="Epochs to average. (default: 3)")
     parser.add_argument("--use-averaged-model", type=str2bool, default=True,
                         help="Average with model_avg, as decode.py. (default: true)")
