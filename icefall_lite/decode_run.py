@@ -198,20 +198,18 @@ def pad_tail(
 ) -> Tuple[Tensor, Tensor]:
     """Append ``num_frames`` frames of log(1e-10) to every utterance (icefall's fix for tail deletions).
 
-    Every frame after an utterance's own ``feature_lens`` frames becomes
-    log(1e-10) (lhotse pads batches with that value already; the mask makes
-    it so whatever the batch holds there).
+    As icefall, the frames are appended after the batch's last frame; lhotse
+    pads a shorter utterance with log(1e-10) already, so every utterance is
+    followed by at least ``num_frames`` frames of log(1e-10).
 
     Args:
-      feature: (N, T, C) padded batch.
+      feature: (N, T, C) padded batch (padding log(1e-10), as lhotse's).
       feature_lens: (N,) valid frames.
       num_frames: frames to append (icefall's decode.py: 35).
     Returns:
       feature (N, T + num_frames, C) and feature_lens + num_frames.
     """
     feature = F.pad(feature, (0, 0, 0, num_frames), mode="constant", value=LOG_EPS)
-    beyond = torch.arange(feature.size(1), device=feature.device).unsqueeze(0) >= feature_lens.unsqueeze(1)
-    feature = feature.masked_fill(beyond.unsqueeze(-1), LOG_EPS)
     return feature, feature_lens + num_frames
 
 

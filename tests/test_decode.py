@@ -140,7 +140,8 @@ def test_suffix_and_key_follow_icefall(argv, suffix, key):
 
 def test_defaults():
     args = decode.get_parser().parse_args([])
-    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (8, 0, 3, True)
+    # train.py's default run is 16 epochs (the learning-speed study's defaults).
+    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (16, 0, 3, True)
     assert (args.beam_size, args.beam, args.max_contexts, args.max_states, args.max_sym_per_frame) == (4, 20.0, 8, 64, 1)
     assert args.test_sets == ["test-clean", "test-other"]
     assert args.decoding_method == "greedy_search"

@@ -458,7 +458,7 @@ def test_export_script_averaging_and_files(export_script, bpe_model, tmp_path):
 
 def test_export_script_defaults_point_at_the_trained_model(export_script):
     args = export_script.get_parser().parse_args([])
-    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (8, 0, 3, True)
+    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (16, 0, 3, True)  # train.py runs 16 epochs by default
     assert args.exp_dir == Path("lstm_transducer_stateless/exp")
 
 

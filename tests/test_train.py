@@ -254,10 +254,13 @@ def test_compute_loss_with_tail_padding_and_ctc(tiny_data):
     model.eval()
     batch = _batch()
     lens = batch["supervisions"]["num_frames"]
+    for i, n in enumerate(lens.tolist()):
+        batch["inputs"][i, n:] = math.log(1e-10)  # lhotse's padding value
     loss, info = train.compute_loss(params, model, sp, batch, is_training=False, warmup=3.0)
     # Per-frame normalisation counts the utterances' own frames, not the padding.
     assert info["frames"] == float(sum(((n - 3) // 2 - 1) // 2 for n in lens.tolist()))
-    # The same as the model on features padded by hand with 35 frames of log(1e-10) after each utterance.
+    # The same as the model on features padded by hand with 35 frames of log(1e-10) after each utterance
+    # (beyond its own frames the batch already holds lhotse's padding, log(1e-10)).
     padded = torch.full((3, 120 + 35, 80), math.log(1e-10))
     for i, n in enumerate(lens.tolist()):
         padded[i, :n] = batch["inputs"][i, :n]

@@ -41,6 +41,7 @@ def get_parser() -> argparse.ArgumentParser:
                         help="curves measured before: a CSV with the header label,minutes,wer (repeatable)")
     parser.add_argument("--output", type=Path, default=Path("learning-curve.png"), help="the PNG (a .csv goes beside it)")
     parser.add_argument("--test-set", default="test-clean", help="the test set decoded")
+    parser.add_argument("--every", type=int, default=1, help="decode every N-th epoch (and always the last)")
     parser.add_argument("decode_args", nargs="*", help="extra decode.py flags (after --)")
     return parser
 
@@ -50,12 +51,15 @@ def wer_summary(exp_dir: Path, epoch: int, test_set: str) -> Path:
     return exp_dir / "greedy_search" / f"wer-summary-{test_set}-{suffix}.txt"
 
 
-def run_curve(label: str, exp_dir: Path, test_set: str, decode_args: List[str]) -> Curve:
+def run_curve(label: str, exp_dir: Path, test_set: str, decode_args: List[str], every: int = 1) -> Curve:
     minutes = epoch_training_minutes(exp_dir)
     if not minutes:
         raise FileNotFoundError(f"no epoch-*.pt in {exp_dir} for the run {label!r}")
+    last = max(minutes)
     points = []
     for epoch, mins in minutes.items():
+        if epoch % every != 0 and epoch != last:
+            continue
         summary = wer_summary(exp_dir, epoch, test_set)
         if not summary.is_file():
             cmd = [sys.executable, str(RECIPE_DIR / "lstm_transducer_stateless" / "decode.py"), "--exp-dir", str(exp_dir),
@@ -72,6 +76,8 @@ def main() -> int:
     logging.basicConfig(format="%(asctime)s %(levelname)s [learning_curve.py] %(message)s", level=logging.INFO)
     parser = get_parser()
     args = parser.parse_args()
+    if args.every < 1:
+        parser.error(f"--every must be >= 1, got {args.every}")
     curves: Dict[str, Curve] = {}
     for path in args.csv:
         curves.update(read_curve_csv(path))
@@ -80,7 +86,7 @@ def main() -> int:
         if not sep or not label or not exp_dir:
             parser.error(f"--run takes LABEL=EXP_DIR, got {spec!r}")
         try:
-            curves[label] = run_curve(label, Path(exp_dir), args.test_set, args.decode_args)
+            curves[label] = run_curve(label, Path(exp_dir), args.test_set, args.decode_args, args.every)
         except (FileNotFoundError, KeyError, subprocess.CalledProcessError) as e:
             parser.exit(1, f"learning_curve.py: error: {e}\n")
     if not curves:

@@ -122,8 +122,11 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def run_command(work_dir: Path, cmd: List[str], what: str) -> float:
-    """Run ``cmd`` (``python`` = this interpreter) in ``work_dir``; returns its wall time; StudyError on failure."""
-    argv = [sys.executable] + cmd[1:] if cmd[0] == "python" else cmd
+    """Run ``cmd`` in ``work_dir``; returns its wall time; StudyError on failure.
+
+    ``python <script>`` runs the recipe's script (relative to the recipe) with this interpreter.
+    """
+    argv = [sys.executable, str(RECIPE_DIR / cmd[1])] + cmd[2:] if cmd[0] == "python" else cmd
     logging.info(f"{what}: {shlex.join(cmd)}")
     start = time.time()
     env = dict(os.environ)

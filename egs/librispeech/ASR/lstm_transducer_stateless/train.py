@@ -87,7 +87,8 @@ def get_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--exp-dir", type=Path, default=Path("lstm_transducer_stateless/exp"), help="Checkpoints, logs, tensorboard.")
     parser.add_argument("--bpe-model", type=str, default=DEFAULT_BPE_MODEL, help="sentencepiece model.")
-    parser.add_argument("--optimizer", choices=["eve", "scaled-adam"], default="eve",
+    # dest is not "optimizer": checkpoints store params next to the "optimizer" state.
+    parser.add_argument("--optimizer", dest="optimizer_name", choices=["eve", "scaled-adam"], default="eve",
                         help="eve: lstm_transducer_stateless3's Adam variant; scaled-adam: the zipformer recipes' "
                         "ScaledAdam (updates relative to each tensor's size, its own clipping at 2x the median "
                         "gradient norm; zipformer uses --base-lr 0.045 and no --clip-grad-norm).")
@@ -215,7 +216,7 @@ def training_model_config(args: argparse.Namespace, vocab_size: int, blank_id: i
 
 def make_optimizer(params: AttributeDict, model: nn.Module) -> torch.optim.Optimizer:
     """Eve or ScaledAdam (--optimizer) at --base-lr."""
-    if params.optimizer == "scaled-adam":
+    if params.optimizer_name == "scaled-adam":
         return ScaledAdam(model.parameters(), lr=params.base_lr, clipping_scale=2.0)
     return Eve(model.parameters(), lr=params.base_lr)
 
@@ -676,7 +677,11 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
             logging.info("Diagnostics printed; exiting (--print-diagnostics).")
             break
         if not finished:
+            # The checkpoint keeps the RNG states of the stop, as if no validation had run,
+            # so that a run resumed from it continues as the uninterrupted one.
+            rng_at_stop = get_rng_state(train_dl)
             valid_info = compute_validation_loss(params, model, sp, valid_dl, world_size)
+            set_rng_state(rng_at_stop, train_dl)
             params.valid_loss = valid_info.per_frame("loss")
             logging.info(
                 f"Stopped by --max-batches {params.max_batches} / --max-minutes {params.max_minutes} at global "
