@@ -10,6 +10,14 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 
+def _evaluate(closure) -> Optional[Tensor]:
+    """The loss of ``closure`` with gradients enabled (``Optimizer.step``'s convention), or None."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class Eve(Optimizer):
     """Adam with betas (0.9, 0.98) plus icefall's weight decay and scalar clamping.
 
@@ -40,10 +48,7 @@ class Eve(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
@@ -199,21 +204,22 @@ class ScaledAdam(Optimizer):
             self._steps = int(clipping["steps"])
             self.num_clipped = int(clipping["num_clipped"])
 
-    def _param_rms(self, group: Dict, p: Tensor, state: Dict) -> Tensor:
+    @staticmethod
+    def _param_rms(p: Tensor, state: Dict) -> Tensor:
         if "param_rms" not in state:
             state["param_rms"] = p.detach().square().mean().sqrt()
         return state["param_rms"]
 
     def _clipping_factor(self) -> float:
         """Record this step's weighted gradient norm; the factor to scale the gradients by."""
-        sumsq = 0.0
+        terms = []
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                weight = 1.0 if p.numel() == 1 else float(self._param_rms(group, p, self.state[p]))
-                sumsq += float(p.grad.detach().double().square().sum()) * weight**2
-        norm = sumsq**0.5
+                sumsq = p.grad.detach().double().square().sum()
+                terms.append(sumsq if p.numel() == 1 else sumsq * self._param_rms(p, self.state[p]).double() ** 2)
+        norm = float(torch.stack(terms).sum().sqrt()) if terms else 0.0  # one host sync per step
         self._norms = (self._norms + [norm])[-self.clipping_update_period:]
         step = self._steps
         if step in (10, 20, 40) or (step > 0 and step % self.clipping_update_period == 0):
@@ -226,10 +232,7 @@ class ScaledAdam(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         factor = 1.0 if self.clipping_scale is None else self._clipping_factor()
         self.last_clipping_scale = factor
         for group in self.param_groups:
@@ -265,7 +268,7 @@ class ScaledAdam(Optimizer):
         beta1, beta2 = group["betas"]
         period = group["size_update_period"]
         step = state["step"]
-        param_rms = self._param_rms(group, p, state)
+        param_rms = self._param_rms(p, state)
         if "scale_grads" not in state:
             state["scale_grads"] = torch.zeros(period, dtype=p.dtype, device=p.device)
             state["scale_exp_avg_sq"] = torch.zeros((), dtype=p.dtype, device=p.device)
