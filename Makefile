@@ -23,12 +23,12 @@ ablation: setup
 
 # The five benchmarks (loss, scaling, filter overhead, training throughput,
 # decoding vs sherpa-onnx); rewrites benchmarks/RESULTS.md. Decoding uses the
-# trained default model (exp/, --epoch 16 --avg 3) and test-clean. About 5 minutes (4 min 24 s measured 2026-11-23).
+# trained default model (exp/, --epoch 5 --avg 2) and test-clean. About 5 minutes (4 min 24 s measured 2026-11-23).
 bench: setup
 	. $(VENV)/bin/activate && python benchmarks/run_all.py
 
-# The learning-speed study: 17 arms x 5 minutes of training each from scratch (one change from
-# the defaults of 2026-11-23 per arm, a second baseline seed, the combination), greedy WER ->
+# The learning-speed study: 17 arms x 5 minutes of training each from scratch on the 3-h corpus
+# (--size small, own work dir; one change from the defaults of 2026-11-23 per arm, a second baseline seed, the combination), greedy WER ->
 # RESULTS.md "Learning speed" (about 100 min on 2 idle cores; a rerun skips finished arms).
 learning-speed: setup
-	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh && python lstm_transducer_stateless/learning_speed.py
+	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh --size small --work-dir small-corpus && python lstm_transducer_stateless/learning_speed.py --work-dir small-corpus

@@ -37,9 +37,9 @@ from icefall_lite.utils import str2bool
 
 PathLike = Union[str, Path]
 DEFAULT_EXP_DIR = Path("lstm_transducer_stateless/exp")
-# train.py's default --num-epochs is 16: decode/export its last epoch averaged over 3.
-DEFAULT_EPOCH = 16
-DEFAULT_AVG = 3
+# train.py's --num-epochs and demo.sh: decode/export the last epoch, averaged over the last 2.
+DEFAULT_EPOCH = 5
+DEFAULT_AVG = 2
 
 
 class CheckpointError(RuntimeError):

@@ -53,6 +53,7 @@ class NoiseSize:
 
 NOISE_SIZES: Dict[str, NoiseSize] = {
     "default": NoiseSize(6, 30.0, 18, 20.0, 5),
+    "small": NoiseSize(6, 30.0, 18, 20.0, 5),
     "tiny": NoiseSize(1, 12.0, 2, 12.0, 3),
 }
 

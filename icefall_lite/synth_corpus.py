@@ -12,6 +12,14 @@ content), ``dev-clean``/``test-clean`` (training voices, unseen sentences),
 ``dev-other``/``test-other`` (voices never used in training plus white, pink,
 brown or babble noise at ``OTHER_SNR_RANGE`` dB).  No sentence is in two parts.
 
+The training part has a base (sentences of the ``vocab_words`` most frequent
+words, as the evaluation parts) and, for the larger sizes, extra speech: more
+voices reading sentences with rarer words (within ``extra_vocab_words``), none
+of them in an evaluation part or in the babble of the ``-other`` parts.  The
+extra speech is planned after everything else from its own random stream, so
+every size with the same base (``small`` and ``default``) has the same
+evaluation parts, utterance for utterance.
+
 The whole plan (texts, voices, noise types, SNRs, gains, seeds) is drawn up
 front from one seeded generator, so the corpus is the same for a seed whatever
 the number of worker processes.  The tree is built in ``LibriSpeech.partial``
@@ -27,7 +35,7 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import soundfile as sf
@@ -71,12 +79,18 @@ class CorpusSize:
     babble_talkers: int
     babble_seconds: float
     utts_per_chapter: int
+    extra_train_hours: float = 0.0  # planned hours of extra training speech
+    extra_train_speakers: int = 0  # voices of the extra speech (new rate/pitch draws)
+    extra_vocab_words: int = 0  # extra sentences use only these most frequent words
 
 
 SIZES: Dict[str, CorpusSize] = {
-    "default": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40),
+    "default": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40, 7.0, 72, 10000),
+    "small": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40),
     "tiny": CorpusSize(2000, 0.0, 40, 8, 6, 3, 2, 3, 6.0, 20),
 }
+# The random stream of the extra training speech: np.random.default_rng([seed, EXTRA_STREAM]).
+EXTRA_STREAM = 1
 
 
 @dataclass(frozen=True)
@@ -127,9 +141,16 @@ def _train_texts(pool: Sequence[str], size: CorpusSize) -> List[str]:
     """Training sentences: the pool in order, cycled until ``train_hours`` is planned."""
     if size.max_train_utts is not None:
         return list(pool[: size.max_train_utts])
+    return _cycle_to_hours(pool, size.train_hours)
+
+
+def _cycle_to_hours(pool: Sequence[str], hours: float) -> List[str]:
+    """``pool`` in order, cycled until ``hours`` of speech are planned."""
+    if hours > 0 and not pool:
+        raise ValueError("no sentences to plan training speech from")
     texts: List[str] = []
     seconds = 0.0
-    target = size.train_hours * 3600.0
+    target = hours * 3600.0
     while seconds < target:
         text = pool[len(texts) % len(pool)]
         texts.append(text)
@@ -221,6 +242,10 @@ def plan_corpus(size: CorpusSize, seed: int) -> CorpusPlan:
     babble_text = babble_sentences(splits.babble, "other")
     babble_text = [babble_text[i] for i in rng.permutation(len(babble_text))]
     num_babble = size.babble_segments * size.babble_talkers * noise_lib.SENTENCES_PER_TALKER
+    if size.extra_train_hours > 0:
+        utterances += _extra_train_utterances(
+            sentences, vocab, set(babble_text[:num_babble]), ids, size, seed
+        )
     return CorpusPlan(
         utterances=utterances,
         babble_voices=babble_voices,
@@ -228,6 +253,44 @@ def plan_corpus(size: CorpusSize, seed: int) -> CorpusPlan:
         babble_seeds=[int(s) for s in rng.integers(2**31, size=size.babble_segments)],
         oov=oov,
     )
+
+
+def extra_train_pool(
+    sentences: Sequence[str], base_vocab: FrozenSet[str], extra_vocab_words: int, excluded: Set[str]
+) -> List[str]:
+    """Sentences for the extra training speech, in corpus order.
+
+    Those with every word among the ``extra_vocab_words`` most frequent but at
+    least one outside ``base_vocab`` (so none can be in an evaluation part),
+    minus ``excluded`` (the babble sentences of the ``-other`` parts).
+    """
+    wider = frequent_vocabulary(sentences, extra_vocab_words)
+    return [
+        s
+        for s in sentences
+        if s not in excluded
+        and all(w in wider for w in s.split())
+        and not all(w in base_vocab for w in s.split())
+    ]
+
+
+def _extra_train_utterances(
+    sentences: Sequence[str],
+    base_vocab: FrozenSet[str],
+    excluded: Set[str],
+    ids: _Ids,
+    size: CorpusSize,
+    seed: int,
+) -> List[Utterance]:
+    """The extra training speech, from its own random stream (see the module docstring)."""
+    rng = np.random.default_rng([seed, EXTRA_STREAM])
+    pool = extra_train_pool(sentences, base_vocab, size.extra_vocab_words, excluded)
+    pool = [pool[i] for i in rng.permutation(len(pool))]
+    voices = tts.sample_voices(
+        rng, size.extra_train_speakers, tts.train_voice_names(), tts.TRAIN_FLITE
+    )
+    texts = _cycle_to_hours(pool, size.extra_train_hours)
+    return _part_utterances(TRAIN_PART, texts, voices, ids, size, rng)
 
 
 # --- rendering (runs in worker processes) ------------------------------------

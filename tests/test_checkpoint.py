@@ -9,6 +9,8 @@ import torch
 import torch.nn as nn
 
 from icefall_lite.checkpoint import (
+    DEFAULT_AVG,
+    DEFAULT_EPOCH,
     CheckpointError,
     atomic_torch_save,
     average_checkpoints,
@@ -266,3 +268,12 @@ def test_checkpoint_suffix_and_describe(constant_exp):
     assert checkpoint_suffix(10, 350, 3) == "iter-350-avg-3"
     plan = select_checkpoints(constant_exp, epoch=4, avg=2, use_averaged_model=False)
     assert plan.describe() == f"the average of {constant_exp}/epoch-3.pt, {constant_exp}/epoch-4.pt"
+
+
+def test_demo_decodes_the_epoch_and_avg_that_decode_py_defaults_to() -> None:
+    """demo.sh trains DEFAULT_EPOCH epochs and decodes --avg DEFAULT_AVG (one fact, two places)."""
+    import re
+
+    demo = (Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/demo.sh").read_text()
+    assert re.search(r"^num_epochs=(\d+)", demo, re.M).group(1) == str(DEFAULT_EPOCH)
+    assert re.search(r"^avg=(\d+)", demo, re.M).group(1) == str(DEFAULT_AVG)

@@ -116,6 +116,36 @@ def test_other_parts_are_noisy_and_voices_unseen_in_the_plan() -> None:
     assert not names & {v.name for v in train_voices}
 
 
+def test_default_corpus_is_small_plus_extra_speech_with_the_same_eval_parts() -> None:
+    small, default = plan_corpus(SIZES["small"], 42), plan_corpus(SIZES["default"], 42)
+    n = len(small.utterances)
+    # Everything of the small corpus (training base, dev, test, babble) is in the default one, unchanged.
+    assert default.utterances[:n] == small.utterances
+    assert default.babble_sentences == small.babble_sentences
+    extra = default.utterances[n:]
+    size = SIZES["default"]
+    assert extra and all(u.part == TRAIN_PART and u.noise is None for u in extra)
+    hours = sum(0.52 + 0.24 * len(u.text.split()) for u in extra) / 3600  # the planning estimate
+    assert size.extra_train_hours <= hours < size.extra_train_hours + 0.01
+    assert len({u.voice for u in extra}) == size.extra_train_speakers
+    for u in extra:
+        if u.voice.engine == "espeak":
+            accent, variant = u.voice.name.split("+")
+            assert accent in tts.TRAIN_ACCENTS and variant in tts.TRAIN_VARIANTS
+        else:
+            assert u.voice.name in tts.TRAIN_FLITE
+    assert len({u.utt_id for u in default.utterances}) == len(default.utterances)
+    # No extra sentence is in an evaluation part, in the -other parts' babble, or in the base
+    # training text; each has a word outside the base vocabulary.
+    eval_text = {u.text for u in small.utterances if u.part != TRAIN_PART}
+    base_text = {u.text for u in small.utterances if u.part == TRAIN_PART}
+    extra_text = {u.text for u in extra}
+    assert not extra_text & (eval_text | base_text | set(small.babble_sentences))
+    base_words = {w for t in base_text | eval_text for w in t.split()}
+    assert all(any(w not in base_words for w in t.split()) for t in extra_text)
+    assert len(extra_text) == len(extra)  # 7 h of unique sentences: no sentence read twice
+
+
 def test_corpus_is_deterministic_for_a_seed(tiny: Path, tmp_path: Path) -> None:
     a, b, c = plan_corpus(SIZES["tiny"], 42), plan_corpus(SIZES["tiny"], 42), plan_corpus(SIZES["tiny"], 43)
     assert a.utterances == b.utterances and a.utterances != c.utterances

@@ -2,7 +2,8 @@
 # Data preparation for the LibriSpeech recipe, in the shape of icefall's
 # egs/librispeech/ASR/prepare.sh.
 #
-#   bash prepare.sh                         # synthetic corpus (~3 h train), all stages
+#   bash prepare.sh                         # synthetic corpus (~10 h train), all stages
+#   bash prepare.sh --size small            # the first 3 h of it (same dev/test parts)
 #   bash prepare.sh --size tiny             # a few dozen utterances (tests, CI)
 #   bash prepare.sh --corpus librispeech    # real LibriSpeech from OpenSLR
 #   bash prepare.sh --stage 2 --stop-stage 3
@@ -25,7 +26,7 @@ set -eou pipefail
 stage=0
 stop_stage=4
 corpus=synthetic        # synthetic | librispeech
-size=default            # default | tiny (synthetic corpus only)
+size=default            # default | small | tiny (synthetic corpus only)
 work_dir=""             # where data/ and download/ go (default: this folder)
 dl_dir=""               # default: $work_dir/download
 vocab_size=""           # default: 100 for the synthetic corpus (2,000 words), 500 for LibriSpeech
@@ -70,7 +71,7 @@ while [ $# -gt 0 ]; do
 done
 
 case "$corpus" in synthetic|librispeech) ;; *) echo "prepare.sh: --corpus must be synthetic or librispeech" >&2; exit 2 ;; esac
-case "$size" in default|tiny) ;; *) echo "prepare.sh: --size must be default or tiny" >&2; exit 2 ;; esac
+case "$size" in default|small|tiny) ;; *) echo "prepare.sh: --size must be default, small or tiny" >&2; exit 2 ;; esac
 
 work_dir=${work_dir:-$recipe_dir}
 mkdir -p "$work_dir"

@@ -4,17 +4,17 @@
 
 Usage (from egs/librispeech/ASR, after train.py):
 
-  # greedy search, averaged model between epoch-13.pt (excluded) and epoch-16.pt
-  ./lstm_transducer_stateless/decode.py --epoch 16 --avg 3 \
+  # greedy search, averaged model between epoch-3.pt (excluded) and epoch-5.pt
+  ./lstm_transducer_stateless/decode.py --epoch 5 --avg 2 \
       --exp-dir lstm_transducer_stateless/exp --bpe-model data/lang_bpe_500/bpe.model \
       --decoding-method greedy_search
 
   # modified beam search
-  ./lstm_transducer_stateless/decode.py --epoch 16 --avg 3 \
+  ./lstm_transducer_stateless/decode.py --epoch 5 --avg 2 \
       --decoding-method modified_beam_search --beam-size 4
 
   # fast beam search (one best, trivial graph)
-  ./lstm_transducer_stateless/decode.py --epoch 16 --avg 3 \
+  ./lstm_transducer_stateless/decode.py --epoch 5 --avg 2 \
       --decoding-method fast_beam_search --beam 20.0 --max-contexts 8 --max-states 64
 
   # the averaged model over the batch checkpoints up to checkpoint-6000.pt
@@ -37,7 +37,7 @@ Checkpoint selection (as icefall; ``icefall_lite.checkpoint.select_checkpoints``
 Outputs go to ``<exp-dir>/<decoding-method>/``: ``recogs-<set>-<suffix>.txt``,
 ``errs-<set>-<suffix>.txt``, ``wer-summary-<set>-<suffix>.txt`` and
 ``log-decode-<suffix>-<date>``; the suffix is icefall's, e.g.
-``epoch-16-avg-3-context-2-max-sym-per-frame-1-use-averaged-model``. The WER
+``epoch-5-avg-2-context-2-max-sym-per-frame-1-use-averaged-model``. The WER
 and real-time factor (decoding wall time / audio duration) of every test set
 are logged and printed as a table at the end.
 """

@@ -4,17 +4,17 @@
 Usage (from egs/librispeech/ASR):
 
   ./lstm_transducer_stateless/export_onnx.py \\
-      --epoch 16 --avg 3 --use-averaged-model true \\
+      --epoch 5 --avg 2 --use-averaged-model true \\
       --exp-dir lstm_transducer_stateless/exp \\
       --bpe-model data/lang_bpe_100/bpe.model
 
 Use the same model-size flags as in training (--model-preset, --encoder-dim, ...).
 It writes into --output-dir (default: --exp-dir), as icefall's export-onnx.py:
 
-  encoder-epoch-16-avg-3.onnx        (x (N, 9, 80), h, c) -> (encoder_out, next_h, next_c)
-  decoder-epoch-16-avg-3.onnx        y (N, context_size) -> decoder_out
-  joiner-epoch-16-avg-3.onnx         (encoder_out, decoder_out) -> logit
-  *-epoch-16-avg-3.int8.onnx         the same, dynamically quantised to int8 (--int8 false skips them)
+  encoder-epoch-5-avg-2.onnx        (x (N, 9, 80), h, c) -> (encoder_out, next_h, next_c)
+  decoder-epoch-5-avg-2.onnx        y (N, context_size) -> decoder_out
+  joiner-epoch-5-avg-2.onnx         (encoder_out, decoder_out) -> logit
+  *-epoch-5-avg-2.int8.onnx         the same, dynamically quantised to int8 (--int8 false skips them)
   tokens.txt
 
 With --iter N the checkpoints are checkpoint-<batch>.pt (batch <= N) and the
@@ -22,8 +22,8 @@ suffix is iter-N-avg-A. sherpa-onnx runs the files with its OnlineRecognizer
 (model_type "lstm" is streaming-only):
 
   recognizer = sherpa_onnx.OnlineRecognizer.from_transducer(
-      tokens="exp/tokens.txt", encoder="exp/encoder-epoch-16-avg-3.onnx",
-      decoder="exp/decoder-epoch-16-avg-3.onnx", joiner="exp/joiner-epoch-16-avg-3.onnx",
+      tokens="exp/tokens.txt", encoder="exp/encoder-epoch-5-avg-2.onnx",
+      decoder="exp/decoder-epoch-5-avg-2.onnx", joiner="exp/joiner-epoch-5-avg-2.onnx",
       decoding_method="greedy_search")  # or "modified_beam_search"
   stream = recognizer.create_stream()
   stream.accept_waveform(16000, samples)  # float32 in [-1, 1]; add ~0.3 s of zeros at the end

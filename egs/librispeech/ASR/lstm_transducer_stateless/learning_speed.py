@@ -12,9 +12,12 @@ number of steps, because the demo's budget is wall-clock and several levers
 (batch size, model shape, vocabulary size, CTC head, tail padding) change
 what a step costs.
 
-Usage (from egs/librispeech/ASR, after prepare.sh):
+The study was run on the 3-hour corpus of that time, ``prepare.sh --size
+small``, kept in its own work dir so that it does not clash with the default
+corpus in data/:
 
-  ./lstm_transducer_stateless/learning_speed.py                      # every arm
+  bash prepare.sh --size small --work-dir small-corpus
+  ./lstm_transducer_stateless/learning_speed.py --work-dir small-corpus  # every arm
   ./lstm_transducer_stateless/learning_speed.py --arms baseline ctc  # some arms
   ./lstm_transducer_stateless/learning_speed.py --list               # the arms
 
@@ -256,10 +259,20 @@ def render_section(args: argparse.Namespace, results: Sequence[StudyResult]) -> 
         for name, d_clean, d_other, real in compare_to_baseline(results, base):
             lines.append(f"| {name} | {d_clean:+.2f} | {d_other:+.2f} | {'yes' if real else 'no'} |")
         lines.append("")
-    lines += ["Commands (from egs/librispeech/ASR, after `bash prepare.sh`):", "", "```",
-              f"./lstm_transducer_stateless/learning_speed.py --minutes {args.minutes:g}",
+    work_dir = shown_work_dir(args.work_dir)
+    lines += [f"Commands (from egs/librispeech/ASR, after `bash prepare.sh --size small --work-dir {work_dir}`; "
+              f"the study runs train.py and decode.py in `{work_dir}`):", "", "```",
+              f"./lstm_transducer_stateless/learning_speed.py --work-dir {work_dir} --minutes {args.minutes:g}",
               "# which runs, per arm:", commands_block(args, results), "```"]
     return "\n".join(lines)
+
+
+def shown_work_dir(work_dir: Path) -> str:
+    """``work_dir`` relative to the recipe folder when inside it, else as given."""
+    try:
+        return str(Path(work_dir).resolve().relative_to(RECIPE_DIR.resolve())) or "."
+    except ValueError:
+        return str(work_dir)
 
 
 def main(argv: Sequence[str] = None) -> int:

@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Decode cut sets with sherpa-onnx and the files of export_onnx.py, and write icefall's WER files.
 
-Usage (from egs/librispeech/ASR, after export_onnx.py --epoch 16 --avg 3):
+Usage (from egs/librispeech/ASR, after export_onnx.py --epoch 5 --avg 2):
 
-  ./lstm_transducer_stateless/sherpa_onnx_decode.py --epoch 16 --avg 3 \\
+  ./lstm_transducer_stateless/sherpa_onnx_decode.py --epoch 5 --avg 2 \\
       --exp-dir lstm_transducer_stateless/exp --decoding-method greedy_search
 
   # modified beam search with the int8 files
-  ./lstm_transducer_stateless/sherpa_onnx_decode.py --epoch 16 --avg 3 \\
+  ./lstm_transducer_stateless/sherpa_onnx_decode.py --epoch 5 --avg 2 \\
       --decoding-method modified_beam_search --beam-size 4 --int8 true
 
 --epoch/--iter/--avg name the files as export_onnx.py did
-(``<onnx-dir>/encoder-epoch-16-avg-3.onnx``, ...; --onnx-dir defaults to
+(``<onnx-dir>/encoder-epoch-5-avg-2.onnx``, ...; --onnx-dir defaults to
 --exp-dir). The audio of every cut (the recording in the cut manifest) goes
 to sherpa-onnx's OnlineRecognizer, which computes the fbank itself and runs
 the encoder chunk by chunk (model_type "lstm" is streaming-only in
@@ -21,7 +21,7 @@ of decode.py's 35 tail frames. --num-streams cuts are decoded side by side.
 Outputs go to ``<exp-dir>/sherpa-onnx/<decoding-method>/``:
 ``recogs-<set>-<suffix>.txt``, ``errs-<set>-<suffix>.txt``,
 ``wer-summary-<set>-<suffix>.txt`` and ``log-decode-<suffix>-<date>``, the
-suffix as decode.py's (e.g. ``epoch-16-avg-3-context-2-max-sym-per-frame-1``)
+suffix as decode.py's (e.g. ``epoch-5-avg-2-context-2-max-sym-per-frame-1``)
 plus ``-decode-chunk-len-<N>`` and ``-int8`` for the int8 files. The WER and
 real-time factor (wall time of reading the audio and decoding / audio
 duration) of every test set are logged and printed as a table.

@@ -4,13 +4,13 @@
 
 Usage (from egs/librispeech/ASR, after train.py):
 
-  # greedy search, averaged model between epoch-13.pt (excluded) and epoch-16.pt
-  ./lstm_transducer_stateless/streaming_decode.py --epoch 16 --avg 3 \\
+  # greedy search, averaged model between epoch-3.pt (excluded) and epoch-5.pt
+  ./lstm_transducer_stateless/streaming_decode.py --epoch 5 --avg 2 \\
       --exp-dir lstm_transducer_stateless/exp --bpe-model data/lang_bpe_500/bpe.model \\
       --decoding-method greedy_search
 
   # modified beam search
-  ./lstm_transducer_stateless/streaming_decode.py --epoch 16 --avg 3 \\
+  ./lstm_transducer_stateless/streaming_decode.py --epoch 5 --avg 2 \\
       --decoding-method modified_beam_search --beam-size 4
 
 The model is converted exactly as export_onnx.py converts it

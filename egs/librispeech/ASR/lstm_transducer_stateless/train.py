@@ -4,7 +4,7 @@
 Usage (from egs/librispeech/ASR):
 
   # CPU, default synthetic corpus, default (cpu) model size
-  ./lstm_transducer_stateless/train.py --num-epochs 8 --exp-dir lstm_transducer_stateless/exp
+  ./lstm_transducer_stateless/train.py --num-epochs 5 --exp-dir lstm_transducer_stateless/exp
 
   # GPU, icefall's sizes, 4 GPUs
   ./lstm_transducer_stateless/train.py --world-size 4 --model-preset icefall \
@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from icefall_lite.bpe import DEFAULT_BPE_MODEL
 from icefall_lite.checkpoint import (
+    DEFAULT_EPOCH,
     CheckpointError,
     find_checkpoints,
     load_checkpoint,
@@ -74,7 +75,7 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--world-size", type=int, default=1, help="Number of processes (GPUs, or CPU processes with gloo).")
     parser.add_argument("--master-port", type=int, default=12354, help="Master port for DDP.")
     parser.add_argument("--tensorboard", type=str2bool, default=True, help="Write TensorBoard scalars to exp-dir/tensorboard.")
-    parser.add_argument("--num-epochs", type=int, default=16, help="Number of epochs to train.")
+    parser.add_argument("--num-epochs", type=int, default=DEFAULT_EPOCH, help="Number of epochs to train.")
     parser.add_argument(
         "--start-epoch",
         type=int,
