@@ -46,8 +46,8 @@ from benchmarks.common import (  # noqa: E402
     peak_memory_bytes,
     setup_threads,
 )
-from icefall_lite.joiner import Joiner  # noqa: E402
-from icefall_lite.rnnt_loss import (  # noqa: E402
+from icefall_lite.nn.joiner import Joiner  # noqa: E402
+from icefall_lite.nn.rnnt_loss import (  # noqa: E402
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
     make_boundary,
@@ -55,7 +55,7 @@ from icefall_lite.rnnt_loss import (  # noqa: E402
     rnnt_loss_pruned,
     rnnt_loss_smoothed,
 )
-from icefall_lite.scaling import ScaledLinear  # noqa: E402
+from icefall_lite.nn.scaling import ScaledLinear  # noqa: E402
 
 BLANK = 0
 

@@ -25,9 +25,9 @@ sys.path.insert(0, str(RECIPE / "lstm_transducer_stateless"))
 
 import train as recipe_train  # noqa: E402  (the recipe's train.py: train_step, get_parser, get_params)
 
-from icefall_lite.bpe import DEFAULT_VOCAB_SIZE  # noqa: E402
-from icefall_lite.model import build_transducer  # noqa: E402
-from icefall_lite.optim import Eden  # noqa: E402
+from icefall_lite.data.bpe import DEFAULT_VOCAB_SIZE  # noqa: E402
+from icefall_lite.nn.model import build_transducer  # noqa: E402
+from icefall_lite.train.optim import Eden  # noqa: E402
 
 FRAMES_PER_SECOND = 100  # 10 ms fbank frame shift
 # Tokens per second of audio of the default BPE model on the default synthetic training set

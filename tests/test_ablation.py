@@ -25,9 +25,9 @@ from lhotse import load_manifest
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
 from conftest import RECIPE, recipe_env
-from icefall_lite.checkpoint import load_checkpoint_file
-from icefall_lite.corrupt import CorruptionConfig, CorruptionError, make_corrupted_dir
-from icefall_lite.data import encoder_frames
+from icefall_lite.train.checkpoint import load_checkpoint_file
+from icefall_lite.data.corrupt import CorruptionConfig, CorruptionError, make_corrupted_dir
+from icefall_lite.data.datamodule import encoder_frames
 from test_train import TINY_MODEL
 
 ABLATION = RECIPE / "lstm_transducer_stateless" / "ablation.py"

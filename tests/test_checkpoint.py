@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from icefall_lite.checkpoint import (
+from icefall_lite.train.checkpoint import (
     DEFAULT_AVG,
     DEFAULT_EPOCH,
     CheckpointError,

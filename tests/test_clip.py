@@ -1,4 +1,4 @@
-"""Numeric tests of icefall_lite.clip against independent references."""
+"""Numeric tests of icefall_lite.nn.clip against independent references."""
 
 import copy
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from icefall_lite.clip import (
+from icefall_lite.nn.clip import (
     ErrorClipByValue,
     GradientFilter,
     NonFiniteGradientError,

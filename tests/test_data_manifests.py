@@ -14,21 +14,21 @@ import soundfile as sf
 from lhotse import load_manifest
 from lhotse.utils import fastcopy
 
-from icefall_lite.features import (
+from icefall_lite.data.features import (
     ManifestError,
     compute_fbank_librispeech,
     librispeech_cuts_path,
     validate_cut,
     validate_cut_manifest,
 )
-from icefall_lite.manifests import (
+from icefall_lite.data.manifests import (
     audio_error,
     download_librispeech,
     manifest_paths,
     prepare_librispeech_manifests,
     report_manifests,
 )
-from icefall_lite.text_norm import TranscriptError
+from icefall_lite.data.text_norm import TranscriptError
 
 SR = 16000
 

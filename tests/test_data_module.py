@@ -1,4 +1,4 @@
-"""The lhotse datamodule (icefall_lite.data) on a small hand-made data set:
+"""The lhotse datamodule (icefall_lite.data.datamodule) on a small hand-made data set:
 tone audio with fbank, a noise corpus of coloured noise, a BPE model."""
 
 import argparse
@@ -13,12 +13,12 @@ import torch
 from lhotse import load_manifest, load_manifest_lazy
 from lhotse.cut import MixedCut
 
-from icefall_lite.bpe import load_bpe_model, train_bpe_model, write_transcript_words
-from icefall_lite.data import LibriSpeechAsrDataModule, encoder_frames, filter_cuts, rejection_reason
-from icefall_lite.features import compute_fbank_librispeech, librispeech_cuts_path
-from icefall_lite.manifests import prepare_librispeech_manifests
-from icefall_lite.noise import coloured_noise
-from icefall_lite.noise_corpus import prepare_noise_cuts
+from icefall_lite.data.bpe import load_bpe_model, train_bpe_model, write_transcript_words
+from icefall_lite.data.datamodule import LibriSpeechAsrDataModule, encoder_frames, filter_cuts, rejection_reason
+from icefall_lite.data.features import compute_fbank_librispeech, librispeech_cuts_path
+from icefall_lite.data.manifests import prepare_librispeech_manifests
+from icefall_lite.data.synthetic.noise import coloured_noise
+from icefall_lite.data.synthetic.noise_corpus import prepare_noise_cuts
 
 SR = 16000
 WORDS = "THE QUICK BROWN FOX JUMPS OVER A LAZY DOG AND RUNS AWAY FROM HOME AT NIGHT".split()

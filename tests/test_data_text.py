@@ -6,17 +6,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from icefall_lite.bpe import SPECIAL_IDS, VocabSizeError, load_bpe_model, train_bpe_model, write_transcript_words
-from icefall_lite.corpus_text import (
+from icefall_lite.data.bpe import SPECIAL_IDS, VocabSizeError, load_bpe_model, train_bpe_model, write_transcript_words
+from icefall_lite.data.synthetic.corpus_text import (
     babble_sentences,
     oov_counts,
     out_of_vocabulary,
     sentence_pool,
     split_sentences_for_corpus,
 )
-from icefall_lite.noise import coloured_noise, mix_at_snr, set_peak
-from icefall_lite.prep_util import atomic_output
-from icefall_lite.text_norm import (
+from icefall_lite.data.synthetic.noise import coloured_noise, mix_at_snr, set_peak
+from icefall_lite.utils import atomic_output
+from icefall_lite.data.text_norm import (
     TranscriptError,
     normalize_text,
     number_to_words,

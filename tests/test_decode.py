@@ -20,10 +20,10 @@ import torch.nn as nn
 from lhotse import CutSet, load_manifest
 
 from conftest import RECIPE, check_wer_files, recipe_env, with_features
-from icefall_lite.checkpoint import save_checkpoint
-from icefall_lite.decode_run import resolve_test_sets, result_key
-from icefall_lite.model import build_transducer
-from icefall_lite.search import greedy_search, greedy_search_batch
+from icefall_lite.train.checkpoint import save_checkpoint
+from icefall_lite.decoding.decode_run import resolve_test_sets, result_key
+from icefall_lite.nn.model import build_transducer
+from icefall_lite.decoding.search import greedy_search, greedy_search_batch
 from icefall_lite.utils import AttributeDict
 
 DECODE = RECIPE / "lstm_transducer_stateless" / "decode.py"

@@ -16,7 +16,7 @@ from lhotse import CutSet, load_manifest
 from lhotse.cut import Cut
 
 from conftest import with_features
-from icefall_lite.data import (
+from icefall_lite.data.datamodule import (
     EmptyCutSetError,
     FeaturesUnreadableError,
     LibriSpeechAsrDataModule,

@@ -14,8 +14,8 @@ import torch
 from lhotse import CutSet, load_manifest
 
 from conftest import recipe_env, with_features
-from icefall_lite.checkpoint import load_checkpoint_file
-from icefall_lite.tb_reader import read_scalars
+from icefall_lite.train.checkpoint import load_checkpoint_file
+from icefall_lite.ablation.tb_reader import read_scalars
 from test_train import TRAIN, TINY_MODEL, _batch_losses, _free_port, run_train
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import RECIPE
-from icefall_lite.checkpoint import save_checkpoint
-from icefall_lite.learning_speed import (
+from icefall_lite.train.checkpoint import save_checkpoint
+from icefall_lite.ablation.learning_speed import (
     DONE_FILE,
     StudyResult,
     compare_to_baseline,
@@ -21,7 +21,7 @@ from icefall_lite.learning_speed import (
     read_curve_csv,
     seed_spread,
 )
-from icefall_lite.prep_util import replace_marked_section
+from icefall_lite.utils import replace_marked_section
 
 SCRIPT = RECIPE / "lstm_transducer_stateless" / "learning_speed.py"
 

@@ -1,4 +1,4 @@
-"""Tests of icefall_lite.metrics on a hand-worked example and by parsing files back."""
+"""Tests of icefall_lite.decoding.metrics on a hand-worked example and by parsing files back."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Dict, List
 import kaldialign
 import pytest
 
-from icefall_lite.metrics import (
+from icefall_lite.decoding.metrics import (
     atomic_write,
     compute_wer,
     load_transcripts,
@@ -195,7 +195,7 @@ def test_atomic_write_leaves_old_file_and_no_temp_on_error(tmp_path):
 
 
 def test_deletion_positions_by_hand():
-    from icefall_lite.metrics import deletion_positions
+    from icefall_lite.decoding.metrics import deletion_positions
 
     results = [
         ("a", "A B C D".split(), "A B".split()),  # C, D deleted at the end: positions 2, 3 of 4

@@ -6,10 +6,10 @@ import itertools
 import pytest
 import torch
 
-from icefall_lite.checkpoint import CheckpointError, load_state_dict_checked
-from icefall_lite.model import MODEL_PRESETS, add_model_arguments, build_transducer, count_parameters, model_config_from_args
-from icefall_lite.optim import Eve
-from icefall_lite.rnnt_loss import rnnt_loss
+from icefall_lite.train.checkpoint import CheckpointError, load_state_dict_checked
+from icefall_lite.nn.model import MODEL_PRESETS, add_model_arguments, build_transducer, count_parameters, model_config_from_args
+from icefall_lite.train.optim import Eve
+from icefall_lite.nn.rnnt_loss import rnnt_loss
 
 
 def _tiny(threshold: float = 25.0, seed: int = 0, use_ctc: bool = False):
@@ -112,8 +112,8 @@ def test_model_presets_and_overrides():
 
 @pytest.mark.parametrize("context_size", [2, 3])
 def test_decoder_one_step_matches_the_padded_conv_and_a_loop(context_size):
-    from icefall_lite.decoder import Decoder
-    from icefall_lite.onnx_export import convert_scaled_to_non_scaled
+    from icefall_lite.nn.decoder import Decoder
+    from icefall_lite.export.onnx_export import convert_scaled_to_non_scaled
 
     torch.manual_seed(0)
     decoder = Decoder(vocab_size=12, decoder_dim=8, blank_id=0, context_size=context_size)

@@ -13,12 +13,12 @@ import torch
 import torch.nn as nn
 
 from conftest import reference_streaming_greedy
-from icefall_lite.bpe import train_bpe_model
-from icefall_lite.checkpoint import average_checkpoints, average_checkpoints_with_averaged_model, save_checkpoint
-from icefall_lite.clip import GradientFilter
-from icefall_lite.features import fbank_extractor
-from icefall_lite.model import build_transducer
-from icefall_lite.onnx_export import (
+from icefall_lite.data.bpe import train_bpe_model
+from icefall_lite.train.checkpoint import average_checkpoints, average_checkpoints_with_averaged_model, save_checkpoint
+from icefall_lite.nn.clip import GradientFilter
+from icefall_lite.data.features import fbank_extractor
+from icefall_lite.nn.model import build_transducer
+from icefall_lite.export.onnx_export import (
     LSTMP,
     NonScaledBasicNorm,
     OnnxRuntimeTransducer,
@@ -29,8 +29,8 @@ from icefall_lite.onnx_export import (
     read_meta_data,
     write_tokens_file,
 )
-from icefall_lite.scaling import ActivationBalancer, BasicNorm, ScaledLinear, ScaledLSTM
-from icefall_lite.streaming import chunk_starts, streaming_search
+from icefall_lite.nn.scaling import ActivationBalancer, BasicNorm, ScaledLinear, ScaledLSTM
+from icefall_lite.decoding.streaming import chunk_starts, streaming_search
 
 SCRIPT = Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/lstm_transducer_stateless/export_onnx.py"
 TINY = dict(encoder_dim=16, dim_feedforward=32, num_encoder_layers=2, decoder_dim=16, joiner_dim=20)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from icefall_lite.encoder import RNNEncoder, subsampled_length
-from icefall_lite.optim import Eden, Eve, ScaledAdam
+from icefall_lite.nn.encoder import RNNEncoder, subsampled_length
+from icefall_lite.train.optim import Eden, Eve, ScaledAdam
 
 
 def test_eden_formula():

@@ -17,11 +17,11 @@ import pytest
 import soundfile as sf
 from lhotse import load_manifest
 
-from icefall_lite import tts
-from icefall_lite.bpe import load_bpe_model
-from icefall_lite.data import LibriSpeechAsrDataModule, filter_cuts
-from icefall_lite.synth_corpus import EVAL_PARTS, PARTS, SIZES, TRAIN_PART, plan_corpus, render_utterance
-from icefall_lite.text_norm import ALLOWED_CHARS
+from icefall_lite.data.synthetic import tts
+from icefall_lite.data.bpe import load_bpe_model
+from icefall_lite.data.datamodule import LibriSpeechAsrDataModule, filter_cuts
+from icefall_lite.data.synthetic.corpus import EVAL_PARTS, PARTS, SIZES, TRAIN_PART, plan_corpus, render_utterance
+from icefall_lite.data.text_norm import ALLOWED_CHARS
 
 RECIPE = Path(__file__).resolve().parents[1] / "egs" / "librispeech" / "ASR"
 
@@ -151,7 +151,7 @@ def test_corpus_is_deterministic_for_a_seed(tiny: Path, tmp_path: Path) -> None:
     assert a.utterances == b.utterances and a.utterances != c.utterances
     # Re-render clean and noisy utterances in this process (prepare.sh used 2
     # worker processes): the FLACs must be identical to the bytes.
-    from icefall_lite import synth_corpus
+    from icefall_lite.data.synthetic import corpus
 
     bank = synth_corpus.make_babble_bank(a, SIZES["tiny"], 1)
     synth_corpus.set_babble_bank(bank)

@@ -1,4 +1,4 @@
-"""Tests of icefall_lite.rnnt_loss against brute-force lattice loops.
+"""Tests of icefall_lite.nn.rnnt_loss against brute-force lattice loops.
 
 The references below are written independently of the library: plain Python
 loops over the RNN-T lattice (Graves' alpha recursion over (t, u)) and over
@@ -14,7 +14,7 @@ from typing import Callable, List, Optional, Tuple
 import pytest
 import torch
 
-from icefall_lite.rnnt_loss import (
+from icefall_lite.nn.rnnt_loss import (
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
     make_boundary,
@@ -257,7 +257,7 @@ def test_rnnt_loss_matches_reference(device, logsumexp_chunk, monkeypatch):
     # logsumexp_chunk: the normalisers are taken over chunks of rows that do
     # not divide the 4 * 7 * 5 lattice cells (3 cells and 2 elements per chunk).
     if logsumexp_chunk is not None:
-        monkeypatch.setattr("icefall_lite.rnnt_loss._LOGSUMEXP_CHUNK_ELEMENTS", logsumexp_chunk)
+        monkeypatch.setattr("icefall_lite.nn.rnnt_loss._LOGSUMEXP_CHUNK_ELEMENTS", logsumexp_chunk)
     g = _gen(5)
     B, V, blank = len(LENGTHS), C, 2
     frames, syms = _lengths()

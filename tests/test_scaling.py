@@ -1,4 +1,4 @@
-"""Tests of icefall_lite.scaling against plain PyTorch modules and hand formulas."""
+"""Tests of icefall_lite.nn.scaling against plain PyTorch modules and hand formulas."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from icefall_lite.scaling import (
+from icefall_lite.nn.scaling import (
     ActivationBalancer,
     BasicNorm,
     DoubleSwish,

@@ -1,4 +1,4 @@
-"""Tests of icefall_lite.search against brute-force decoders written here.
+"""Tests of icefall_lite.decoding.search against brute-force decoders written here.
 
 The model is a real Decoder + Joiner with fixed random weights; encoder
 outputs are random. The reference decoders call the joiner with
@@ -17,9 +17,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from icefall_lite.decoder import Decoder
-from icefall_lite.joiner import Joiner
-from icefall_lite.search import (
+from icefall_lite.nn.decoder import Decoder
+from icefall_lite.nn.joiner import Joiner
+from icefall_lite.decoding.search import (
     fast_beam_search_one_best,
     greedy_search,
     greedy_search_batch,

@@ -17,13 +17,13 @@ import torch
 from lhotse import CutSet, load_manifest
 
 from conftest import RECIPE, check_wer_files, recipe_env, reference_streaming_greedy
-from icefall_lite.checkpoint import load_averaged_weights
-from icefall_lite.decode_run import LOG_EPS, NUM_TAIL_PADDED_FRAMES
-from icefall_lite.features import fbank_extractor
-from icefall_lite.model import build_transducer
-from icefall_lite.onnx_export import build_exportable
-from icefall_lite.sherpa import tail_padding
-from icefall_lite.streaming import streaming_search
+from icefall_lite.train.checkpoint import load_averaged_weights
+from icefall_lite.decoding.decode_run import LOG_EPS, NUM_TAIL_PADDED_FRAMES
+from icefall_lite.data.features import fbank_extractor
+from icefall_lite.nn.model import build_transducer
+from icefall_lite.export.onnx_export import build_exportable
+from icefall_lite.export.sherpa import tail_padding
+from icefall_lite.decoding.streaming import streaming_search
 from test_decode import BPE, TINY_FLAGS, TINY_SIZES, VOCAB_SIZE, write_epoch_checkpoints
 
 SCRIPTS = RECIPE / "lstm_transducer_stateless"

@@ -14,7 +14,7 @@ import sentencepiece as spm
 import torch
 
 from conftest import RECIPE, recipe_env
-from icefall_lite.checkpoint import load_checkpoint_file
+from icefall_lite.train.checkpoint import load_checkpoint_file
 
 TRAIN = RECIPE / "lstm_transducer_stateless" / "train.py"
 TINY_MODEL = [
@@ -289,9 +289,9 @@ def test_max_minutes_stops_validates_and_records_progress(tiny_data, tmp_path):
 
 
 def test_prepare_sh_default_vocabulary_is_train_py_default_bpe_model(tiny_data):
-    # prepare.sh (bash) and icefall_lite.bpe (Python) both state the synthetic corpus's vocabulary:
+    # prepare.sh (bash) and icefall_lite.data.bpe (Python) both state the synthetic corpus's vocabulary:
     # the tiny corpus, prepared without --vocab-size, has the BPE model train.py and decode.py default to.
-    from icefall_lite.bpe import DEFAULT_BPE_MODEL
+    from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
 
     assert (tiny_data / DEFAULT_BPE_MODEL).is_file()
     assert train.get_parser().parse_args([]).bpe_model == DEFAULT_BPE_MODEL

@@ -8,7 +8,7 @@ set -eou pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
 exp_dir=lstm_transducer_stateless/exp
-num_epochs=5  # = icefall_lite.checkpoint.DEFAULT_EPOCH (tests/test_checkpoint.py checks)
+num_epochs=5  # = icefall_lite.train.checkpoint.DEFAULT_EPOCH (tests/test_checkpoint.py checks)
 avg=2  # = DEFAULT_AVG
 
 log() {

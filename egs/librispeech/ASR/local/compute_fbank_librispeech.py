@@ -13,9 +13,9 @@ parts also get 0.9x and 1.1x copies. Finished parts are skipped.
 import argparse
 from pathlib import Path
 
-from icefall_lite.features import compute_fbank_librispeech
-from icefall_lite.manifests import DEFAULT_PARTS
-from icefall_lite.prep_util import add_nj_argument, parse_script_args, script_parser
+from icefall_lite.data.features import compute_fbank_librispeech
+from icefall_lite.data.manifests import DEFAULT_PARTS
+from icefall_lite.utils import add_nj_argument, parse_script_args, script_parser
 from icefall_lite.utils import str2bool
 
 

@@ -10,7 +10,7 @@ train.py's --manifest-dir.
 Methods: random-text (the transcript becomes random BPE pieces, --density x
 the cut's encoder frames; features and duration unchanged) or scale-features
 (log-mel features x --scale, written under OUT_DIR/feats). See
-icefall_lite/corrupt.py. Outputs: OUT_DIR/librispeech_cuts_train-clean-100.jsonl.gz,
+icefall_lite/data/corrupt.py. Outputs: OUT_DIR/librispeech_cuts_train-clean-100.jsonl.gz,
 OUT_DIR/corrupted_cut_ids.txt, OUT_DIR/corruption.json (settings and per-cut
 details) and a marker; a rerun with the same settings does nothing, one with
 other settings is refused. Run it from the work dir (feature paths in the
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from icefall_lite.corrupt import CORRUPTION_METHODS, CorruptionConfig, CorruptionError, make_corrupted_dir
-from icefall_lite.prep_util import parse_script_args, script_parser
+from icefall_lite.data.corrupt import CORRUPTION_METHODS, CorruptionConfig, CorruptionError, make_corrupted_dir
+from icefall_lite.utils import parse_script_args, script_parser
 
 
 def get_parser() -> argparse.ArgumentParser:

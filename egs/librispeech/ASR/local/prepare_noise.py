@@ -11,8 +11,8 @@ data/manifests/noise_recordings.jsonl.gz and data/fbank/noise_cuts.jsonl.gz
 import argparse
 from pathlib import Path
 
-from icefall_lite.noise_corpus import NOISE_SIZES, build_noise_audio, prepare_noise_cuts
-from icefall_lite.prep_util import add_nj_argument, parse_script_args, script_parser
+from icefall_lite.data.synthetic.noise_corpus import NOISE_SIZES, build_noise_audio, prepare_noise_cuts
+from icefall_lite.utils import add_nj_argument, parse_script_args, script_parser
 
 
 def get_parser() -> argparse.ArgumentParser:

@@ -2,7 +2,7 @@
 """Stage 0 (synthetic): build the offline LibriSpeech-layout corpus.
 
 Writes <dl-dir>/LibriSpeech/{train-clean-100,dev-clean,dev-other,test-clean,test-other}
-with espeak-ng/flite speech of fortune sentences; see icefall_lite/synth_corpus.py.
+with espeak-ng/flite speech of fortune sentences; see icefall_lite/data/synthetic/corpus.py.
 Skips (with a log line) when the same corpus is already there.
 
     ./local/synthesize_corpus.py --dl-dir download --size default --seed 42 --nj 2
@@ -11,8 +11,8 @@ Skips (with a log line) when the same corpus is already there.
 import argparse
 from pathlib import Path
 
-from icefall_lite.prep_util import add_nj_argument, parse_script_args, script_parser
-from icefall_lite.synth_corpus import SIZES, build_corpus
+from icefall_lite.utils import add_nj_argument, parse_script_args, script_parser
+from icefall_lite.data.synthetic.corpus import SIZES, build_corpus
 
 
 def get_parser() -> argparse.ArgumentParser:

@@ -14,8 +14,8 @@ import logging
 import sys
 from pathlib import Path
 
-from icefall_lite.bpe import VocabSizeError, supervision_texts, train_bpe_model, write_transcript_words
-from icefall_lite.prep_util import parse_script_args, script_parser
+from icefall_lite.data.bpe import VocabSizeError, supervision_texts, train_bpe_model, write_transcript_words
+from icefall_lite.utils import parse_script_args, script_parser
 
 
 def get_parser() -> argparse.ArgumentParser:

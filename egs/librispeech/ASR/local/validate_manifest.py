@@ -13,8 +13,8 @@ import logging
 import sys
 from pathlib import Path
 
-from icefall_lite.features import ManifestError, validate_cut_manifest
-from icefall_lite.prep_util import parse_script_args, script_parser
+from icefall_lite.data.features import ManifestError, validate_cut_manifest
+from icefall_lite.utils import parse_script_args, script_parser
 from icefall_lite.utils import str2bool
 
 

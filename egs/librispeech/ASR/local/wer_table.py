@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from icefall_lite.metrics import load_wer_summary
+from icefall_lite.decoding.metrics import load_wer_summary
 
 METHODS = ("greedy_search", "modified_beam_search", "fast_beam_search")
 TEST_SETS = ("test-clean", "test-other")

@@ -56,7 +56,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from icefall_lite.ablation import (
+from icefall_lite.ablation.report import (
     ARMS,
     DONE_MARKER,
     TEST_SETS,
@@ -72,8 +72,8 @@ from icefall_lite.ablation import (
     update_results_md,
     write_json_atomic,
 )
-from icefall_lite.ablation_plots import write_plots
-from icefall_lite.corrupt import CORRUPTION_METHODS, IDS_FILE, read_done
+from icefall_lite.ablation.plots import write_plots
+from icefall_lite.data.corrupt import CORRUPTION_METHODS, IDS_FILE, read_done
 
 RECIPE_DIR = Path(__file__).resolve().parents[1]
 DECODING_METHODS = ("greedy_search", "modified_beam_search", "fast_beam_search")

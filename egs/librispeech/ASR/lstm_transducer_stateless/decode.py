@@ -23,7 +23,7 @@ Usage (from egs/librispeech/ASR, after train.py):
   # any cut manifest, next to test-clean
   ./lstm_transducer_stateless/decode.py --test-sets test-clean data/fbank/my_cuts.jsonl.gz
 
-Checkpoint selection (as icefall; ``icefall_lite.checkpoint.select_checkpoints``):
+Checkpoint selection (as icefall; ``icefall_lite.train.checkpoint.select_checkpoints``):
 
 - ``--use-averaged-model true`` with ``--iter 0``: the average of the model
   over the batches between ``epoch-(E-A).pt`` (excluded) and ``epoch-E.pt``,
@@ -55,9 +55,9 @@ import torch
 import torch.nn as nn
 from lhotse import load_manifest_lazy
 
-from icefall_lite.checkpoint import load_weights_or_exit
-from icefall_lite.data import CutDataError, LibriSpeechAsrDataModule
-from icefall_lite.decode_run import (
+from icefall_lite.train.checkpoint import load_weights_or_exit
+from icefall_lite.data.datamodule import CutDataError, LibriSpeechAsrDataModule
+from icefall_lite.decoding.decode_run import (
     DecodeStats,
     add_decoding_arguments,
     batch_features,
@@ -70,9 +70,9 @@ from icefall_lite.decode_run import (
     result_key,
     validate_decoding_args,
 )
-from icefall_lite.metrics import Result
-from icefall_lite.model import count_parameters
-from icefall_lite.search import (
+from icefall_lite.decoding.metrics import Result
+from icefall_lite.nn.model import count_parameters
+from icefall_lite.decoding.search import (
     fast_beam_search_one_best,
     greedy_search,
     greedy_search_batch,

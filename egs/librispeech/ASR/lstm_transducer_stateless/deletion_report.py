@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from icefall_lite.metrics import compute_wer, deletion_positions, load_transcripts
+from icefall_lite.decoding.metrics import compute_wer, deletion_positions, load_transcripts
 
 
 def main() -> int:

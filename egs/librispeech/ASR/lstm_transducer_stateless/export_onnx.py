@@ -42,15 +42,15 @@ from typing import Dict, List, Optional
 
 import torch
 
-from icefall_lite.bpe import DEFAULT_BPE_MODEL, load_bpe_model
-from icefall_lite.checkpoint import (
+from icefall_lite.data.bpe import DEFAULT_BPE_MODEL, load_bpe_model
+from icefall_lite.train.checkpoint import (
     add_checkpoint_arguments,
     checkpoint_suffix,
     load_weights_or_exit,
     validate_checkpoint_args,
 )
-from icefall_lite.model import add_model_arguments, build_transducer, count_parameters, model_config_from_args
-from icefall_lite.onnx_export import (
+from icefall_lite.nn.model import add_model_arguments, build_transducer, count_parameters, model_config_from_args
+from icefall_lite.export.onnx_export import (
     DEFAULT_DECODE_CHUNK_LEN,
     ExportableTransducer,
     OnnxRuntimeTransducer,

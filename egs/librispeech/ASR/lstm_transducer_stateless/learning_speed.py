@@ -44,7 +44,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from icefall_lite.learning_speed import (
+from icefall_lite.ablation.learning_speed import (
     DONE_FILE,
     StudyArm,
     StudyResult,
@@ -56,7 +56,7 @@ from icefall_lite.learning_speed import (
     seed_spread,
     simple_loss_landmark,
 )
-from icefall_lite.prep_util import replace_marked_section, write_text_atomic
+from icefall_lite.utils import replace_marked_section, write_text_atomic
 
 RECIPE_DIR = Path(__file__).resolve().parents[1]
 SECTION = "learning-speed"

@@ -39,15 +39,15 @@ from typing import Dict, Iterator, List, Optional, Sequence
 from lhotse import load_manifest_lazy
 from lhotse.cut import Cut
 
-from icefall_lite.checkpoint import (
+from icefall_lite.train.checkpoint import (
     DEFAULT_AVG,
     DEFAULT_EPOCH,
     DEFAULT_EXP_DIR,
     checkpoint_suffix,
     validate_checkpoint_args,
 )
-from icefall_lite.data import CutDataError
-from icefall_lite.decode_run import (
+from icefall_lite.data.datamodule import CutDataError
+from icefall_lite.decoding.decode_run import (
     add_num_threads_argument,
     add_test_sets_argument,
     check_positive,
@@ -58,9 +58,9 @@ from icefall_lite.decode_run import (
     result_key,
     validate_test_sets,
 )
-from icefall_lite.onnx_export import StreamingMeta, onnx_filenames, read_meta_data
-from icefall_lite.sherpa import SherpaOnnxRecognizer, cut_waveform
-from icefall_lite.streaming import STREAMING_METHODS
+from icefall_lite.export.onnx_export import StreamingMeta, onnx_filenames, read_meta_data
+from icefall_lite.export.sherpa import SherpaOnnxRecognizer, cut_waveform
+from icefall_lite.decoding.streaming import STREAMING_METHODS
 from icefall_lite.utils import AttributeDict, setup_logger, str2bool
 
 

@@ -14,8 +14,8 @@ Usage (from egs/librispeech/ASR, after train.py):
       --decoding-method modified_beam_search --beam-size 4
 
 The model is converted exactly as export_onnx.py converts it
-(``icefall_lite.onnx_export.build_exportable``) and run as sherpa-onnx runs the
-exported files (``icefall_lite.streaming.streaming_search``): the encoder gets
+(``icefall_lite.export.onnx_export.build_exportable``) and run as sherpa-onnx runs the
+exported files (``icefall_lite.decoding.streaming.streaming_search``): the encoder gets
 windows of ``T = decode_chunk_len + 5`` feature frames every
 ``decode_chunk_len`` frames with the h/c states of the previous window, and
 the search advances after every window. The initial decoder context is
@@ -44,9 +44,9 @@ import sentencepiece as spm
 import torch
 from lhotse import load_manifest_lazy
 
-from icefall_lite.checkpoint import load_weights_or_exit
-from icefall_lite.data import CutDataError, LibriSpeechAsrDataModule
-from icefall_lite.decode_run import (
+from icefall_lite.train.checkpoint import load_weights_or_exit
+from icefall_lite.data.datamodule import CutDataError, LibriSpeechAsrDataModule
+from icefall_lite.decoding.decode_run import (
     add_decoding_arguments,
     add_num_threads_argument,
     batch_features,
@@ -59,9 +59,9 @@ from icefall_lite.decode_run import (
     result_key,
     validate_decoding_args,
 )
-from icefall_lite.model import count_parameters
-from icefall_lite.onnx_export import DEFAULT_DECODE_CHUNK_LEN, ExportableTransducer, build_exportable
-from icefall_lite.streaming import STREAMING_METHODS, streaming_search
+from icefall_lite.nn.model import count_parameters
+from icefall_lite.export.onnx_export import DEFAULT_DECODE_CHUNK_LEN, ExportableTransducer, build_exportable
+from icefall_lite.decoding.streaming import STREAMING_METHODS, streaming_search
 from icefall_lite.utils import AttributeDict, setup_logger
 
 

@@ -37,8 +37,8 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from icefall_lite.bpe import DEFAULT_BPE_MODEL
-from icefall_lite.checkpoint import (
+from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
+from icefall_lite.train.checkpoint import (
     DEFAULT_EPOCH,
     CheckpointError,
     find_checkpoints,
@@ -49,8 +49,8 @@ from icefall_lite.checkpoint import (
     unwrap,
     update_averaged_model,
 )
-from icefall_lite.clip import adaptive_clip_grad_, clip_grad_norm_, clip_grad_value_, get_total_norm
-from icefall_lite.data import (
+from icefall_lite.nn.clip import adaptive_clip_grad_, clip_grad_norm_, clip_grad_value_, get_total_norm
+from icefall_lite.data.datamodule import (
     CutDataError,
     LibriSpeechAsrDataModule,
     filter_cuts,
@@ -58,11 +58,11 @@ from icefall_lite.data import (
     set_transform_rng_state,
     transform_rng_state,
 )
-from icefall_lite.decode_run import NUM_TAIL_PADDED_FRAMES, pad_tail
-from icefall_lite.diagnostics import ModelDiagnostics, register_inf_check_hooks
-from icefall_lite.encoder import subsampled_length
-from icefall_lite.model import Transducer, add_model_arguments, build_transducer, count_parameters, model_config_from_args
-from icefall_lite.optim import Eden, Eve, ScaledAdam
+from icefall_lite.decoding.decode_run import NUM_TAIL_PADDED_FRAMES, pad_tail
+from icefall_lite.train.diagnostics import ModelDiagnostics, register_inf_check_hooks
+from icefall_lite.nn.encoder import subsampled_length
+from icefall_lite.nn.model import Transducer, add_model_arguments, build_transducer, count_parameters, model_config_from_args
+from icefall_lite.train.optim import Eden, Eve, ScaledAdam
 from icefall_lite.utils import AttributeDict, MetricsTracker, setup_logger, str2bool
 
 DIAGNOSTICS_BATCHES = 5

@@ -28,7 +28,7 @@ from typing import Dict, Iterable, Iterator, List, Mapping, Sequence, TextIO, Tu
 
 import kaldialign
 
-from icefall_lite.prep_util import atomic_output
+from icefall_lite.utils import atomic_output
 
 Pathlike = Union[str, os.PathLike]
 # (cut_id, reference words, hypothesis words)
@@ -148,7 +148,7 @@ def atomic_write(filename: Pathlike) -> Iterator[TextIO]:
 
     The file is renamed into place when the block ends normally; on an
     exception it is removed and ``filename`` is left as it was
-    (:func:`icefall_lite.prep_util.atomic_output`).
+    (:func:`icefall_lite.utils.atomic_output`).
     """
     with atomic_output(Path(filename)) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:

@@ -20,7 +20,7 @@ from typing import Iterable, List
 
 import sentencepiece as spm
 
-from icefall_lite.prep_util import atomic_output, write_text_atomic
+from icefall_lite.utils import atomic_output, write_text_atomic
 
 # The vocabulary of the default (synthetic) corpus: the learning-speed study
 # (RESULTS.md) measured 100 pieces learning faster than 500 on its 2,000

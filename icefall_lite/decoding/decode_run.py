@@ -24,11 +24,11 @@ from lhotse.cut import Cut
 from torch import Tensor
 from tqdm import tqdm
 
-from icefall_lite.bpe import DEFAULT_BPE_MODEL
-from icefall_lite.checkpoint import add_checkpoint_arguments, checkpoint_suffix, validate_checkpoint_args
-from icefall_lite.data import EmptyCutSetError, LibriSpeechAsrDataModule
-from icefall_lite.metrics import Result, save_results
-from icefall_lite.model import Transducer, add_model_arguments, build_transducer, model_config_from_args
+from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
+from icefall_lite.train.checkpoint import add_checkpoint_arguments, checkpoint_suffix, validate_checkpoint_args
+from icefall_lite.data.datamodule import EmptyCutSetError, LibriSpeechAsrDataModule
+from icefall_lite.decoding.metrics import Result, save_results
+from icefall_lite.nn.model import Transducer, add_model_arguments, build_transducer, model_config_from_args
 
 LOG_EPS = math.log(1e-10)
 # icefall pads this many frames of LOG_EPS at the end of every utterance

@@ -1,8 +1,8 @@
 """Streaming decoding of the LSTM transducer: chunk by chunk, LSTM states carried, as sherpa-onnx runs it.
 
 The model is anything with the streaming interface of
-:class:`~icefall_lite.onnx_export.ExportableTransducer` (the PyTorch modules
-that get exported) or :class:`~icefall_lite.onnx_export.OnnxRuntimeTransducer`
+:class:`~icefall_lite.export.onnx_export.ExportableTransducer` (the PyTorch modules
+that get exported) or :class:`~icefall_lite.export.onnx_export.OnnxRuntimeTransducer`
 (the exported files run with onnxruntime): ``meta``, ``init_states``,
 ``run_encoder``, ``run_decoder`` and ``run_joiner`` (:class:`StreamingModel`).
 
@@ -11,8 +11,8 @@ feature frames every ``decode_chunk_len`` frames (9 and 4 by default), exactly
 the windows sherpa-onnx's ``OnlineRecognizer`` feeds (:func:`chunk_starts`),
 with all utterances of a batch decoded side by side, each with its own states.
 After every chunk, greedy search or icefall's modified beam search
-(:class:`~icefall_lite.search.GreedyBatchSearch`,
-:class:`~icefall_lite.search.ModifiedBeamSearch`) advances by the chunk's
+(:class:`~icefall_lite.decoding.search.GreedyBatchSearch`,
+:class:`~icefall_lite.decoding.search.ModifiedBeamSearch`) advances by the chunk's
 encoder frames. As in sherpa-onnx and icefall's ``streaming_decode.py``, the
 initial decoder context is ``context_size`` blanks and at most one symbol is
 emitted per frame; ``unk_id`` is treated like blank, as sherpa-onnx does.
@@ -28,8 +28,8 @@ from typing import List, Optional, Protocol, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from icefall_lite.onnx_export import StreamingMeta
-from icefall_lite.search import GreedyBatchSearch, ModifiedBeamSearch
+from icefall_lite.export.onnx_export import StreamingMeta
+from icefall_lite.decoding.search import GreedyBatchSearch, ModifiedBeamSearch
 
 EncoderStates = Tuple[Tensor, Tensor]
 STREAMING_METHODS = ("greedy_search", "modified_beam_search")

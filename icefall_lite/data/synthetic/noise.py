@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from icefall_lite.tts import Voice, synthesize
+from icefall_lite.data.synthetic.tts import Voice, synthesize
 
 COLOURS = ("white", "pink", "brown")
 NOISE_TYPES = COLOURS + ("babble",)

@@ -12,9 +12,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
-from icefall_lite.ablation import TRAINING_SETS, ArmResult  # noqa: E402
-from icefall_lite.prep_util import atomic_output  # noqa: E402
-from icefall_lite.tb_reader import Series, moving_average  # noqa: E402
+from icefall_lite.ablation.report import TRAINING_SETS, ArmResult  # noqa: E402
+from icefall_lite.utils import atomic_output  # noqa: E402
+from icefall_lite.ablation.tb_reader import Series, moving_average  # noqa: E402
 
 ARM_COLORS = {"a": "tab:red", "b": "tab:orange", "c": "tab:blue", "d": "tab:green"}
 PLOT_FILES = {

@@ -26,12 +26,12 @@ import numpy as np
 import soundfile as sf
 from lhotse import CutSet, Recording, RecordingSet
 
-from icefall_lite import noise as noise_lib
-from icefall_lite import tts
-from icefall_lite.corpus_text import babble_sentences, out_of_vocabulary
-from icefall_lite.features import compute_features
-from icefall_lite.prep_util import atomic_output, parallel_imap, remove_path
-from icefall_lite.synth_corpus import SIZES, load_sentences
+from icefall_lite.data.synthetic import noise as noise_lib
+from icefall_lite.data.synthetic import tts
+from icefall_lite.data.synthetic.corpus_text import babble_sentences, out_of_vocabulary
+from icefall_lite.data.features import compute_features
+from icefall_lite.utils import atomic_output, parallel_imap, remove_path
+from icefall_lite.data.synthetic.corpus import SIZES, load_sentences
 
 WINDOW_SECONDS = 10.0
 MIN_WINDOW_SECONDS = 5.0

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from icefall_lite.checkpoint import find_checkpoints, load_checkpoint_file
-from icefall_lite.metrics import load_wer_summary
-from icefall_lite.tb_reader import Series, moving_average, read_scalars
+from icefall_lite.train.checkpoint import find_checkpoints, load_checkpoint_file
+from icefall_lite.decoding.metrics import load_wer_summary
+from icefall_lite.ablation.tb_reader import Series, moving_average, read_scalars
 
 TEST_SETS = ("test-clean", "test-other")
 DONE_FILE = "learning-speed-done.json"
@@ -215,7 +215,7 @@ def plot_learning_curves(curves: Dict[str, Curve], path: Path, test_set: str = "
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from icefall_lite.prep_util import atomic_output
+    from icefall_lite.utils import atomic_output
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, points in curves.items():

@@ -16,8 +16,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from icefall_lite.clip import GradientFilter
-from icefall_lite.scaling import (
+from icefall_lite.nn.clip import GradientFilter
+from icefall_lite.nn.scaling import (
     ActivationBalancer,
     BasicNorm,
     DoubleSwish,

@@ -10,16 +10,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from icefall_lite.decoder import Decoder
-from icefall_lite.encoder import RNNEncoder
-from icefall_lite.joiner import Joiner
-from icefall_lite.rnnt_loss import (
+from icefall_lite.nn.decoder import Decoder
+from icefall_lite.nn.encoder import RNNEncoder
+from icefall_lite.nn.joiner import Joiner
+from icefall_lite.nn.rnnt_loss import (
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
     rnnt_loss_pruned,
     rnnt_loss_smoothed,
 )
-from icefall_lite.scaling import ScaledLinear
+from icefall_lite.nn.scaling import ScaledLinear
 
 
 def pad_token_ids(token_ids: Sequence[Sequence[int]], padding_value: int, device: torch.device) -> Tensor:

@@ -37,8 +37,8 @@ from lhotse.features.io import NumpyFilesWriter
 from lhotse.utils import fastcopy
 from tqdm import tqdm
 
-from icefall_lite.data import TRAIN_PART, encoder_frames, rejection_reason
-from icefall_lite.prep_util import atomic_output, remove_path, write_text_atomic
+from icefall_lite.data.datamodule import TRAIN_PART, encoder_frames, rejection_reason
+from icefall_lite.utils import atomic_output, remove_path, write_text_atomic
 
 CORRUPTION_METHODS = ("random-text", "scale-features")
 TRAIN_MANIFEST = f"librispeech_cuts_{TRAIN_PART}.jsonl.gz"

@@ -10,7 +10,7 @@
   the whole part, and every manifest is written under a temporary name and
   renamed, so an interrupted run leaves nothing a rerun would trust;
 * transcripts are checked against LibriSpeech's character set
-  (:func:`icefall_lite.text_norm.validate_transcript`): lower case is
+  (:func:`icefall_lite.data.text_norm.validate_transcript`): lower case is
   upper-cased, anything else is refused with an error naming file and line;
 * :func:`report_manifests` logs hours, utterances and the OOV rate per part.
 """
@@ -33,9 +33,9 @@ from lhotse import (
 from lhotse.recipes.librispeech import download_librispeech as lhotse_download
 from lhotse.recipes.librispeech import parse_utterance
 
-from icefall_lite.corpus_text import oov_counts
-from icefall_lite.prep_util import atomic_output, parallel_imap
-from icefall_lite.text_norm import validate_transcript
+from icefall_lite.data.synthetic.corpus_text import oov_counts
+from icefall_lite.utils import atomic_output, parallel_imap
+from icefall_lite.data.text_norm import validate_transcript
 
 OPENSLR_URL = "http://www.openslr.org/resources"
 DEFAULT_PARTS = ("train-clean-100", "dev-clean", "dev-other", "test-clean", "test-other")

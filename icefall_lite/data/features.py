@@ -24,8 +24,8 @@ from lhotse.cut import Cut
 from lhotse.utils import compute_num_frames
 from tqdm import tqdm
 
-from icefall_lite.manifests import manifest_paths
-from icefall_lite.prep_util import atomic_output, remove_path
+from icefall_lite.data.manifests import manifest_paths
+from icefall_lite.utils import atomic_output, remove_path
 
 NUM_MEL_BINS = 80
 CUTS_PER_CHUNK = 200

@@ -1,9 +1,9 @@
 """Transducer decoding: greedy search, modified beam search and fast beam search.
 
 All searches take encoder output directly, as icefall's ``beam_search.py`` does,
-and a model with ``.decoder`` (a stateless :class:`~icefall_lite.decoder.Decoder`
+and a model with ``.decoder`` (a stateless :class:`~icefall_lite.nn.decoder.Decoder`
 with ``blank_id``, ``context_size`` and ``vocab_size``) and ``.joiner`` (a
-:class:`~icefall_lite.joiner.Joiner`). Encoder frames are projected once with
+:class:`~icefall_lite.nn.joiner.Joiner`). Encoder frames are projected once with
 ``joiner.encoder_proj`` and decoder outputs with ``joiner.decoder_proj``; the
 joiner is then called with ``project_input=False``.
 
@@ -28,7 +28,7 @@ streaming: :class:`GreedyBatchSearch` and :class:`ModifiedBeamSearch` keep the
 hypotheses of ``N`` streams and advance the first ``b`` of them by one encoder
 frame per :meth:`step` call. They take the decoder and joiner as functions
 (:data:`DecoderFn`, :data:`JoinerFn`), so the same search runs a PyTorch
-transducer or its exported ONNX files (:mod:`icefall_lite.streaming`).
+transducer or its exported ONNX files (:mod:`icefall_lite.decoding.streaming`).
 """
 
 from __future__ import annotations

@@ -40,9 +40,9 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import soundfile as sf
 
-from icefall_lite import noise as noise_lib
-from icefall_lite import tts
-from icefall_lite.corpus_text import (
+from icefall_lite.data.synthetic import noise as noise_lib
+from icefall_lite.data.synthetic import tts
+from icefall_lite.data.synthetic.corpus_text import (
     babble_sentences,
     fortune_files,
     frequent_vocabulary,
@@ -51,7 +51,7 @@ from icefall_lite.corpus_text import (
     sentence_pool,
     split_sentences_for_corpus,
 )
-from icefall_lite.prep_util import parallel_imap, remove_path
+from icefall_lite.utils import parallel_imap, remove_path
 
 TRAIN_PART = "train-clean-100"
 EVAL_PARTS = ("dev-clean", "dev-other", "test-clean", "test-other")

@@ -187,7 +187,7 @@ def validate_transcript(text: str, where: str) -> str:
         raise TranscriptError(
             f"{where}: transcript {text!r} has characters outside LibriSpeech's "
             f"set (A-Z, apostrophe, space): {bad}. Fix the transcript (for example "
-            f"with icefall_lite.text_norm.normalize_text) and rerun."
+            f"with icefall_lite.data.text_norm.normalize_text) and rerun."
         )
     return upper
 

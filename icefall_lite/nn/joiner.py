@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from icefall_lite.scaling import ScaledLinear
+from icefall_lite.nn.scaling import ScaledLinear
 
 
 class Joiner(nn.Module):

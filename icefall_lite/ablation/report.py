@@ -10,7 +10,7 @@ Arms (same model, data, seeds and steps):
   (d) filter-clip  both
 
 each trained on the clean and on the corrupted training set. The plots are in
-:mod:`icefall_lite.ablation_plots`; the orchestration (train.py, decode.py,
+:mod:`icefall_lite.ablation.plots`; the orchestration (train.py, decode.py,
 resuming) is the recipe's ``lstm_transducer_stateless/ablation.py``.
 """
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from icefall_lite.metrics import load_wer_summary
-from icefall_lite.prep_util import replace_marked_section, section_markers, write_text_atomic
-from icefall_lite.tb_reader import Series, after_step, last_value, read_scalars, values
+from icefall_lite.decoding.metrics import load_wer_summary
+from icefall_lite.utils import replace_marked_section, section_markers, write_text_atomic
+from icefall_lite.ablation.tb_reader import Series, after_step, last_value, read_scalars, values
 
 TRAINING_SETS = ("clean", "corrupted")
 TEST_SETS = ("test-clean", "test-other")

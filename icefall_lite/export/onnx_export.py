@@ -1,9 +1,9 @@
-"""Export a trained :class:`~icefall_lite.model.Transducer` in sherpa-onnx's streaming LSTM format.
+"""Export a trained :class:`~icefall_lite.nn.model.Transducer` in sherpa-onnx's streaming LSTM format.
 
 As icefall's ``lstm_transducer_stateless2/export-onnx.py`` (our own code):
 
 1. :func:`convert_scaled_to_non_scaled` folds every ``Scaled*`` log-scale into
-   plain weights, turns :class:`~icefall_lite.scaling.BasicNorm` into a
+   plain weights, turns :class:`~icefall_lite.nn.scaling.BasicNorm` into a
    non-learned :class:`NonScaledBasicNorm` and the activation balancers into
    ``nn.Identity`` (the GradientFilter lives inside ScaledLSTM and disappears
    with it). A ScaledLSTM without projection becomes a plain ``nn.LSTM``
@@ -29,7 +29,7 @@ As icefall's ``lstm_transducer_stateless2/export-onnx.py`` (our own code):
 Output frame ``p`` of ``Conv2dSubsampling`` depends on input frames
 ``[4p, 4p + 9)`` only, so feeding windows of ``T`` frames every
 ``decode_chunk_len`` frames while carrying the LSTM states reproduces the
-full-utterance encoder output exactly. :mod:`icefall_lite.streaming` decodes
+full-utterance encoder output exactly. :mod:`icefall_lite.decoding.streaming` decodes
 chunk by chunk as sherpa-onnx does, with either the PyTorch wrappers
 (:class:`ExportableTransducer`) or the ONNX files (:class:`OnnxRuntimeTransducer`).
 """
@@ -52,11 +52,11 @@ import torch.nn as nn
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import Tensor
 
-from icefall_lite.bpe import load_bpe_model, write_tokens
-from icefall_lite.encoder import RNNEncoder
-from icefall_lite.model import Transducer
-from icefall_lite.prep_util import atomic_output
-from icefall_lite.scaling import (
+from icefall_lite.data.bpe import load_bpe_model, write_tokens
+from icefall_lite.nn.encoder import RNNEncoder
+from icefall_lite.nn.model import Transducer
+from icefall_lite.utils import atomic_output
+from icefall_lite.nn.scaling import (
     ActivationBalancer,
     BasicNorm,
     ScaledConv1d,
@@ -140,7 +140,7 @@ class LSTMP(nn.Module):
 
 
 class NonScaledBasicNorm(nn.Module):
-    """:class:`~icefall_lite.scaling.BasicNorm` with its ``eps`` frozen to a constant.
+    """:class:`~icefall_lite.nn.scaling.BasicNorm` with its ``eps`` frozen to a constant.
 
     ``y = x * (mean_c(x^2) + eps) ** -0.5`` over ``channel_dim``.
     """
@@ -352,7 +352,7 @@ class ExportableTransducer(nn.Module):
     """The three exportable wrappers of one Transducer plus their :class:`StreamingMeta`.
 
     ``run_encoder``/``run_decoder``/``run_joiner``/``init_states`` are the
-    interface :func:`icefall_lite.streaming.streaming_search` uses; :class:`OnnxRuntimeTransducer`
+    interface :func:`icefall_lite.decoding.streaming.streaming_search` uses; :class:`OnnxRuntimeTransducer`
     has the same one.
     """
 

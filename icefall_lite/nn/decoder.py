@@ -7,7 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from icefall_lite.scaling import ScaledConv1d, ScaledEmbedding
+from icefall_lite.nn.scaling import ScaledConv1d, ScaledEmbedding
 
 
 class Decoder(nn.Module):

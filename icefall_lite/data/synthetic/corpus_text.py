@@ -2,7 +2,7 @@
 
 The pipeline: read every fortune file, drop attribution lines, split the
 fortunes into sentences, normalise them to LibriSpeech's character set
-(:mod:`icefall_lite.text_norm`), keep sentences of 5-20 words, remove
+(:mod:`icefall_lite.data.text_norm`), keep sentences of 5-20 words, remove
 duplicates.  Sentences whose words all lie in the ``vocab_words`` most
 frequent words form the speech pool; the others feed the babble noise, so no
 sentence is used twice.  Evaluation sentences are drawn so that each of their
@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Sequence, Set, Tuple
 
 import numpy as np
 
-from icefall_lite.text_norm import TranscriptError, normalize_text, split_sentences
+from icefall_lite.data.text_norm import TranscriptError, normalize_text, split_sentences
 
 FORTUNE_DIR = Path("/usr/share/games/fortunes")
 EXCLUDED_FORTUNE_FILES = frozenset({"ascii-art"})

@@ -1,0 +1,370 @@
+"""Gradient control: every clipping flavour users know, in one place.
+
+- :func:`clip_grad_norm_`: one global norm over all gradients (PyTorch's
+  semantics; the scale can never exceed 1), with non-finite detection that
+  names the offending parameters.
+- :func:`clip_grad_value_`: element-wise clamp.
+- :func:`adaptive_clip_grad_`: unit-wise adaptive gradient clipping (AGC,
+  Brock et al. 2021) with the eps floor on the weight norm.
+- :class:`ErrorClipByValue`, :func:`error_clip`, :func:`add_error_clip`:
+  a clip applied to one tensor's gradient *during* backward, before it flows
+  into the ops that produced the tensor (PaddlePaddle's error clip).
+- :class:`GradientFilter`: icefall's soft per-sequence gradient filter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+Tensor = torch.Tensor
+# A parameter source: one tensor, tensors, or (name, tensor) pairs such as
+# ``model.named_parameters()``. Names are used in error messages.
+ParamsLike = Union[Tensor, Iterable[Tensor], Iterable[Tuple[str, Tensor]]]
+
+
+class NonFiniteGradientError(RuntimeError):
+    """Raised by :func:`clip_grad_norm_` when the total gradient norm is NaN/inf."""
+
+
+def _named_with_grad(parameters: ParamsLike) -> List[Tuple[str, Tensor]]:
+    """Normalise a parameter source to ``[(name, param)]`` for params with a grad."""
+    if isinstance(parameters, Tensor):
+        items: List = [parameters]
+    else:
+        items = list(parameters)
+    named: List[Tuple[str, Tensor]] = []
+    for i, item in enumerate(items):
+        if isinstance(item, tuple):
+            name, param = item
+        else:
+            name, param = f"parameter[{i}] shape={tuple(item.shape)}", item
+        if param.grad is not None:
+            named.append((name, param))
+    return named
+
+
+def _group_by_device_and_dtype(
+    grads: Sequence[Tensor],
+) -> Dict[Tuple[torch.device, torch.dtype], List[Tensor]]:
+    groups: Dict[Tuple[torch.device, torch.dtype], List[Tensor]] = defaultdict(list)
+    for g in grads:
+        groups[(g.device, g.dtype)].append(g)
+    return groups
+
+
+def _use_foreach(device: torch.device, foreach: Optional[bool]) -> bool:
+    supported = device.type in ("cpu", "cuda") and not torch.jit.is_scripting()
+    if foreach and not supported:
+        raise RuntimeError(f"foreach=True is not supported for tensors on {device.type}")
+    return supported if foreach is None else foreach
+
+
+def get_total_norm(
+    grads: Sequence[Tensor], norm_type: float = 2.0, foreach: Optional[bool] = None
+) -> Tensor:
+    """The ``norm_type``-norm of all ``grads`` taken together, as a 0-dim tensor.
+
+    Per-tensor norms are computed per (device, dtype) group (with foreach
+    kernels where available), accumulated in at least float32, then combined.
+    An empty list gives ``tensor(0.)``.
+    """
+    norm_type = float(norm_type)
+    if len(grads) == 0:
+        return torch.tensor(0.0)
+    first_device = grads[0].device
+    per_tensor: List[Tensor] = []
+    for (device, dtype), group in _group_by_device_and_dtype(grads).items():
+        acc_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        if _use_foreach(device, foreach):
+            per_tensor.extend(torch._foreach_norm(group, norm_type, dtype=acc_dtype))
+        else:
+            per_tensor.extend(
+                torch.linalg.vector_norm(g, norm_type, dtype=acc_dtype) for g in group
+            )
+    acc_dtype = torch.float64 if any(n.dtype == torch.float64 for n in per_tensor) else torch.float32
+    stacked = torch.stack([n.to(device=first_device, dtype=acc_dtype) for n in per_tensor])
+    return torch.linalg.vector_norm(stacked, norm_type)
+
+
+def clip_grad_norm_(
+    parameters: ParamsLike,
+    max_norm: float,
+    norm_type: float = 2.0,
+    eps: float = 1e-6,
+    error_if_nonfinite: bool = True,
+    foreach: Optional[bool] = None,
+) -> Tensor:
+    """Scale all gradients together so that their global norm is at most ``max_norm``.
+
+    The scale ``min(1, max_norm / (total_norm + eps))`` is computed on the
+    device and always multiplied in, so gradients whose global norm is below
+    ``max_norm`` are multiplied by exactly 1.0 (bit-identical). It can never
+    exceed 1.
+
+    Args:
+      parameters: a tensor, tensors, or ``(name, tensor)`` pairs (e.g.
+        ``model.named_parameters()``; names appear in error messages).
+        Parameters without ``.grad`` are ignored.
+      max_norm: the largest allowed global norm (> 0).
+      norm_type: p of the p-norm: 1, 2, ``math.inf`` or any positive float.
+      eps: added to the norm in the denominator of the scale.
+      error_if_nonfinite: when the total norm is NaN or inf, raise
+        :class:`NonFiniteGradientError` naming the parameters whose gradients
+        are non-finite (default). When False, leave every gradient untouched
+        and return the non-finite norm so the caller can skip the step.
+      foreach: use foreach kernels (None = where the device supports them).
+
+    Returns:
+      The total norm of the gradients *before* clipping (0-dim tensor).
+    """
+    if max_norm <= 0:
+        raise ValueError(f"max_norm must be > 0, got {max_norm}")
+    norm_type = float(norm_type)
+    if not (norm_type > 0):
+        raise ValueError(f"norm_type must be > 0 (or inf), got {norm_type}")
+    named = _named_with_grad(parameters)
+    grads = [p.grad for _, p in named]
+    total_norm = get_total_norm(grads, norm_type, foreach)
+    if len(grads) == 0:
+        return total_norm
+    if not torch.isfinite(total_norm):
+        if error_if_nonfinite:
+            bad = [name for name, p in named if not torch.isfinite(p.grad).all()]
+            raise NonFiniteGradientError(
+                f"The total norm of order {norm_type} of the gradients is "
+                f"{total_norm.item()}; non-finite gradients in: {', '.join(bad)}. "
+                "Pass error_if_nonfinite=False to skip such steps instead."
+            )
+        return total_norm
+    scale = torch.clamp(max_norm / (total_norm + eps), max=1.0)
+    for (device, dtype), group in _group_by_device_and_dtype(grads).items():
+        scale_here = scale.to(device=device, dtype=dtype)
+        if _use_foreach(device, foreach):
+            torch._foreach_mul_(group, scale_here)
+        else:
+            for g in group:
+                g.mul_(scale_here)
+    return total_norm
+
+
+def clip_grad_value_(parameters: ParamsLike, max: float, min: Optional[float] = None) -> None:
+    """Clamp every gradient element into ``[min, max]`` in place (``min`` defaults to ``-max``)."""
+    low = -max if min is None else min
+    if not low <= max:
+        raise ValueError(f"clip_grad_value_ needs min <= max, got min={low}, max={max}")
+    for _, p in _named_with_grad(parameters):
+        p.grad.clamp_(min=low, max=max)
+
+
+def unitwise_norm(x: Tensor) -> Tensor:
+    """L2 norm per output unit, broadcastable to ``x``.
+
+    A scalar or vector (bias, gain) is one unit; otherwise dim 0 indexes the
+    units: the rows of a linear weight ``(out, in)``, the filters of a conv
+    weight ``(out, in, kh, kw)``.
+    """
+    if x.ndim <= 1:
+        return torch.linalg.vector_norm(x)
+    return torch.linalg.vector_norm(x, dim=tuple(range(1, x.ndim)), keepdim=True)
+
+
+def adaptive_clip_grad_(
+    parameters: ParamsLike,
+    clipping: float = 0.01,
+    eps: float = 1e-3,
+    exclude: Iterable[Union[str, Tensor]] = (),
+) -> Tensor:
+    """Unit-wise adaptive gradient clipping (AGC, arXiv 2102.06171), in place.
+
+    For each unit i: if ``||G_i|| / max(||W_i||, eps) > clipping`` then
+    ``G_i <- clipping * max(||W_i||, eps) / ||G_i|| * G_i``.
+
+    Args:
+      parameters: tensors or ``(name, tensor)`` pairs.
+      clipping: lambda, the largest allowed gradient-to-weight norm ratio.
+      eps: floor on the weight norm, so zero-initialised units still learn.
+      exclude: parameters (tensors, or names when ``parameters`` is named) left
+        unclipped; the paper excludes the final classifier layer.
+
+    Returns:
+      The fraction of units that were clipped (0-dim float tensor).
+    """
+    if clipping <= 0:
+        raise ValueError(f"clipping must be > 0, got {clipping}")
+    excluded_names = {e for e in exclude if isinstance(e, str)}
+    excluded_ids = {id(e) for e in exclude if isinstance(e, Tensor)}
+    num_units = 0
+    num_clipped: Optional[Tensor] = None
+    for name, p in _named_with_grad(parameters):
+        if name in excluded_names or id(p) in excluded_ids:
+            continue
+        weight_norm = unitwise_norm(p.detach()).clamp(min=eps)
+        grad_norm = unitwise_norm(p.grad)
+        max_norm = clipping * weight_norm
+        clip_mask = grad_norm > max_norm
+        scale = torch.where(clip_mask, max_norm / grad_norm.clamp(min=1e-6), torch.ones_like(grad_norm))
+        p.grad.mul_(scale.to(p.grad.dtype))
+        num_units += clip_mask.numel()
+        clipped_here = clip_mask.sum().float()
+        num_clipped = clipped_here if num_clipped is None else num_clipped + clipped_here.to(num_clipped.device)
+    if num_clipped is None:
+        return torch.tensor(0.0)
+    return num_clipped / num_units
+
+
+class ErrorClipByValue:
+    """Clamp a back-propagated error (gradient) into ``[min, max]``; ``min`` defaults to ``-max``."""
+
+    def __init__(self, max: float, min: Optional[float] = None) -> None:
+        self.max = float(max)
+        self.min = -self.max if min is None else float(min)
+        if not self.min <= self.max:
+            raise ValueError(f"ErrorClipByValue needs min <= max, got min={self.min}, max={self.max}")
+
+    def __call__(self, grad: Tensor) -> Tensor:
+        return grad.clamp(min=self.min, max=self.max)
+
+    def __repr__(self) -> str:
+        return f"ErrorClipByValue(max={self.max}, min={self.min})"
+
+
+class _ErrorClipFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, clip: Callable[[Tensor], Tensor]) -> Tensor:
+        ctx.clip = clip
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return ctx.clip(grad), None
+
+
+def error_clip(tensor: Tensor, clip: Callable[[Tensor], Tensor]) -> Tensor:
+    """Return ``tensor`` unchanged; in backward, ``clip`` is applied to its gradient.
+
+    The gradient arriving at the returned tensor (summed over all its uses) is
+    clipped before it flows into the ops that produced ``tensor``, so every
+    upstream gradient is computed from the clipped one.
+    """
+    if not (torch.is_grad_enabled() and tensor.requires_grad):
+        return tensor
+    return _ErrorClipFunction.apply(tensor, clip)
+
+
+def add_error_clip(module: nn.Module, clip: Callable[[Tensor], Tensor]) -> torch.utils.hooks.RemovableHandle:
+    """Mark a module's output (a tensor, or each tensor of a tuple output) with an error clip.
+
+    Returns the hook handle; ``handle.remove()`` takes the clip off again.
+    """
+
+    def hook(_module: nn.Module, _inputs, output):
+        if isinstance(output, Tensor):
+            return error_clip(output, clip)
+        if isinstance(output, tuple):
+            return tuple(error_clip(o, clip) if isinstance(o, Tensor) else o for o in output)
+        raise TypeError(f"add_error_clip: unsupported output type {type(output).__name__}")
+
+    return module.register_forward_hook(hook)
+
+
+class _GradientFilterFunction(torch.autograd.Function):
+    """Identity forward; icefall's soft per-element gradient filter in backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, batch_dim: int, threshold: float, stats: "GradientFilterStats", *params: Tensor):
+        ctx.batch_dim = batch_dim
+        ctx.threshold = threshold
+        ctx.stats = stats
+        return (x.view_as(x),) + tuple(p.view_as(p) for p in params)
+
+    @staticmethod
+    def backward(ctx, x_grad: Tensor, *param_grads: Tensor):
+        eps = 1e-20
+        batch_dim = ctx.batch_dim % x_grad.ndim
+        norm_dims = [d for d in range(x_grad.ndim) if d != batch_dim]
+        # n_b: RMS of the gradient of batch element b, shape broadcastable to x.
+        norm = x_grad.to(torch.promote_types(x_grad.dtype, torch.float32)).square().mean(dim=norm_dims, keepdim=True).sqrt()
+        median_norm = norm.median()
+        cutoff = median_norm * ctx.threshold
+        inv_mask = (cutoff + norm) / (cutoff + eps)  # (c + n_b) / c
+        # Degenerate case (icefall would scale by 1e20 here): when the median
+        # gradient is exactly zero (e.g. x needs no grad), filter nothing.
+        inv_mask = torch.where(cutoff > 0, inv_mask, torch.ones_like(inv_mask))
+        x_grad = x_grad * (1.0 / (inv_mask + eps)).to(x_grad.dtype)
+        param_scale = 1.0 / (inv_mask.mean() + eps)  # = 1 / (1 + mean(n) / c)
+        new_param_grads = tuple(g * param_scale.to(g.dtype) for g in param_grads)
+        ctx.stats.update(norm, median_norm, cutoff, param_scale)
+        return (x_grad, None, None, None) + new_param_grads
+
+
+class GradientFilterStats:
+    """Statistics of a :class:`GradientFilter`'s last backward, as detached tensors.
+
+    Reading them (``float(stats.fraction_filtered)``) is left to the trainer, so
+    backward never forces a device sync.
+    """
+
+    def __init__(self) -> None:
+        self.median_norm: Optional[Tensor] = None
+        self.max_over_median: Optional[Tensor] = None
+        self.fraction_filtered: Optional[Tensor] = None
+        self.param_scale: Optional[Tensor] = None
+        self.num_backward = 0
+
+    def update(self, norm: Tensor, median_norm: Tensor, cutoff: Tensor, param_scale: Tensor) -> None:
+        self.median_norm = median_norm.detach()
+        self.max_over_median = (norm.max() / median_norm.clamp(min=1e-20)).detach()
+        self.fraction_filtered = ((norm > cutoff) & (cutoff > 0)).float().mean().detach()
+        self.param_scale = param_scale.detach()
+        self.num_backward += 1
+
+    def as_dict(self) -> Dict[str, float]:
+        """Plain floats for logging; empty before the first backward."""
+        if self.num_backward == 0:
+            return {}
+        return {
+            "median_norm": float(self.median_norm),
+            "max_over_median": float(self.max_over_median),
+            "fraction_filtered": float(self.fraction_filtered),
+            "param_scale": float(self.param_scale),
+        }
+
+
+class GradientFilter(nn.Module):
+    """icefall's GradientFilter: identity forward, soft per-element filter in backward.
+
+    Forward returns ``(x, *params)`` unchanged. In backward, with ``x`` of
+    shape ``(T, N, C)`` and ``batch_dim=1``:
+
+    - ``n_b = sqrt(mean_{t,c} g[t,b,c]^2)`` for each batch element b;
+    - ``c = threshold * median_b(n_b)``;
+    - ``g_b <- g_b * c / (c + n_b)`` (an element far above the cutoff is
+      capped near norm c; one at the median is scaled by about
+      ``threshold / (threshold + 1)``);
+    - every parameter gradient ``<- grad / (1 + mean_b(n_b) / c)``.
+
+    It is not meant to be constructed with ``threshold <= 0``: the owner does
+    not insert a filter at all then (see :class:`icefall_lite.nn.scaling.ScaledLSTM`).
+    Statistics of the last backward are in :attr:`stats`.
+    """
+
+    def __init__(self, batch_dim: int = 1, threshold: float = 10.0) -> None:
+        super().__init__()
+        if not threshold > 0:
+            raise ValueError(f"GradientFilter needs threshold > 0, got {threshold}; use no filter instead")
+        self.batch_dim = batch_dim
+        self.threshold = float(threshold)
+        self.stats = GradientFilterStats()
+
+    def forward(self, x: Tensor, *params: Tensor) -> Tuple[Tensor, ...]:
+        if torch.jit.is_scripting() or torch.jit.is_tracing() or not torch.is_grad_enabled():
+            return (x,) + tuple(params)
+        return _GradientFilterFunction.apply(x, self.batch_dim, self.threshold, self.stats, *params)
+
+    def extra_repr(self) -> str:
+        return f"batch_dim={self.batch_dim}, threshold={self.threshold}"

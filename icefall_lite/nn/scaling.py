@@ -1,0 +1,346 @@
+"""icefall's scaled modules: learnable log-scales on weights, BasicNorm,
+ActivationBalancer and DoubleSwish (as in icefall's
+``pruned_transducer_stateless2/scaling.py``; our own code).
+
+A ``Scaled*`` module stores a weight ``W`` and a log-scale ``s`` and uses
+``W * exp(s)``. Weights are initialised small (``std = 0.1 / initial_speed``)
+and the log-scale carries the usual ``fan_in ** -0.5`` magnitude, so the
+optimiser moves the effective weight faster early in training.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from icefall_lite.nn.clip import GradientFilter
+
+
+def _init_scaled_weight(weight: Tensor, weight_scale: Tensor, fan_in: int, initial_speed: float) -> None:
+    """W ~ U(+-sqrt(3) * std), std = 0.1 / initial_speed; log-scale += log(fan_in^-0.5 / std)."""
+    std = 0.1 / initial_speed
+    bound = math.sqrt(3.0) * std
+    with torch.no_grad():
+        nn.init.uniform_(weight, -bound, bound)
+        weight_scale += math.log(fan_in**-0.5 / std)
+
+
+class ScaledLinear(nn.Linear):
+    """``nn.Linear`` with effective weight ``W * exp(weight_scale)`` and bias ``b * exp(bias_scale)``.
+
+    Args:
+      initial_scale: multiplies the initial effective weight (0.25 for the
+        last layer of a residual branch, as icefall).
+      initial_speed: larger = smaller stored weights = faster relative updates.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        initial_scale: float = 1.0,
+        initial_speed: float = 1.0,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        log_scale = math.log(initial_scale)
+        self.weight_scale = nn.Parameter(torch.tensor(log_scale))
+        self.bias_scale = nn.Parameter(torch.tensor(log_scale)) if bias else None
+        _init_scaled_weight(self.weight, self.weight_scale, in_features, initial_speed)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def get_weight(self) -> Tensor:
+        return self.weight * self.weight_scale.exp()
+
+    def get_bias(self) -> Optional[Tensor]:
+        return None if self.bias is None else self.bias * self.bias_scale.exp()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.get_weight(), self.get_bias())
+
+
+class ScaledConv1d(nn.Conv1d):
+    """``nn.Conv1d`` with log-scaled weight and bias (see :class:`ScaledLinear`)."""
+
+    def __init__(self, *args, initial_scale: float = 1.0, initial_speed: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        log_scale = math.log(initial_scale)
+        self.weight_scale = nn.Parameter(torch.tensor(log_scale))
+        self.bias_scale = nn.Parameter(torch.tensor(log_scale)) if self.bias is not None else None
+        fan_in = self.weight.shape[1] * self.weight[0][0].numel()
+        _init_scaled_weight(self.weight, self.weight_scale, fan_in, initial_speed)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def get_weight(self) -> Tensor:
+        return self.weight * self.weight_scale.exp()
+
+    def get_bias(self) -> Optional[Tensor]:
+        return None if self.bias is None else self.bias * self.bias_scale.exp()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._conv_forward(x, self.get_weight(), self.get_bias())
+
+
+class ScaledConv2d(nn.Conv2d):
+    """``nn.Conv2d`` with log-scaled weight and bias (see :class:`ScaledLinear`)."""
+
+    def __init__(self, *args, initial_scale: float = 1.0, initial_speed: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        log_scale = math.log(initial_scale)
+        self.weight_scale = nn.Parameter(torch.tensor(log_scale))
+        self.bias_scale = nn.Parameter(torch.tensor(log_scale)) if self.bias is not None else None
+        fan_in = self.weight.shape[1] * self.weight[0][0].numel()
+        _init_scaled_weight(self.weight, self.weight_scale, fan_in, initial_speed)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def get_weight(self) -> Tensor:
+        return self.weight * self.weight_scale.exp()
+
+    def get_bias(self) -> Optional[Tensor]:
+        return None if self.bias is None else self.bias * self.bias_scale.exp()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._conv_forward(x, self.get_weight(), self.get_bias())
+
+
+class ScaledEmbedding(nn.Module):
+    """Embedding with weight ~ N(0, 0.1) and a log-scale initialised to log(10).
+
+    ``padding_idx`` rows embed to zero and get no gradient.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: Optional[int] = None) -> None:
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.padding_idx = padding_idx
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
+        self.scale = nn.Parameter(torch.tensor(math.log(10.0)))
+        with torch.no_grad():
+            nn.init.normal_(self.weight, std=0.1)
+            if padding_idx is not None:
+                self.weight[padding_idx].zero_()
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return F.embedding(ids, self.weight, self.padding_idx) * self.scale.exp()
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, padding_idx={self.padding_idx}"
+
+
+class ScaledLSTM(nn.LSTM):
+    """Unidirectional ``nn.LSTM`` (optionally with projection) with one log-scale per flat weight.
+
+    The effective flat weights are ``w * exp(s)``. When
+    ``grad_filter_threshold > 0`` a :class:`GradientFilter` sees the input and
+    every effective flat weight just before the LSTM kernel, so in backward it
+    filters the gradient that has come back through the recurrence. With
+    ``grad_filter_threshold <= 0`` no filter exists anywhere in the graph.
+
+    Input ``(T, N, C)`` (``batch_first=False``), as icefall.
+    """
+
+    def __init__(
+        self,
+        *args,
+        initial_scale: float = 1.0,
+        initial_speed: float = 1.0,
+        grad_filter_threshold: float = 10.0,
+        **kwargs,
+    ) -> None:
+        if kwargs.get("bidirectional", False):
+            raise ValueError("ScaledLSTM must be unidirectional")
+        if kwargs.get("batch_first", False):
+            raise ValueError("ScaledLSTM takes (T, N, C) input; batch_first is not supported")
+        super().__init__(*args, **kwargs)
+        log_scale = math.log(initial_scale)
+        self._scales = nn.ParameterList(
+            [nn.Parameter(torch.tensor(log_scale)) for _ in self._flat_weights_names]
+        )
+        std = 0.1 / initial_speed
+        bound = math.sqrt(3.0) * std
+        with torch.no_grad():
+            for name, scale in zip(self._flat_weights_names, self._scales):
+                param = getattr(self, name)
+                if "weight" in name:
+                    nn.init.uniform_(param, -bound, bound)
+                    scale += math.log(self.hidden_size**-0.5 / std)
+                else:
+                    nn.init.zeros_(param)
+        self.grad_filter: Optional[GradientFilter] = (
+            GradientFilter(batch_dim=1, threshold=grad_filter_threshold) if grad_filter_threshold > 0 else None
+        )
+
+    def _flat_scaled_weights(self) -> List[Tensor]:
+        return [getattr(self, name) * scale.exp() for name, scale in zip(self._flat_weights_names, self._scales)]
+
+    def forward(
+        self, input: Tensor, hx: Optional[Tuple[Tensor, Tensor]] = None
+    ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        """
+        Args:
+          input: (T, N, input_size).
+          hx: optional (h0, c0), h0 (num_layers, N, proj_size or hidden_size),
+            c0 (num_layers, N, hidden_size); zeros when omitted.
+        Returns:
+          output (T, N, proj_size or hidden_size) and (h_n, c_n).
+        """
+        if hx is None:
+            batch = input.size(1)
+            real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
+            h0 = input.new_zeros(self.num_layers, batch, real_hidden)
+            c0 = input.new_zeros(self.num_layers, batch, self.hidden_size)
+            hx = (h0, c0)
+        flat_weights = self._flat_scaled_weights()
+        if self.grad_filter is not None:
+            input, *flat_weights = self.grad_filter(input, *flat_weights)
+        output, h_n, c_n = torch._VF.lstm(
+            input,
+            hx,
+            flat_weights,
+            self.bias,
+            self.num_layers,
+            self.dropout,
+            self.training,
+            self.bidirectional,
+            self.batch_first,
+        )
+        return output, (h_n, c_n)
+
+
+class BasicNorm(nn.Module):
+    """``y = x * (mean_c(x^2) + exp(eps)) ** -0.5`` over ``channel_dim``; no mean subtraction.
+
+    ``eps`` is stored as a log (initial 0.25) and is learnable unless
+    ``learn_eps=False``.
+    """
+
+    def __init__(self, num_channels: int, channel_dim: int = -1, eps: float = 0.25, learn_eps: bool = True) -> None:
+        super().__init__()
+        self.num_channels = num_channels
+        self.channel_dim = channel_dim
+        eps_tensor = torch.tensor(eps).log()
+        if learn_eps:
+            self.eps = nn.Parameter(eps_tensor)
+        else:
+            self.register_buffer("eps", eps_tensor)
+
+    def forward(self, x: Tensor) -> Tensor:
+        assert x.shape[self.channel_dim] == self.num_channels
+        scales = (x.square().mean(dim=self.channel_dim, keepdim=True) + self.eps.exp()) ** -0.5
+        return x * scales
+
+
+class _ActivationBalancerFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx,
+        x: Tensor,
+        channel_dim: int,
+        min_positive: float,
+        max_positive: float,
+        max_factor: float,
+        min_abs: float,
+        max_abs: float,
+    ) -> Tensor:
+        channel_dim = channel_dim % x.ndim
+        sum_dims = [d for d in range(x.ndim) if d != channel_dim]
+        x_positive = x > 0
+        proportion_positive = x_positive.to(x.dtype).mean(dim=sum_dims, keepdim=True)
+        factor = torch.zeros_like(proportion_positive)
+        if min_positive > 0.0:
+            factor = factor + (min_positive - proportion_positive).relu() * (max_factor / min_positive)
+        if max_positive < 1.0:
+            factor = factor + (proportion_positive - max_positive).relu() * (max_factor / (max_positive - 1.0))
+        mean_abs = x.abs().mean(dim=sum_dims, keepdim=True)
+        below = (mean_abs < min_abs).to(x.dtype)
+        above = (mean_abs > max_abs).to(x.dtype)
+        ctx.save_for_backward(factor, x_positive, below, above)
+        ctx.max_factor = max_factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, x_grad: Tensor):
+        factor, x_positive, below, above = ctx.saved_tensors
+        # Too small |x|: push x away from 0; too large: pull it towards 0.
+        abs_factor = (below - above) * (x_positive.to(x_grad.dtype) - 0.5) * (2.0 * ctx.max_factor)
+        return x_grad - x_grad.abs() * (factor + abs_factor), None, None, None, None, None, None
+
+
+class ActivationBalancer(nn.Module):
+    """Identity in forward; in backward nudges each channel's statistics into range.
+
+    When the fraction of positive values of a channel lies outside
+    ``[min_positive, max_positive]`` or its mean ``|x|`` outside
+    ``[min_abs, max_abs]``, a term proportional to ``|grad|`` (at most
+    ``max_factor``) is added to push it back. As icefall after PR #612, it
+    acts on a random ``prob`` of training batches with its factor scaled by
+    ``1/prob``, which keeps the average push and saves time.
+    """
+
+    def __init__(
+        self,
+        num_channels: int,
+        channel_dim: int,
+        min_positive: float = 0.05,
+        max_positive: float = 0.95,
+        max_factor: float = 0.01,
+        min_abs: float = 0.2,
+        max_abs: float = 100.0,
+        prob: float = 0.25,
+    ) -> None:
+        super().__init__()
+        self.num_channels = num_channels
+        self.channel_dim = channel_dim
+        self.min_positive = min_positive
+        self.max_positive = max_positive
+        self.max_factor = max_factor
+        self.min_abs = min_abs
+        self.max_abs = max_abs
+        self.prob = prob
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or not x.requires_grad or torch.jit.is_scripting() or torch.jit.is_tracing():
+            return x
+        if self.prob < 1.0 and float(torch.rand(())) >= self.prob:
+            return x
+        return _ActivationBalancerFunction.apply(
+            x,
+            self.channel_dim,
+            self.min_positive,
+            self.max_positive,
+            self.max_factor / self.prob,
+            self.min_abs,
+            self.max_abs,
+        )
+
+
+class _DoubleSwishFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return x * torch.sigmoid(x - 1.0)
+
+    @staticmethod
+    def backward(ctx, y_grad: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x - 1.0)
+        y = x * s
+        return y_grad * (y * (1.0 - s) + s)
+
+
+class DoubleSwish(nn.Module):
+    """``x * sigmoid(x - 1)``; backward recomputes the sigmoid instead of storing graph tensors."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.jit.is_scripting() or torch.jit.is_tracing() or not x.requires_grad:
+            return x * torch.sigmoid(x - 1.0)
+        return _DoubleSwishFunction.apply(x)

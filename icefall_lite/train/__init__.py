@@ -1,0 +1,1 @@
+"""Training machinery: optimizers and learning-rate schedulers, checkpoints and averaging, diagnostics."""
