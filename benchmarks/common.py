@@ -26,6 +26,10 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "egs" / "librispeech" / "ASR"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from icefall_lite.utils import write_text_atomic  # noqa: E402
 
 
 # --------------------------------------------------------------------------
@@ -248,10 +252,7 @@ class Section:
         text = self.markdown()
         print(text, flush=True)
         if markdown_out is not None:
-            markdown_out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = markdown_out.with_name(markdown_out.name + f".tmp-{os.getpid()}")
-            tmp.write_text(text)
-            tmp.replace(markdown_out)
+            write_text_atomic(markdown_out, text)
 
 
 def fmt_ms(seconds: float) -> str:

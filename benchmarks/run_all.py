@@ -27,6 +27,10 @@ from typing import Dict, List, Optional, Sequence
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "RESULTS.md"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from icefall_lite.utils import write_text_atomic  # noqa: E402
 
 # name -> script; the order of the sections in RESULTS.md
 BENCHMARKS: Dict[str, str] = {
@@ -85,9 +89,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     command = "python benchmarks/run_all.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     text = PREAMBLE.format(command=command, date=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
     text += "\n" + "\n".join(sections)
-    tmp_results = args.results.with_name(args.results.name + ".tmp")
-    tmp_results.write_text(text)
-    tmp_results.replace(args.results)
+    write_text_atomic(args.results, text)
     print(f"wrote {args.results}")
 
 

@@ -2,12 +2,14 @@
 
 * :class:`AttributeDict`, :class:`MetricsTracker`, :func:`setup_logger`, :func:`str2bool`:
   icefall's training helpers;
-* :func:`atomic_output`, :func:`write_text_atomic`: write a file under a temporary
-  name, rename on success, so an interrupted run never leaves a file that looks finished;
+* :func:`atomic_output`, :func:`write_text_atomic`, :func:`atomic_write`: write a file under
+  the temporary name :func:`temp_name` (``.tmp-<name>``), rename on success, so an interrupted
+  run never leaves a file that looks finished (the one temporary-file scheme of the library);
+* :func:`progress_bar`: every tqdm bar: a live bar on a terminal, one refresh a minute in a log file;
 * :func:`replace_marked_section`: rewrite one generated section of a Markdown file;
 * :func:`parallel_imap`: an ordered, progress-barred map over worker processes;
-* :func:`setup_logging`, :func:`script_parser`, :func:`parse_script_args`: the
-  recipe scripts' logging and CLI plumbing (docstring as help, configuration logged).
+* :func:`setup_logging`, :func:`script_parser`, :func:`parse_script_args`, :func:`check_positive`:
+  the recipe scripts' logging and CLI plumbing (docstring as help, configuration logged).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import sys
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO, Tuple, TypeVar, Union
 
 import torch
 from tqdm import tqdm
@@ -142,6 +144,14 @@ def add_nj_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nj", type=int, default=default_num_jobs(), help="worker processes (default: all cores)")
 
 
+def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str]) -> None:
+    """``parser.error`` naming the first flag in ``names`` whose value is not > 0."""
+    for name in names:
+        value = getattr(args, name)
+        if not value > 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
 def parse_script_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     """Parse the command line, set up icefall-style logging, log the full configuration."""
     args = parser.parse_args()
@@ -191,6 +201,18 @@ def write_text_atomic(path: Union[str, Path], text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+@contextlib.contextmanager
+def atomic_write(path: Union[str, Path]) -> Iterator[TextIO]:
+    """Open a UTF-8 text file to write ``path`` through :func:`atomic_output`.
+
+    The file is renamed into place when the block ends normally; on an
+    exception it is removed and ``path`` is left as it was.
+    """
+    with atomic_output(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            yield f
+
+
 def section_markers(name: str, writer: str) -> Tuple[str, str]:
     """The HTML comments around a generated section of a Markdown file."""
     return f"<!-- {name}:begin (written by {writer}) -->", f"<!-- {name}:end -->"
@@ -224,7 +246,7 @@ def parallel_imap(
     initializer: Optional[Callable[..., None]] = None,
     initargs: tuple = (),
 ) -> Iterator[R]:
-    """``map(fn, items)`` over ``num_jobs`` processes, in order, with a tqdm bar.
+    """``map(fn, items)`` over ``num_jobs`` processes, in order, with a :func:`progress_bar`.
 
     ``num_jobs <= 1`` runs in this process (``initializer`` is called first).
     ``fn`` and ``initializer`` must be module-level functions (picklable).
@@ -234,12 +256,12 @@ def parallel_imap(
     if num_jobs <= 1:
         if initializer is not None:
             initializer(*initargs)
-        yield from tqdm(map(fn, items), total=total, desc=desc)
+        yield from progress_bar(map(fn, items), total=total, desc=desc)
         return
     ctx = multiprocessing.get_context("fork")
     chunksize = max(1, min(16, len(items) // (num_jobs * 8) or 1))
     with ctx.Pool(num_jobs, initializer=initializer, initargs=initargs) as pool:
-        yield from tqdm(pool.imap(fn, items, chunksize=chunksize), total=total, desc=desc)
+        yield from progress_bar(pool.imap(fn, items, chunksize=chunksize), total=total, desc=desc)
 
 
 def default_num_jobs() -> int:
@@ -248,3 +270,34 @@ def default_num_jobs() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not on Linux
         return os.cpu_count() or 1
+
+
+# --- progress bars ------------------------------------------------------------
+
+# Seconds between two refreshes of a progress bar whose output is not a terminal.
+LOG_REFRESH_SECONDS = 60.0
+
+
+def progress_bar(iterable: Optional[Iterable[T]] = None, **tqdm_kwargs: Any) -> tqdm:
+    """A tqdm bar over ``iterable`` (tqdm's keyword arguments) that keeps log files readable.
+
+    On a terminal it is tqdm's live bar. When the bar's stream (``file``,
+    default stderr) is a file or a pipe (``make demo > log``), the bar is
+    redrawn at most every :data:`LOG_REFRESH_SECONDS` seconds instead of many
+    times a second, so the log gets a line a minute rather than thousands of
+    carriage-return updates. Callers that update the postfix should pass
+    ``refresh=False`` to ``set_postfix`` so that it waits for the next redraw.
+    """
+    stream = tqdm_kwargs.get("file") or sys.stderr
+    if not _is_terminal(stream):
+        tqdm_kwargs.setdefault("mininterval", LOG_REFRESH_SECONDS)
+        tqdm_kwargs.setdefault("maxinterval", LOG_REFRESH_SECONDS)
+    return tqdm(iterable, **tqdm_kwargs)
+
+
+def _is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` writes to a terminal (a closed or odd stream counts as not)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

@@ -37,7 +37,7 @@ def test_kill_9_during_checkpointing_then_resume_matches_uninterrupted(tiny_data
     exp = tmp_path / "killed"
     proc = _popen_train(tiny_data, exp, tmp_path / "killed.stderr", "--max-batches", "6", "--save-every-n", "1")
     deadline = time.time() + 300
-    while not list(exp.glob("checkpoint-3.pt*")) and time.time() < deadline and proc.poll() is None:
+    while not list(exp.glob("*checkpoint-3.pt*")) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -47,7 +47,7 @@ def test_kill_9_during_checkpointing_then_resume_matches_uninterrupted(tiny_data
         load_checkpoint_file(path)
     resumed = run_train(tiny_data, exp, "--max-batches", "6", "--save-every-n", "1")
     assert resumed.returncode == 0, resumed.stderr
-    assert not list(exp.glob("*.tmp-*")), "stale temporary checkpoint left behind"
+    assert not list(exp.glob(".tmp-*")), "stale temporary checkpoint left behind"
     a = load_checkpoint_file(tmp_path / "full" / "checkpoint-6.pt")
     b = load_checkpoint_file(exp / "checkpoint-6.pt")
     for name, value in a["model"].items():

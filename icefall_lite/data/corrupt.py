@@ -35,16 +35,13 @@ from lhotse import CutSet, load_manifest
 from lhotse.cut import Cut
 from lhotse.features.io import NumpyFilesWriter
 from lhotse.utils import fastcopy
-from tqdm import tqdm
 
-from icefall_lite.data.datamodule import TRAIN_PART, encoder_frames, rejection_reason
-from icefall_lite.utils import atomic_output, remove_path, write_text_atomic
+from icefall_lite.data.datamodule import encoder_frames, rejection_reason
+from icefall_lite.data.layout import TRAIN_PART, librispeech_cuts_name
+from icefall_lite.utils import atomic_output, progress_bar, remove_path, write_text_atomic
 
 CORRUPTION_METHODS = ("random-text", "scale-features")
-TRAIN_MANIFEST = f"librispeech_cuts_{TRAIN_PART}.jsonl.gz"
-# train.py keeps 1-20 s cuts; corrupted cuts are chosen among those.
-TRAIN_MIN_DURATION = 1.0
-TRAIN_MAX_DURATION = 20.0
+TRAIN_MANIFEST = librispeech_cuts_name(TRAIN_PART)
 # lhotse's noise mixing sums exp(log-mel) over a cut in float32 (max ~3.4e38).
 MAX_MIXABLE_ENERGY = 1e37
 DONE_MARKER = ".corrupted.done"
@@ -88,11 +85,10 @@ def num_to_corrupt(num_cuts: int, fraction: float) -> int:
     return max(1, int(round(fraction * num_cuts)))
 
 
-def eligible_cut_ids(cuts: Sequence[Cut], sp: Any) -> List[str]:
-    """Ids of the cuts train.py trains on (1-20 s, no more tokens than frames), sorted."""
-    return sorted(
-        c.id for c in cuts if not rejection_reason(c, sp, min_duration=TRAIN_MIN_DURATION, max_duration=TRAIN_MAX_DURATION)
-    )
+def eligible_cut_ids(cuts: Sequence[Cut], sp: Any, duration_range: Tuple[float, float]) -> List[str]:
+    """Ids of the cuts the training keeps (``duration_range`` in seconds, no more tokens than frames), sorted."""
+    min_duration, max_duration = duration_range
+    return sorted(c.id for c in cuts if not rejection_reason(c, sp, min_duration=min_duration, max_duration=max_duration))
 
 
 def choose_cut_ids(eligible: Sequence[str], count: int, seed: int) -> List[str]:
@@ -171,7 +167,7 @@ def corrupt_cuts(
         if feats_dir is None:
             raise CorruptionError("scale-features needs a directory for the new feature arrays")
         writer = NumpyFilesWriter(str(feats_dir))
-    for cut in tqdm(cuts, desc=f"corrupting ({config.method})", unit="cut"):
+    for cut in progress_bar(cuts, desc=f"corrupting ({config.method})", unit="cut"):
         if cut.id in chosen_set:
             if config.method == "random-text":
                 cut, details[cut.id] = corrupt_text(cut, sp, config.density, rng, pieces)
@@ -214,9 +210,14 @@ def read_done(out_dir: Path) -> Optional[Dict[str, Any]]:
     return json.loads(marker.read_text())
 
 
-def make_corrupted_dir(src_dir: Path, out_dir: Path, config: CorruptionConfig, sp: Any) -> Dict[str, Any]:
+def make_corrupted_dir(
+    src_dir: Path, out_dir: Path, config: CorruptionConfig, sp: Any, duration_range: Tuple[float, float]
+) -> Dict[str, Any]:
     """Write ``out_dir``: the corrupted training manifest, links to the other manifests,
     the corrupted cut ids and ``corruption.json``; a marker last. Returns the summary.
+
+    The corrupted cuts are chosen among those the training keeps: ``duration_range``
+    is the recipe's (train.py's ``TRAIN_DURATION_RANGE``).
 
     A finished ``out_dir`` made with the same settings is reused; one made with
     other settings is an error (remove it, or use another directory).
@@ -237,7 +238,7 @@ def make_corrupted_dir(src_dir: Path, out_dir: Path, config: CorruptionConfig, s
         raise CorruptionError(f"no training manifest {src}: run prepare.sh first")
     cuts = load_manifest(src)
     count = num_to_corrupt(len(cuts), config.fraction)
-    chosen = choose_cut_ids(eligible_cut_ids(cuts, sp), count, config.seed)
+    chosen = choose_cut_ids(eligible_cut_ids(cuts, sp, duration_range), count, config.seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     feats_dir = out_dir / "feats" if config.method == "scale-features" else None
     if feats_dir is not None:

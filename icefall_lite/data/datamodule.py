@@ -50,12 +50,10 @@ from lhotse.dataset.input_strategies import OnTheFlyFeatures, PrecomputedFeature
 from lhotse.utils import compute_num_frames
 from torch.utils.data import DataLoader
 
+from icefall_lite.data.layout import FULL_TRAIN_PARTS, NOISE_CUTS_NAME, librispeech_cuts_name
+from icefall_lite.nn.encoder import subsampled_length
 from icefall_lite.utils import str2bool
 
-NOISE_CUTS_NAME = "noise_cuts.jsonl.gz"
-TRAIN_PART = "train-clean-100"
-# LibriSpeech's training parts and their utterance counts (mux weights for --full-libri).
-FULL_TRAIN_PARTS = {"train-clean-100": 28539, "train-clean-360": 104014, "train-other-500": 148688}
 FRAME_SHIFT = 0.01
 
 # icefall's defaults (tdnn_lstm_ctc/asr_datamodule.py).
@@ -134,7 +132,7 @@ class LibriSpeechAsrDataModule:
 
     def part_cuts(self, part: str) -> CutSet:
         """The cuts of one LibriSpeech part, e.g. ``part_cuts("dev-clean")`` (lazy)."""
-        return self._cuts(f"librispeech_cuts_{part}.jsonl.gz")
+        return self._cuts(librispeech_cuts_name(part))
 
     def train_clean_100_cuts(self) -> CutSet:
         """train-clean-100: the training part (also of the synthetic corpus)."""
@@ -353,8 +351,8 @@ def set_transform_rng_state(dataloader: DataLoader, states: List[Any]) -> None:
 
 
 def encoder_frames(num_frames: int) -> int:
-    """Frames after the encoder's Conv2dSubsampling: ``((T - 3) // 2 - 1) // 2``."""
-    return ((num_frames - 3) // 2 - 1) // 2
+    """Frames after the encoder's Conv2dSubsampling (:func:`icefall_lite.nn.encoder.subsampled_length`)."""
+    return int(subsampled_length(num_frames))
 
 
 def cut_num_frames(cut: Cut) -> int:

@@ -22,10 +22,10 @@ import torch
 from lhotse import CutSet, Fbank, FbankConfig, LilcomChunkyWriter, load_manifest, load_manifest_lazy
 from lhotse.cut import Cut
 from lhotse.utils import compute_num_frames
-from tqdm import tqdm
 
+from icefall_lite.data.layout import librispeech_cuts_path
 from icefall_lite.data.manifests import manifest_paths
-from icefall_lite.utils import atomic_output, remove_path
+from icefall_lite.utils import atomic_output, progress_bar, remove_path
 
 NUM_MEL_BINS = 80
 CUTS_PER_CHUNK = 200
@@ -36,11 +36,6 @@ TIME_TOLERANCE = 2e-3  # seconds
 def fbank_extractor() -> Fbank:
     """icefall's features: lhotse ``Fbank`` with 80 mel bins (25 ms / 10 ms)."""
     return Fbank(FbankConfig(num_mel_bins=NUM_MEL_BINS))
-
-
-def librispeech_cuts_path(fbank_dir: Path, part: str) -> Path:
-    """``<fbank_dir>/librispeech_cuts_<part>.jsonl.gz`` (icefall's name)."""
-    return fbank_dir / f"librispeech_cuts_{part}.jsonl.gz"
 
 
 def _one_thread() -> None:
@@ -86,10 +81,10 @@ def compute_features(
     chunks = cuts.split(num_chunks) if num_chunks > 1 else [cuts]
     paths = [storage_dir / f"feats-{i}" for i in range(len(chunks))]
     if executor is None:
-        results = [_compute_chunk(c, p) for c, p in tqdm(list(zip(chunks, paths)), desc=desc)]
+        results = [_compute_chunk(c, p) for c, p in progress_bar(list(zip(chunks, paths)), desc=desc)]
     else:
         futures = [executor.submit(_compute_chunk, c, p) for c, p in zip(chunks, paths)]
-        results = [f.result() for f in tqdm(futures, desc=desc)]
+        results = [f.result() for f in progress_bar(futures, desc=desc)]
     out = CutSet.from_cuts(c for r in results for c in r)
     if len(out) != len(cuts):
         logging.warning(f"{desc}: {len(cuts) - len(out)} of {len(cuts)} cuts had unreadable audio and were dropped")
@@ -210,7 +205,7 @@ def validate_cut_manifest(path: Path, supervised: bool = True, load_features: bo
     """
     n = 0
     seen_storage: set = set()
-    for cut in tqdm(load_manifest_lazy(path), desc=f"validating {path.name}"):
+    for cut in progress_bar(load_manifest_lazy(path), desc=f"validating {path.name}"):
         storage = cut.features.storage_path if cut.has_features else None
         validate_cut(cut, supervised, check_storage=storage not in seen_storage, load=load_features)
         seen_storage.add(storage)

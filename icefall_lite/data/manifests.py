@@ -33,13 +33,12 @@ from lhotse import (
 from lhotse.recipes.librispeech import download_librispeech as lhotse_download
 from lhotse.recipes.librispeech import parse_utterance
 
+from icefall_lite.data.layout import DEFAULT_PARTS
 from icefall_lite.data.synthetic.corpus_text import oov_counts
 from icefall_lite.utils import atomic_output, parallel_imap
 from icefall_lite.data.text_norm import validate_transcript
 
 OPENSLR_URL = "http://www.openslr.org/resources"
-DEFAULT_PARTS = ("train-clean-100", "dev-clean", "dev-other", "test-clean", "test-other")
-FULL_TRAIN_PARTS = ("train-clean-100", "train-clean-360", "train-other-500")
 
 
 def download_librispeech(dl_dir: Path, parts: Sequence[str], base_url: str = OPENSLR_URL) -> Path:

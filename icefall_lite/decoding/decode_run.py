@@ -22,13 +22,13 @@ import torch
 import torch.nn.functional as F
 from lhotse.cut import Cut
 from torch import Tensor
-from tqdm import tqdm
 
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
 from icefall_lite.train.checkpoint import add_checkpoint_arguments, checkpoint_suffix, validate_checkpoint_args
 from icefall_lite.data.datamodule import EmptyCutSetError, LibriSpeechAsrDataModule
 from icefall_lite.decoding.metrics import Result, save_results
 from icefall_lite.nn.model import Transducer, add_model_arguments, build_transducer, model_config_from_args
+from icefall_lite.utils import check_positive, progress_bar
 
 LOG_EPS = math.log(1e-10)
 # icefall pads this many frames of LOG_EPS at the end of every utterance
@@ -90,14 +90,6 @@ def add_num_threads_argument(parser: argparse.ArgumentParser) -> None:
     for sherpa_onnx_decode.py), so that their real-time factors compare."""
     parser.add_argument("--num-threads", type=int, default=1,
                         help="CPU threads used for decoding. (default: 1)")
-
-
-def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str]) -> None:
-    """``parser.error`` naming the first flag in ``names`` whose value is not > 0."""
-    for name in names:
-        value = getattr(args, name)
-        if not value > 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
 
 
 def _is_manifest_path(spec: str) -> bool:
@@ -271,7 +263,7 @@ def decode_batches(
     results: Dict[str, List[Result]] = {}
     stats = DecodeStats()
     start = time.perf_counter()
-    for batch_idx, batch in enumerate(tqdm(batches, desc=desc, unit="batch")):
+    for batch_idx, batch in enumerate(progress_bar(batches, desc=desc, unit="batch")):
         texts = batch["supervisions"]["text"]
         cuts = batch["supervisions"]["cut"]
         for key, hyps in decode_batch(batch).items():

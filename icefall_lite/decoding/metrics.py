@@ -28,7 +28,7 @@ from typing import Dict, Iterable, Iterator, List, Mapping, Sequence, TextIO, Tu
 
 import kaldialign
 
-from icefall_lite.utils import atomic_output
+from icefall_lite.utils import atomic_write
 
 Pathlike = Union[str, os.PathLike]
 # (cut_id, reference words, hypothesis words)
@@ -135,24 +135,6 @@ def deletion_positions(results: Iterable[Result]) -> DeletionPositions:
                 run += 1
             stats.trailing_run += run
     return stats
-
-
-# --------------------------------------------------------------------------
-# Atomic writing
-# --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def atomic_write(filename: Pathlike) -> Iterator[TextIO]:
-    """Open a text file to write ``filename`` through a temporary sibling.
-
-    The file is renamed into place when the block ends normally; on an
-    exception it is removed and ``filename`` is left as it was
-    (:func:`icefall_lite.utils.atomic_output`).
-    """
-    with atomic_output(Path(filename)) as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
-            yield f
 
 
 @contextlib.contextmanager

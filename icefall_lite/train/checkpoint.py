@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from icefall_lite.utils import str2bool
+from icefall_lite.utils import atomic_output, str2bool
 
 PathLike = Union[str, Path]
 DEFAULT_EXP_DIR = Path("lstm_transducer_stateless/exp")
@@ -47,23 +47,17 @@ class CheckpointError(RuntimeError):
 
 
 def atomic_torch_save(obj: Any, filename: PathLike) -> None:
-    """``torch.save`` to a temporary file in the same folder, fsync, then rename.
+    """``torch.save`` through :func:`icefall_lite.utils.atomic_output`, fsynced before the rename.
 
-    A process killed mid-write leaves at most a ``*.tmp-<pid>`` file, never a
-    truncated ``filename``.
+    A process killed mid-write leaves at most the temporary
+    ``.tmp-<name>`` (:func:`icefall_lite.utils.temp_name`), never a truncated
+    ``filename``.
     """
-    filename = Path(filename)
-    filename.parent.mkdir(parents=True, exist_ok=True)
-    tmp = filename.with_name(f"{filename.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_output(filename) as tmp:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, filename)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -91,10 +85,6 @@ def save_checkpoint(
         "scheduler": None if scheduler is None else scheduler.state_dict(),
         "grad_scaler": None if scaler is None else scaler.state_dict(),
         "sampler": None if sampler is None else sampler.state_dict(),
-        "rng": {
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        },
     }
     if params is not None:
         checkpoint.update({k: v for k, v in params.items() if _is_plain(v)})
@@ -164,7 +154,6 @@ def load_checkpoint(
     scheduler: Optional[Any] = None,
     scaler: Optional[Any] = None,
     sampler: Optional[Any] = None,
-    restore_rng: bool = False,
 ) -> Dict[str, Any]:
     """Load a checkpoint into the given objects; returns the whole checkpoint dict."""
     checkpoint = load_checkpoint_file(filename)
@@ -174,10 +163,6 @@ def load_checkpoint(
     for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("grad_scaler", scaler), ("sampler", sampler)):
         if obj is not None and checkpoint.get(name) is not None:
             obj.load_state_dict(checkpoint[name])
-    if restore_rng and checkpoint.get("rng") is not None:
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        if checkpoint["rng"].get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
     return checkpoint
 
 

@@ -22,8 +22,8 @@ evaluation parts, utterance for utterance.
 
 The whole plan (texts, voices, noise types, SNRs, gains, seeds) is drawn up
 front from one seeded generator, so the corpus is the same for a seed whatever
-the number of worker processes.  The tree is built in ``LibriSpeech.partial``
-and renamed to ``LibriSpeech`` only when complete.
+the number of worker processes.  The tree is built in ``.tmp-LibriSpeech``
+(:func:`icefall_lite.utils.atomic_output`) and renamed to ``LibriSpeech`` only when complete.
 """
 
 from __future__ import annotations
@@ -51,11 +51,10 @@ from icefall_lite.data.synthetic.corpus_text import (
     sentence_pool,
     split_sentences_for_corpus,
 )
-from icefall_lite.utils import parallel_imap, remove_path
+from icefall_lite.data.layout import DEFAULT_PARTS, EVAL_PARTS, TRAIN_PART
+from icefall_lite.utils import atomic_output, parallel_imap
 
-TRAIN_PART = "train-clean-100"
-EVAL_PARTS = ("dev-clean", "dev-other", "test-clean", "test-other")
-PARTS = (TRAIN_PART,) + EVAL_PARTS
+PARTS = DEFAULT_PARTS
 OTHER_SNR_RANGE = (10.0, 20.0)
 PEAK_RANGE = (0.3, 0.95)
 # Duration ~ 0.52 s + 0.24 s/word (least-squares fit on the default corpus);
@@ -412,6 +411,40 @@ def _part_stats(utts: Sequence[Utterance], seconds: Dict[str, float]) -> Dict[st
     return stats
 
 
+def _write_corpus_tree(
+    root: Path, plan: CorpusPlan, size: CorpusSize, size_name: str, seed: int, num_jobs: int
+) -> Dict[str, dict]:
+    """Synthesize ``plan`` into ``root`` (audio, transcripts, ``.completed`` and the marker); per-part stats."""
+    bank = make_babble_bank(plan, size, num_jobs)
+    jobs = [(u, root) for u in plan.utterances]
+    seconds: Dict[str, float] = {}
+    failures = []
+    for utt_id, secs, error in parallel_imap(
+        render_utterance, jobs, num_jobs, desc="synthesizing", initializer=set_babble_bank, initargs=(bank,)
+    ):
+        if error:
+            logging.warning(f"skipping utterance {utt_id}: {error}")
+            failures.append(utt_id)
+        else:
+            seconds[utt_id] = secs
+    if failures:
+        logging.warning(f"skipped {len(failures)} of {len(jobs)} utterances that failed to synthesize")
+    write_transcripts(root, [u for u in plan.utterances if u.utt_id in seconds])
+    stats = _part_stats(plan.utterances, seconds)
+    for part in PARTS:
+        (root / part).mkdir(exist_ok=True)
+        (root / part / ".completed").touch()
+    info = {
+        "config": corpus_config(size_name, seed),
+        "parts": stats,
+        "other_snr_db": list(OTHER_SNR_RANGE),
+        "oov": {p: {"oov_words": a, "words": b} for p, (a, b) in plan.oov.items()},
+        "failed_utterances": failures,
+    }
+    (root / MARKER).write_text(json.dumps(info, indent=2))
+    return stats
+
+
 def build_corpus(dl_dir: Path, size_name: str = "default", seed: int = 42, num_jobs: int = 1) -> Path:
     """Build (or find) the synthetic corpus under ``dl_dir/LibriSpeech``; return that path."""
     corpus_dir = dl_dir / "LibriSpeech"
@@ -426,38 +459,9 @@ def build_corpus(dl_dir: Path, size_name: str = "default", seed: int = 42, num_j
         f"planned {len(plan.utterances)} utterances (size={size_name}, seed={seed}, "
         f"{num_jobs} jobs)"
     )
-    partial = dl_dir / "LibriSpeech.partial"
-    remove_path(partial)
-    partial.mkdir(parents=True)
-    bank = make_babble_bank(plan, size, num_jobs)
-    jobs = [(u, partial) for u in plan.utterances]
-    seconds: Dict[str, float] = {}
-    failures = []
-    for utt_id, secs, error in parallel_imap(
-        render_utterance, jobs, num_jobs, desc="synthesizing", initializer=set_babble_bank, initargs=(bank,)
-    ):
-        if error:
-            logging.warning(f"skipping utterance {utt_id}: {error}")
-            failures.append(utt_id)
-        else:
-            seconds[utt_id] = secs
-    if failures:
-        logging.warning(f"skipped {len(failures)} of {len(jobs)} utterances that failed to synthesize")
-    done = [u for u in plan.utterances if u.utt_id in seconds]
-    write_transcripts(partial, done)
-    stats = _part_stats(plan.utterances, seconds)
-    for part in PARTS:
-        (partial / part).mkdir(exist_ok=True)
-        (partial / part / ".completed").touch()
-    info = {
-        "config": corpus_config(size_name, seed),
-        "parts": stats,
-        "other_snr_db": list(OTHER_SNR_RANGE),
-        "oov": {p: {"oov_words": a, "words": b} for p, (a, b) in plan.oov.items()},
-        "failed_utterances": failures,
-    }
-    (partial / MARKER).write_text(json.dumps(info, indent=2))
-    partial.rename(corpus_dir)
+    with atomic_output(corpus_dir) as partial:
+        partial.mkdir()
+        stats = _write_corpus_tree(partial, plan, size, size_name, seed, num_jobs)
     for part, s in stats.items():
         logging.info(f"{part}: {s['utterances']} utterances, {s['hours']:.3f} h, {s['speakers']} speakers")
     logging.info(f"corpus written to {corpus_dir} in {time.time() - start:.1f} s")

@@ -2,7 +2,7 @@
 
 Audio: ``<dl_dir>/noise/{white,pink,brown,babble}/<type>-<k>.flac`` (16 kHz
 FLAC) and ``<dl_dir>/noise/NOISE.json`` (configuration), built in
-``noise.partial`` and renamed when complete.  Babble uses the accent
+``.tmp-noise`` (:func:`icefall_lite.utils.atomic_output`) and renamed when complete.  Babble uses the accent
 ``tts.BABBLE_ACCENTS[0]`` and the noise-corpus half of the out-of-vocabulary
 fortune sentences, neither of which any speech part or the ``-other`` noise
 uses.
@@ -30,13 +30,13 @@ from icefall_lite.data.synthetic import noise as noise_lib
 from icefall_lite.data.synthetic import tts
 from icefall_lite.data.synthetic.corpus_text import babble_sentences, out_of_vocabulary
 from icefall_lite.data.features import compute_features
-from icefall_lite.utils import atomic_output, parallel_imap, remove_path
+from icefall_lite.data.layout import NOISE_CUTS_NAME
+from icefall_lite.utils import atomic_output, parallel_imap
 from icefall_lite.data.synthetic.corpus import SIZES, load_sentences
 
 WINDOW_SECONDS = 10.0
 MIN_WINDOW_SECONDS = 5.0
 MARKER = "NOISE.json"
-NOISE_CUTS_NAME = "noise_cuts.jsonl.gz"
 NOISE_RECORDINGS_NAME = "noise_recordings.jsonl.gz"
 
 
@@ -113,14 +113,11 @@ def build_noise_audio(dl_dir: Path, size_name: str = "default", seed: int = 42, 
         )
     tts.check_tools()
     jobs = plan_noise(NOISE_SIZES[size_name], seed, SIZES[size_name].vocab_words)
-    partial = dl_dir / "noise.partial"
-    remove_path(partial)
-    partial.mkdir(parents=True)
-    for _ in parallel_imap(render_noise, [(j, partial) for j in jobs], num_jobs, desc="noise corpus"):
-        pass
-    (partial / MARKER).write_text(json.dumps(config))
-    remove_path(noise_dir)
-    partial.rename(noise_dir)
+    with atomic_output(noise_dir) as partial:
+        partial.mkdir()
+        for _ in parallel_imap(render_noise, [(j, partial) for j in jobs], num_jobs, desc="noise corpus"):
+            pass
+        (partial / MARKER).write_text(json.dumps(config))
     logging.info(f"wrote {len(jobs)} noise files to {noise_dir}")
     return noise_dir
 

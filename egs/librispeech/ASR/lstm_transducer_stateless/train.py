@@ -35,7 +35,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm import tqdm
 
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
 from icefall_lite.train.checkpoint import (
@@ -63,9 +62,11 @@ from icefall_lite.train.diagnostics import ModelDiagnostics, register_inf_check_
 from icefall_lite.nn.encoder import subsampled_length
 from icefall_lite.nn.model import Transducer, add_model_arguments, build_transducer, count_parameters, model_config_from_args
 from icefall_lite.train.optim import Eden, Eve, ScaledAdam
-from icefall_lite.utils import AttributeDict, MetricsTracker, setup_logger, str2bool
+from icefall_lite.utils import AttributeDict, MetricsTracker, check_positive, progress_bar, setup_logger, str2bool
 
 DIAGNOSTICS_BATCHES = 5
+# icefall trains on 1-20 s utterances (local/make_corrupted_cuts.py corrupts among the same cuts).
+TRAIN_DURATION_RANGE = (1.0, 20.0)
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -177,12 +178,7 @@ def get_params() -> AttributeDict:
 
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """argparse errors naming the flag for bad or conflicting values."""
-    if args.world_size < 1:
-        parser.error(f"--world-size must be >= 1, got {args.world_size}")
-    if args.num_epochs < 1:
-        parser.error(f"--num-epochs must be >= 1, got {args.num_epochs}")
-    if args.start_epoch < 1:
-        parser.error(f"--start-epoch must be >= 1, got {args.start_epoch}")
+    check_positive(parser, args, ["world_size", "num_epochs", "start_epoch", "prune_range", "average_period"])
     if args.start_epoch > args.num_epochs:
         parser.error(f"--start-epoch ({args.start_epoch}) is larger than --num-epochs ({args.num_epochs})")
     if args.start_batch < 0:
@@ -191,8 +187,6 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--clip-grad-norm must be >= 0, got {args.clip_grad_norm}")
     if args.grad_filter_threshold < 0:
         parser.error(f"--grad-filter-threshold must be >= 0, got {args.grad_filter_threshold}")
-    if args.prune_range < 1:
-        parser.error(f"--prune-range must be >= 1, got {args.prune_range}")
     for name in ("ctc_loss_scale", "tail_pad_frames", "max_minutes"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
@@ -201,8 +195,6 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             parser.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(args, name)}")
     if args.use_fp16 and not torch.cuda.is_available():
         parser.error("--use-fp16 needs a CUDA device; none is available")
-    if args.average_period < 1:
-        parser.error(f"--average-period must be >= 1, got {args.average_period}")
     if not Path(args.bpe_model).is_file():
         parser.error(f"--bpe-model {args.bpe_model} does not exist; run prepare.sh (stage 4) first")
 
@@ -477,7 +469,7 @@ def train_one_epoch(
     if rng_state is not None:
         # Restore after the iterator drew its seed, as in the uninterrupted run.
         set_rng_state(rng_state, train_dl)
-    progress = tqdm(iterator, desc=f"epoch {params.cur_epoch}", disable=rank != 0, dynamic_ncols=True,
+    progress = progress_bar(iterator, desc=f"epoch {params.cur_epoch}", disable=rank != 0, dynamic_ncols=True,
                     initial=params.batch_idx_in_epoch, unit="batch")
     last_time = time.time()
     for batch in progress:
@@ -509,7 +501,8 @@ def train_one_epoch(
             tb_writer.add_scalar("train/skipped_steps", params.skipped_steps, step)
         if rank == 0:
             progress.set_postfix(
-                loss=f"{tot_loss.per_frame('loss'):.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", gnorm=f"{grad_norm:.3g}"
+                loss=f"{tot_loss.per_frame('loss'):.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", gnorm=f"{grad_norm:.3g}",
+                refresh=False,
             )
         if params.batch_idx_train % params.log_interval == 0:
             filtered = [v for k, v in filter_stats.items() if k.endswith("fraction_filtered")]
@@ -638,7 +631,8 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
 
     librispeech = LibriSpeechAsrDataModule(args)
     # icefall keeps 1-20 s utterances with at least as many frames as tokens.
-    train_cuts = filter_cuts(librispeech.train_cuts(), sp, min_duration=1.0, max_duration=20.0, name="train")
+    min_duration, max_duration = TRAIN_DURATION_RANGE
+    train_cuts = filter_cuts(librispeech.train_cuts(), sp, min_duration=min_duration, max_duration=max_duration, name="train")
     valid_cuts = filter_cuts(librispeech.dev_clean_cuts() + librispeech.dev_other_cuts(), sp, name="valid")
     require_nonempty(train_cuts, "training")
     require_nonempty(valid_cuts, "validation")
