@@ -257,7 +257,7 @@ def test_rnnt_loss_matches_reference(device, logsumexp_chunk, monkeypatch):
     # logsumexp_chunk: the normalisers are taken over chunks of rows that do
     # not divide the 4 * 7 * 5 lattice cells (3 cells and 2 elements per chunk).
     if logsumexp_chunk is not None:
-        monkeypatch.setattr("icefall_lite.nn.rnnt_loss._LOGSUMEXP_CHUNK_ELEMENTS", logsumexp_chunk)
+        monkeypatch.setattr("icefall_lite.nn.rnnt_logprobs._LOGSUMEXP_CHUNK_ELEMENTS", logsumexp_chunk)
     g = _gen(5)
     B, V, blank = len(LENGTHS), C, 2
     frames, syms = _lengths()

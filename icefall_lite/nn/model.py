@@ -16,6 +16,7 @@ from icefall_lite.nn.joiner import Joiner
 from icefall_lite.nn.rnnt_loss import (
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
+    make_boundary,
     rnnt_loss_pruned,
     rnnt_loss_smoothed,
 )
@@ -131,9 +132,7 @@ class Transducer(nn.Module):
         decoder_out = self.decoder(sos_y)  # (N, U+1, decoder_dim)
         y_padded = pad_token_ids(y, 0, device)  # (N, U)
 
-        boundary = torch.zeros((x.size(0), 4), dtype=torch.int64, device=device)
-        boundary[:, 2] = y_lens
-        boundary[:, 3] = encoder_out_lens
+        boundary = make_boundary(y_lens, encoder_out_lens)  # (N, 4)
 
         lm = self.simple_lm_proj(decoder_out)
         am = self.simple_am_proj(encoder_out)

@@ -30,7 +30,33 @@ def _init_scaled_weight(weight: Tensor, weight_scale: Tensor, fan_in: int, initi
         weight_scale += math.log(fan_in**-0.5 / std)
 
 
-class ScaledLinear(nn.Linear):
+class _LogScaledWeightAndBias:
+    """Mixin of the ``Scaled*`` layers: log-scales ``weight_scale`` and ``bias_scale`` (None without bias).
+
+    The effective weight is ``weight * exp(weight_scale)``, the effective
+    bias ``bias * exp(bias_scale)``.
+    """
+
+    weight: nn.Parameter
+    bias: Optional[nn.Parameter]
+
+    def _init_log_scales(self, fan_in: int, initial_scale: float, initial_speed: float) -> None:
+        """Register the log-scales after the layer's own parameters; initialise weight, log-scale and bias."""
+        log_scale = math.log(initial_scale)
+        self.weight_scale = nn.Parameter(torch.tensor(log_scale))
+        self.bias_scale = nn.Parameter(torch.tensor(log_scale)) if self.bias is not None else None
+        _init_scaled_weight(self.weight, self.weight_scale, fan_in, initial_speed)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def get_weight(self) -> Tensor:
+        return self.weight * self.weight_scale.exp()
+
+    def get_bias(self) -> Optional[Tensor]:
+        return None if self.bias is None else self.bias * self.bias_scale.exp()
+
+
+class ScaledLinear(_LogScaledWeightAndBias, nn.Linear):
     """``nn.Linear`` with effective weight ``W * exp(weight_scale)`` and bias ``b * exp(bias_scale)``.
 
     Args:
@@ -48,67 +74,32 @@ class ScaledLinear(nn.Linear):
         initial_speed: float = 1.0,
     ) -> None:
         super().__init__(in_features, out_features, bias=bias)
-        log_scale = math.log(initial_scale)
-        self.weight_scale = nn.Parameter(torch.tensor(log_scale))
-        self.bias_scale = nn.Parameter(torch.tensor(log_scale)) if bias else None
-        _init_scaled_weight(self.weight, self.weight_scale, in_features, initial_speed)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
-
-    def get_weight(self) -> Tensor:
-        return self.weight * self.weight_scale.exp()
-
-    def get_bias(self) -> Optional[Tensor]:
-        return None if self.bias is None else self.bias * self.bias_scale.exp()
+        self._init_log_scales(in_features, initial_scale, initial_speed)
 
     def forward(self, x: Tensor) -> Tensor:
+        """``(..., in_features)`` -> ``(..., out_features)``."""
         return F.linear(x, self.get_weight(), self.get_bias())
 
 
-class ScaledConv1d(nn.Conv1d):
+class _ScaledConv(_LogScaledWeightAndBias):
+    """A convolution (``nn.Conv1d``/``nn.Conv2d`` after this class in the bases) with log-scaled weight and bias."""
+
+    def __init__(self, *args, initial_scale: float = 1.0, initial_speed: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        fan_in = self.weight.shape[1] * self.weight[0][0].numel()
+        self._init_log_scales(fan_in, initial_scale, initial_speed)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(N, C_in, L)`` -> ``(N, C_out, L')`` (1-d) or ``(N, C_in, H, W)`` -> ``(N, C_out, H', W')`` (2-d)."""
+        return self._conv_forward(x, self.get_weight(), self.get_bias())
+
+
+class ScaledConv1d(_ScaledConv, nn.Conv1d):
     """``nn.Conv1d`` with log-scaled weight and bias (see :class:`ScaledLinear`)."""
 
-    def __init__(self, *args, initial_scale: float = 1.0, initial_speed: float = 1.0, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        log_scale = math.log(initial_scale)
-        self.weight_scale = nn.Parameter(torch.tensor(log_scale))
-        self.bias_scale = nn.Parameter(torch.tensor(log_scale)) if self.bias is not None else None
-        fan_in = self.weight.shape[1] * self.weight[0][0].numel()
-        _init_scaled_weight(self.weight, self.weight_scale, fan_in, initial_speed)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
 
-    def get_weight(self) -> Tensor:
-        return self.weight * self.weight_scale.exp()
-
-    def get_bias(self) -> Optional[Tensor]:
-        return None if self.bias is None else self.bias * self.bias_scale.exp()
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self._conv_forward(x, self.get_weight(), self.get_bias())
-
-
-class ScaledConv2d(nn.Conv2d):
+class ScaledConv2d(_ScaledConv, nn.Conv2d):
     """``nn.Conv2d`` with log-scaled weight and bias (see :class:`ScaledLinear`)."""
-
-    def __init__(self, *args, initial_scale: float = 1.0, initial_speed: float = 1.0, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        log_scale = math.log(initial_scale)
-        self.weight_scale = nn.Parameter(torch.tensor(log_scale))
-        self.bias_scale = nn.Parameter(torch.tensor(log_scale)) if self.bias is not None else None
-        fan_in = self.weight.shape[1] * self.weight[0][0].numel()
-        _init_scaled_weight(self.weight, self.weight_scale, fan_in, initial_speed)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
-
-    def get_weight(self) -> Tensor:
-        return self.weight * self.weight_scale.exp()
-
-    def get_bias(self) -> Optional[Tensor]:
-        return None if self.bias is None else self.bias * self.bias_scale.exp()
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self._conv_forward(x, self.get_weight(), self.get_bias())
 
 
 class ScaledEmbedding(nn.Module):
