@@ -17,6 +17,7 @@ Rerunning with the same --exp-dir resumes from the newest checkpoint
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import logging
 import math
@@ -26,7 +27,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import sentencepiece as spm
@@ -62,7 +63,15 @@ from icefall_lite.train.diagnostics import ModelDiagnostics, register_inf_check_
 from icefall_lite.nn.encoder import subsampled_length
 from icefall_lite.nn.model import Transducer, add_model_arguments, build_transducer, count_parameters, model_config_from_args
 from icefall_lite.train.optim import Eden, Eve, ScaledAdam
-from icefall_lite.utils import AttributeDict, MetricsTracker, check_positive, progress_bar, setup_logger, str2bool
+from icefall_lite.utils import (
+    AttributeDict,
+    MetricsTracker,
+    check_positive,
+    progress_bar,
+    setup_logger,
+    str2bool,
+    temp_name,
+)
 
 DIAGNOSTICS_BATCHES = 5
 # icefall trains on 1-20 s utterances (local/make_corrupted_cuts.py corrupts among the same cuts).
@@ -563,159 +572,279 @@ def resume_checkpoint_path(params: AttributeDict) -> Optional[Path]:
     return max(candidates, key=lambda c: (c[0], c[1].name.startswith("epoch-")))[1]
 
 
-def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
-    params = get_params()
-    params.update(vars(args))
-    fix_random_seed(params.seed)
-    if world_size > 1:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        os.environ.setdefault("MASTER_ADDR", "localhost")
-        os.environ.setdefault("MASTER_PORT", str(params.master_port))
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
-    setup_logger(params.exp_dir / "log" / "log-train", rank=rank, world_size=world_size)
+def remove_interrupted_saves(exp_dir: Path) -> None:
+    """Delete the temporary files (``.tmp-<name>.pt``) of checkpoint saves a killed process left."""
+    for stale in exp_dir.glob(temp_name(Path("*.pt")).name):
+        logging.warning(f"Removing {stale}, left by an interrupted checkpoint save")
+        stale.unlink(missing_ok=True)
+
+
+class Resumption:
+    """Continuing a run from a checkpoint, all in one place.
+
+    :meth:`load` picks the checkpoint (:func:`resume_checkpoint_path`) and
+    loads the weights and the training progress (epoch, batch counters, best
+    losses); :meth:`restore_optimizers` loads the optimizer, scheduler and
+    grad-scaler states once those exist; :meth:`take_epoch_position` hands the
+    first epoch trained the sampler position and RNG states of a run that
+    stopped mid-epoch.
+    """
+
+    PROGRESS_KEYS = ("batch_idx_train", "best_train_loss", "best_valid_loss", "best_train_epoch",
+                     "best_valid_epoch", "skipped_steps", "skipped_utterances", "train_seconds")
+
+    def __init__(self, checkpoint: Dict[str, Any]) -> None:
+        self.checkpoint: Optional[Dict[str, Any]] = checkpoint
+
+    @classmethod
+    def load(
+        cls, params: AttributeDict, model: nn.Module, model_avg: Optional[nn.Module], rank: int
+    ) -> Optional["Resumption"]:
+        """Load the checkpoint to resume from into ``model``/``model_avg``/``params``; None to start afresh."""
+        if rank == 0:
+            remove_interrupted_saves(params.exp_dir)
+        path = resume_checkpoint_path(params)
+        if path is None:
+            return None
+        logging.info(f"Loading checkpoint {path} (use a fresh --exp-dir to start over)")
+        checkpoint = load_checkpoint(path, model, model_avg=model_avg)
+        for key in cls.PROGRESS_KEYS:
+            if key in checkpoint:
+                params[key] = checkpoint[key]
+        finished_epoch = checkpoint.get("batch_idx_in_epoch", 0) == 0 or path.name.startswith("epoch-")
+        params.cur_epoch = int(checkpoint["cur_epoch"]) + (1 if finished_epoch else 0)
+        params.batch_idx_in_epoch = 0 if finished_epoch else int(checkpoint["batch_idx_in_epoch"])
+        return cls(checkpoint)
+
+    def restore_optimizers(
+        self, optimizer: torch.optim.Optimizer, scheduler: Eden, scaler: Optional[torch.amp.GradScaler]
+    ) -> None:
+        """Load the optimizer, scheduler and grad-scaler states the checkpoint holds."""
+        for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("grad_scaler", scaler)):
+            if obj is not None and self.checkpoint.get(name) is not None:
+                obj.load_state_dict(self.checkpoint[name])
+
+    def take_epoch_position(self, params: AttributeDict) -> Optional[Tuple[Optional[Dict], Optional[Dict]]]:
+        """``(sampler state, RNG states)`` for the first epoch when the run stopped mid-epoch, else None.
+
+        Answers once: later epochs start from their beginning.
+        """
+        checkpoint, self.checkpoint = self.checkpoint, None
+        if checkpoint is None or params.batch_idx_in_epoch == 0:
+            return None
+        return checkpoint.get("sampler"), checkpoint.get("rng_state")
+
+
+class Training(NamedTuple):
+    """What every epoch of a run uses."""
+
+    params: AttributeDict
+    model: nn.Module
+    model_avg: Optional[nn.Module]
+    optimizer: torch.optim.Optimizer
+    scheduler: Eden
+    scaler: Optional[torch.amp.GradScaler]
+    sp: spm.SentencePieceProcessor
+    valid_dl: Any
+    tb_writer: Any
+    world_size: int
+    rank: int
+    diagnostics: Optional[ModelDiagnostics]
+
+    def save(self, filename: Path, train_dl) -> None:
+        """:func:`save_progress_checkpoint` of this run (rank 0 only)."""
+        save_progress_checkpoint(self.params, filename, self.model, self.model_avg, self.optimizer, self.scheduler,
+                                 self.scaler, train_dl, self.rank)
+
+    def add_scalar(self, tag: str, value: float) -> None:
+        """A TensorBoard scalar at the current global batch (when TensorBoard is on)."""
+        if self.tb_writer is not None:
+            self.tb_writer.add_scalar(tag, value, self.params.batch_idx_train)
+
+
+def init_distributed(params: AttributeDict, rank: int, world_size: int) -> None:
+    """Join the DDP process group (nccl on GPUs, gloo on CPUs) when ``world_size > 1``."""
+    if world_size <= 1:
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    os.environ.setdefault("MASTER_ADDR", "localhost")
+    os.environ.setdefault("MASTER_PORT", str(params.master_port))
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+
+
+def training_device(rank: int) -> torch.device:
+    """GPU ``rank`` if there is CUDA, else the CPU."""
     device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     logging.info(f"Device: {device}")
+    return device
 
+
+def load_bpe_model(params: AttributeDict) -> spm.SentencePieceProcessor:
+    """The --bpe-model; sets ``params.blank_id`` and ``params.vocab_size``."""
     sp = spm.SentencePieceProcessor()
     sp.load(str(params.bpe_model))
     params.blank_id = sp.piece_to_id("<blk>")
     params.vocab_size = sp.get_piece_size()
+    return sp
+
+
+def build_models(params: AttributeDict, args: argparse.Namespace, rank: int) -> Tuple[nn.Module, Optional[nn.Module]]:
+    """The model of the flags, and on rank 0 its float64 running average ``model_avg``."""
     model_config = training_model_config(args, vocab_size=params.vocab_size, blank_id=params.blank_id)
     params.update({f"model_{k}": v for k, v in model_config.items()})
     model = build_transducer(**model_config)
-    num_param = count_parameters(model)
-    params.num_parameters = num_param
+    params.num_parameters = count_parameters(model)
     logging.info("Training started")
     logging.info(params)
-    logging.info(f"Number of model parameters: {num_param}")
-    model_avg = None
-    if rank == 0:
-        import copy
+    logging.info(f"Number of model parameters: {params.num_parameters}")
+    model_avg = copy.deepcopy(model).to(torch.float64) if rank == 0 else None
+    return model, model_avg
 
-        model_avg = copy.deepcopy(model).to(torch.float64)
 
-    if rank == 0:
-        # A process killed while saving leaves <name>.tmp-<pid>: never a checkpoint.
-        for stale in params.exp_dir.glob("*.pt.tmp-*"):
-            logging.warning(f"Removing {stale}, left by an interrupted checkpoint save")
-            stale.unlink(missing_ok=True)
-    resume_from = resume_checkpoint_path(params)
-    checkpoint: Optional[Dict[str, Any]] = None
-    if resume_from is not None:
-        logging.info(f"Loading checkpoint {resume_from} (use a fresh --exp-dir to start over)")
-        checkpoint = load_checkpoint(resume_from, model, model_avg=model_avg)
-        for key in ("batch_idx_train", "best_train_loss", "best_valid_loss", "best_train_epoch",
-                    "best_valid_epoch", "skipped_steps", "skipped_utterances", "train_seconds"):
-            if key in checkpoint:
-                params[key] = checkpoint[key]
-        finished_epoch = checkpoint.get("batch_idx_in_epoch", 0) == 0 or resume_from.name.startswith("epoch-")
-        params.cur_epoch = int(checkpoint["cur_epoch"]) + (1 if finished_epoch else 0)
-        params.batch_idx_in_epoch = 0 if finished_epoch else int(checkpoint["batch_idx_in_epoch"])
-
+def place_model(
+    params: AttributeDict, model: nn.Module, device: torch.device, rank: int, world_size: int
+) -> Tuple[nn.Module, Optional[ModelDiagnostics]]:
+    """``model`` on ``device`` with the --inf-check hooks and --print-diagnostics, DDP-wrapped when distributed."""
     model.to(device)
     if params.inf_check:
         register_inf_check_hooks(model)
     diagnostics = ModelDiagnostics(model) if params.print_diagnostics else None
     if world_size > 1:
         model = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
+    return model, diagnostics
 
-    optimizer = make_optimizer(params, model)
-    scheduler = Eden(optimizer, params.lr_batches, params.lr_epochs)
-    scaler = torch.amp.GradScaler("cuda") if params.use_fp16 else None
-    if checkpoint is not None:
-        for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("grad_scaler", scaler)):
-            if obj is not None and checkpoint.get(name) is not None:
-                obj.load_state_dict(checkpoint[name])
 
-    librispeech = LibriSpeechAsrDataModule(args)
+def load_training_data(librispeech: LibriSpeechAsrDataModule, sp: spm.SentencePieceProcessor):
+    """The filtered training cuts and the validation dataloader (an error if either set is empty)."""
     # icefall keeps 1-20 s utterances with at least as many frames as tokens.
     min_duration, max_duration = TRAIN_DURATION_RANGE
     train_cuts = filter_cuts(librispeech.train_cuts(), sp, min_duration=min_duration, max_duration=max_duration, name="train")
     valid_cuts = filter_cuts(librispeech.dev_clean_cuts() + librispeech.dev_other_cuts(), sp, name="valid")
     require_nonempty(train_cuts, "training")
     require_nonempty(valid_cuts, "validation")
-    valid_dl = librispeech.valid_dataloaders(valid_cuts)
+    return train_cuts, librispeech.valid_dataloaders(valid_cuts)
 
-    tb_writer = None
-    if rank == 0 and params.tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
 
-        tb_writer = SummaryWriter(log_dir=str(params.exp_dir / "tensorboard"), purge_step=params.batch_idx_train + 1)
+def open_tensorboard(params: AttributeDict, rank: int):
+    """A SummaryWriter into exp-dir/tensorboard on rank 0 with --tensorboard, else None."""
+    if rank != 0 or not params.tensorboard:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
 
-    start = time.time()
+    return SummaryWriter(log_dir=str(params.exp_dir / "tensorboard"), purge_step=params.batch_idx_train + 1)
+
+
+def epoch_dataloader(librispeech: LibriSpeechAsrDataModule, train_cuts, epoch: int, sampler_state: Optional[Dict]):
+    """The training dataloader of ``epoch``, at the resumed sampler position if there is one."""
+    train_dl = librispeech.train_dataloaders(train_cuts)
+    train_dl.sampler.set_epoch(epoch - 1)
+    if sampler_state is not None:
+        train_dl.sampler.load_state_dict(sampler_state)
+    return train_dl
+
+
+def stop_early(t: Training, train_dl) -> None:
+    """Validate, log and save ``checkpoint-<batch>.pt`` when --max-batches or --max-minutes stopped training.
+
+    The checkpoint keeps the RNG states of the stop, as if no validation had
+    run, so that a run resumed from it continues as the uninterrupted one.
+    """
+    params = t.params
+    rng_at_stop = get_rng_state(train_dl)
+    valid_info = compute_validation_loss(params, t.model, t.sp, t.valid_dl, t.world_size)
+    set_rng_state(rng_at_stop, train_dl)
+    params.valid_loss = valid_info.per_frame("loss")
+    logging.info(
+        f"Stopped by --max-batches {params.max_batches} / --max-minutes {params.max_minutes} at global "
+        f"batch {params.batch_idx_train} after {params.train_seconds:.1f} s of training: train loss "
+        f"{params.train_loss:.4f}, validation: {valid_info.per_frame_str()}; saving and stopping."
+    )
+    t.add_scalar("train/valid_loss", params.valid_loss)
+    t.save(params.exp_dir / f"checkpoint-{params.batch_idx_train}.pt", train_dl)
+
+
+def finish_epoch(t: Training, epoch: int, epoch_start: float) -> None:
+    """Validate, log, save ``epoch-<epoch>.pt`` and copy it to the best-loss checkpoints it beats."""
+    params = t.params
+    valid_info = compute_validation_loss(params, t.model, t.sp, t.valid_dl, t.world_size)
+    valid_loss = valid_info.per_frame("loss")
+    params.valid_loss = valid_loss
+    if valid_loss < params.best_valid_loss:
+        params.best_valid_loss = valid_loss
+        params.best_valid_epoch = epoch
+    logging.info(
+        f"Epoch {epoch} done in {time.time() - epoch_start:.1f} s: train loss {params.train_loss:.4f}, "
+        f"validation: {valid_info.per_frame_str()}, skipped steps {params.skipped_steps}, "
+        f"dropped utterances {params.skipped_utterances}"
+    )
+    t.add_scalar("train/valid_loss", valid_loss)
+    t.add_scalar("train/epoch_train_loss", params.train_loss)
+    params.batch_idx_in_epoch = 0
+    filename = params.exp_dir / f"epoch-{epoch}.pt"
+    t.save(filename, None)
+    if t.rank == 0:
+        if params.best_train_epoch == epoch:
+            shutil.copyfile(filename, params.exp_dir / "best-train-loss.pt")
+        if params.best_valid_epoch == epoch:
+            shutil.copyfile(filename, params.exp_dir / "best-valid-loss.pt")
+
+
+def train_epochs(t: Training, librispeech: LibriSpeechAsrDataModule, train_cuts, resume: Optional[Resumption]) -> None:
+    """Epochs ``params.cur_epoch .. --num-epochs``, or until --max-batches/--max-minutes/--print-diagnostics stop."""
+    params = t.params
     for epoch in range(params.cur_epoch, params.num_epochs + 1):
         params.cur_epoch = epoch
-        scheduler.step_epoch(epoch - 1)
+        t.scheduler.step_epoch(epoch - 1)
         fix_random_seed(params.seed + epoch - 1)
-        sampler_state = None
-        rng_state = None
-        if checkpoint is not None and params.batch_idx_in_epoch > 0:
-            sampler_state = checkpoint.get("sampler")
-            rng_state = checkpoint.get("rng_state")
-        else:
+        position = resume.take_epoch_position(params) if resume is not None else None
+        if position is None:
             params.batch_idx_in_epoch = 0
-        train_dl = librispeech.train_dataloaders(train_cuts)
-        train_dl.sampler.set_epoch(epoch - 1)
-        if sampler_state is not None:
-            train_dl.sampler.load_state_dict(sampler_state)
-        checkpoint = None
-        if tb_writer is not None:
-            tb_writer.add_scalar("train/epoch", epoch, params.batch_idx_train)
+        sampler_state, rng_state = position if position is not None else (None, None)
+        train_dl = epoch_dataloader(librispeech, train_cuts, epoch, sampler_state)
+        t.add_scalar("train/epoch", epoch)
         epoch_start = time.time()
         finished = train_one_epoch(
-            params, model, model_avg, optimizer, scheduler, scaler, sp, train_dl, valid_dl, tb_writer,
-            world_size, rank, rng_state=rng_state, diagnostics=diagnostics,
+            params, t.model, t.model_avg, t.optimizer, t.scheduler, t.scaler, t.sp, train_dl, t.valid_dl,
+            t.tb_writer, t.world_size, t.rank, rng_state=rng_state, diagnostics=t.diagnostics,
         )
-        if diagnostics is not None:
+        if t.diagnostics is not None:
             logging.info("Diagnostics printed; exiting (--print-diagnostics).")
-            break
+            return
         if not finished:
-            # The checkpoint keeps the RNG states of the stop, as if no validation had run,
-            # so that a run resumed from it continues as the uninterrupted one.
-            rng_at_stop = get_rng_state(train_dl)
-            valid_info = compute_validation_loss(params, model, sp, valid_dl, world_size)
-            set_rng_state(rng_at_stop, train_dl)
-            params.valid_loss = valid_info.per_frame("loss")
-            logging.info(
-                f"Stopped by --max-batches {params.max_batches} / --max-minutes {params.max_minutes} at global "
-                f"batch {params.batch_idx_train} after {params.train_seconds:.1f} s of training: train loss "
-                f"{params.train_loss:.4f}, validation: {valid_info.per_frame_str()}; saving and stopping."
-            )
-            if tb_writer is not None:
-                tb_writer.add_scalar("train/valid_loss", params.valid_loss, params.batch_idx_train)
-            save_progress_checkpoint(
-                params, params.exp_dir / f"checkpoint-{params.batch_idx_train}.pt",
-                model, model_avg, optimizer, scheduler, scaler, train_dl, rank,
-            )
-            break
-        valid_info = compute_validation_loss(params, model, sp, valid_dl, world_size)
-        valid_loss = valid_info.per_frame("loss")
-        params.valid_loss = valid_loss
-        if valid_loss < params.best_valid_loss:
-            params.best_valid_loss = valid_loss
-            params.best_valid_epoch = epoch
-        logging.info(
-            f"Epoch {epoch} done in {time.time() - epoch_start:.1f} s: train loss {params.train_loss:.4f}, "
-            f"validation: {valid_info.per_frame_str()}, skipped steps {params.skipped_steps}, "
-            f"dropped utterances {params.skipped_utterances}"
-        )
-        if tb_writer is not None:
-            tb_writer.add_scalar("train/valid_loss", valid_loss, params.batch_idx_train)
-            tb_writer.add_scalar("train/epoch_train_loss", params.train_loss, params.batch_idx_train)
-        params.batch_idx_in_epoch = 0
-        filename = params.exp_dir / f"epoch-{epoch}.pt"
-        save_progress_checkpoint(params, filename, model, model_avg, optimizer, scheduler, scaler, None, rank)
-        if rank == 0:
-            if params.best_train_epoch == epoch:
-                shutil.copyfile(filename, params.exp_dir / "best-train-loss.pt")
-            if params.best_valid_epoch == epoch:
-                shutil.copyfile(filename, params.exp_dir / "best-valid-loss.pt")
+            stop_early(t, train_dl)
+            return
+        finish_epoch(t, epoch, epoch_start)
+
+
+def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
+    """Train on one process (rank ``rank`` of ``world_size``): set up, resume if there is a checkpoint, train."""
+    params = get_params()
+    params.update(vars(args))
+    fix_random_seed(params.seed)
+    init_distributed(params, rank, world_size)
+    setup_logger(params.exp_dir / "log" / "log-train", rank=rank, world_size=world_size)
+    device = training_device(rank)
+    sp = load_bpe_model(params)
+    model, model_avg = build_models(params, args, rank)
+    resume = Resumption.load(params, model, model_avg, rank)
+    model, diagnostics = place_model(params, model, device, rank, world_size)
+    optimizer = make_optimizer(params, model)
+    scheduler = Eden(optimizer, params.lr_batches, params.lr_epochs)
+    scaler = torch.amp.GradScaler("cuda") if params.use_fp16 else None
+    if resume is not None:
+        resume.restore_optimizers(optimizer, scheduler, scaler)
+    librispeech = LibriSpeechAsrDataModule(args)
+    train_cuts, valid_dl = load_training_data(librispeech, sp)
+    training = Training(params, model, model_avg, optimizer, scheduler, scaler, sp, valid_dl,
+                        open_tensorboard(params, rank), world_size, rank, diagnostics)
+    start = time.time()
+    train_epochs(training, librispeech, train_cuts, resume)
     logging.info(f"Done. Training took {time.time() - start:.1f} s; skipped steps: {params.skipped_steps}")
     logging.info(f"Model checksum (rank {rank}): {model_checksum(model)}")
-    if tb_writer is not None:
-        tb_writer.close()
+    if training.tb_writer is not None:
+        training.tb_writer.close()
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
