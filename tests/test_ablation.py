@@ -31,7 +31,7 @@ from icefall_lite.data.datamodule import encoder_frames
 from test_train import TINY_MODEL
 
 sys.path.insert(0, str(RECIPE / "lstm_transducer_stateless"))
-from train import TRAIN_DURATION_RANGE  # noqa: E402  (the recipe's train.py owns its duration filter)
+from train import TB_TAGS, TRAIN_DURATION_RANGE  # noqa: E402  (the recipe's train.py owns these)
 
 ABLATION = RECIPE / "lstm_transducer_stateless" / "ablation.py"
 CORRUPT = RECIPE / "local" / "make_corrupted_cuts.py"
@@ -335,3 +335,13 @@ def test_scale_features_multiplies_only_the_chosen_cuts(tiny_data, tmp_path, mon
             assert cut.supervisions[0].text == source[cut_id].supervisions[0].text
         else:
             assert cut.to_dict() == source[cut_id].to_dict()
+
+
+def test_train_py_tensorboard_tags_round_trip_the_filter_statistics():
+    """The reports read train.py's tags through its TB_TAGS table, filter tags included."""
+    assert TB_TAGS.loss == "train/loss" and TB_TAGS.simple_loss == "train/simple_loss"
+    tag = TB_TAGS.filter_tag(12, "max_over_median")
+    assert tag == "grad_filter/layer12/max_over_median"
+    assert TB_TAGS.parse_filter_tag(tag) == (12, "max_over_median")
+    assert TB_TAGS.parse_filter_tag("grad_filter/layerx/fraction_filtered") is None
+    assert TB_TAGS.parse_filter_tag(TB_TAGS.grad_norm) is None

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from icefall_lite.train.checkpoint import find_checkpoints, load_checkpoint_file
 from icefall_lite.decoding.metrics import load_wer_summary
-from icefall_lite.ablation.tb_reader import Series, moving_average, read_scalars
+from icefall_lite.ablation.tb_reader import Series, TrainingScalarTags, moving_average, read_scalars
 
 TEST_SETS = ("test-clean", "test-other")
 DONE_FILE = "learning-speed-done.json"
@@ -112,10 +112,10 @@ def first_step_below(series: Series, target: float, window: int) -> Optional[int
     return None
 
 
-def simple_loss_landmark(exp_dir: Path) -> Optional[int]:
-    """First training step where the simple loss per frame (TensorBoard ``train/simple_loss``,
+def simple_loss_landmark(exp_dir: Path, tags: TrainingScalarTags) -> Optional[int]:
+    """First training step where the simple loss per frame (TensorBoard ``tags.simple_loss``,
     averaged over ``SIMPLE_LOSS_WINDOW`` steps) falls below ``SIMPLE_LOSS_TARGET``; None if never."""
-    series = read_scalars(exp_dir / "tensorboard", ["train/simple_loss"]).get("train/simple_loss", [])
+    series = read_scalars(exp_dir / "tensorboard", [tags.simple_loss]).get(tags.simple_loss, [])
     return first_step_below(series, SIMPLE_LOSS_TARGET, SIMPLE_LOSS_WINDOW)
 
 

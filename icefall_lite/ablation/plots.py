@@ -143,7 +143,7 @@ def plot_train_loss(results: Sequence[ArmResult], path: Path) -> Path:
 
     def draw(ax, subset: List[ArmResult]) -> None:
         for r in subset:
-            series = moving_average(r.scalars.get("train/loss", []), _window(r))
+            series = moving_average(r.scalars.get("loss", []), _window(r))
             ax.plot(*_xy(series), color=ARM_COLORS[r.arm.key], lw=0.9, label=r.arm.label)
         ax.set_xlabel("step")
         ax.set_ylabel("training loss per frame")

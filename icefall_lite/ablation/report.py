@@ -9,23 +9,30 @@ Arms (same model, data, seeds and steps):
   (c) filter       GradientFilter only
   (d) filter-clip  both
 
-each trained on the clean and on the corrupted training set. The plots are in
-:mod:`icefall_lite.ablation.plots`; the orchestration (train.py, decode.py,
-resuming) is the recipe's ``lstm_transducer_stateless/ablation.py``.
+each trained on the clean and on the corrupted training set. The RESULTS.md
+section is rendered here (:func:`render_section`, from the recipe's
+:class:`ReportSetup`); the plots are in :mod:`icefall_lite.ablation.plots`; the
+orchestration (train.py's flags and TensorBoard tags, decode.py, resuming) is
+the recipe's ``lstm_transducer_stateless/ablation.py``.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import os
+import platform
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import torch
+
 from icefall_lite.decoding.metrics import load_wer_summary
 from icefall_lite.utils import replace_marked_section, section_markers, write_text_atomic
-from icefall_lite.ablation.tb_reader import Series, after_step, last_value, read_scalars, values
+from icefall_lite.ablation.tb_reader import Series, TrainingScalarTags, after_step, last_value, read_scalars, values
 
 TRAINING_SETS = ("clean", "corrupted")
 TEST_SETS = ("test-clean", "test-other")
@@ -52,14 +59,6 @@ class Arm:
         parts = {(False, False): "no filter, no clipping", (False, True): "clip_grad_norm only",
                  (True, False): "GradientFilter only", (True, True): "filter + clipping"}
         return f"({self.key}) {parts[(self.filter_on, self.clip_on)]}"
-
-    def train_flags(self, filter_threshold: float, clip_grad_norm: float) -> List[str]:
-        """train.py flags of this arm (0 switches a control off)."""
-        return [
-            "--grad-filter-threshold", str(filter_threshold if self.filter_on else 0),
-            "--clip-grad-norm", str(clip_grad_norm if self.clip_on else 0),
-            "--clip-type", "norm",
-        ]
 
 
 ARMS: Tuple[Arm, ...] = (
@@ -97,22 +96,28 @@ def add_wall_time(arm_dir: Path, phase: str, seconds: float) -> Dict[str, float]
 # Results of one arm
 # --------------------------------------------------------------------------
 
-SCALAR_TAGS = ("train/loss", "train/grad_norm", "train/clip_scale", "train/skipped_steps", "train/valid_loss", "train/epoch")
+# The scalars of an arm, by what they hold (TrainingScalarTags field names).
+SCALARS = ("loss", "grad_norm", "clip_scale", "skipped_steps", "valid_loss", "epoch")
 
 
 @dataclass
 class ArmResult:
-    """What one finished arm measured."""
+    """What one finished arm measured.
+
+    ``scalars``: ``{name in SCALARS: series}``; ``filters``: ``{(layer, stat): series}``
+    of the GradientFilter statistics.
+    """
 
     training_set: str
     arm: Arm
     wer: Dict[Tuple[str, str], float]
     scalars: Dict[str, Series]
+    filters: Dict[Tuple[int, str], Series] = field(default_factory=dict)
     wall_s: Dict[str, float] = field(default_factory=dict)
 
     @property
     def grad_norm(self) -> Series:
-        return self.scalars.get("train/grad_norm", [])
+        return self.scalars.get("grad_norm", [])
 
     @property
     def steps(self) -> int:
@@ -120,23 +125,23 @@ class ArmResult:
 
     @property
     def skipped_steps(self) -> int:
-        return int(last_value(self.scalars.get("train/skipped_steps", []), 0.0))
+        return int(last_value(self.scalars.get("skipped_steps", []), 0.0))
 
     @property
     def valid_loss(self) -> List[Tuple[int, float]]:
         """``[(epoch, validation loss per frame)]``, one per finished epoch."""
-        return [(i + 1, v) for i, (_, v) in enumerate(self.scalars.get("train/valid_loss", []))]
+        return [(i + 1, v) for i, (_, v) in enumerate(self.scalars.get("valid_loss", []))]
 
     @property
     def final_train_loss(self) -> float:
         """Mean per-frame training loss over the steps of the last epoch.
 
-        train.py writes ``train/epoch`` when an epoch starts and again when a
+        train.py writes the epoch scalar when an epoch starts and again when a
         cut-off epoch is resumed; the last epoch starts at its first point.
         """
-        epochs = self.scalars.get("train/epoch", [])
+        epochs = self.scalars.get("epoch", [])
         start = min(step for step, epoch in epochs if epoch == epochs[-1][1]) if epochs else 0
-        last = values(after_step(self.scalars.get("train/loss", []), start))
+        last = values(after_step(self.scalars.get("loss", []), start))
         return sum(last) / len(last) if last else float("nan")
 
     @property
@@ -145,11 +150,10 @@ class ArmResult:
 
     def filter_layers(self) -> List[int]:
         """Encoder layers with GradientFilter scalars."""
-        layers = {int(t.split("/")[1][len("layer"):]) for t in self.scalars if t.startswith("grad_filter/layer")}
-        return sorted(layers)
+        return sorted({layer for layer, _ in self.filters})
 
     def filter_series(self, layer: int, stat: str) -> Series:
-        return self.scalars.get(f"grad_filter/layer{layer}/{stat}", [])
+        return self.filters.get((layer, stat), [])
 
 
 def newest_wer_summary(arm_dir: Path, method: str, test_set: str) -> Optional[Path]:
@@ -170,11 +174,19 @@ def read_wers(arm_dir: Path, methods: Sequence[str]) -> Dict[Tuple[str, str], fl
     return wers
 
 
-def collect_arm_result(arm_dir: Path, training_set: str, arm: Arm, methods: Sequence[str]) -> ArmResult:
-    """Read a finished arm: WERs, the TensorBoard scalars (incl. per-layer filter stats), wall time."""
+def collect_arm_result(
+    arm_dir: Path, training_set: str, arm: Arm, methods: Sequence[str], tags: TrainingScalarTags
+) -> ArmResult:
+    """Read a finished arm: WERs, the TensorBoard scalars named by ``tags`` (incl. per-layer filter
+    stats), wall time."""
     scalars = read_scalars(arm_dir / "tensorboard")
-    wanted = {t: s for t, s in scalars.items() if t in SCALAR_TAGS or t.startswith("grad_filter/")}
-    return ArmResult(training_set, arm, read_wers(arm_dir, methods), wanted, read_json(arm_dir / WALL_FILE) or {})
+    wanted = {name: scalars[getattr(tags, name)] for name in SCALARS if getattr(tags, name) in scalars}
+    filters = {}
+    for tag, series in scalars.items():
+        layer_stat = tags.parse_filter_tag(tag)
+        if layer_stat is not None:
+            filters[layer_stat] = series
+    return ArmResult(training_set, arm, read_wers(arm_dir, methods), wanted, filters, read_json(arm_dir / WALL_FILE) or {})
 
 
 # --------------------------------------------------------------------------
@@ -222,7 +234,7 @@ def filter_stats(result: ArmResult) -> Dict[str, float]:
 
 def clip_stats(result: ArmResult) -> Dict[str, float]:
     """Fraction of steps whose gradient clip_grad_norm scaled down, and the median scale."""
-    scales = values(result.scalars.get("train/clip_scale", []))
+    scales = values(result.scalars.get("clip_scale", []))
     if not scales:
         return {"fraction_clipped": float("nan"), "median_scale": float("nan")}
     return {"fraction_clipped": sum(1 for s in scales if s < 1.0) / len(scales), "median_scale": percentile(scales, 50)}
@@ -360,6 +372,79 @@ def findings(results: Sequence[ArmResult], methods: Sequence[str], threshold: fl
 # --------------------------------------------------------------------------
 # RESULTS.md
 # --------------------------------------------------------------------------
+
+
+@dataclass
+class ReportSetup:
+    """What the recipe says about its run, worded: the command, the setup paragraph, every command run,
+    the decoding methods, the GradientFilter threshold and the seed."""
+
+    command: str
+    setup: str
+    commands: List[str]
+    methods: Sequence[str]
+    threshold: float
+    seed: int
+
+
+def machine_summary() -> str:
+    """CPU architecture and cores, torch version, GPU."""
+    return (f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+            f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU only'}")
+
+
+def steps_note(results: Sequence[ArmResult]) -> str:
+    """Whether every arm ran the same number of training steps."""
+    steps = sorted({r.steps for r in results})
+    if len(steps) == 1:
+        return f"Every arm ran {steps[0]} training steps."
+    return "The arms ran different numbers of steps: " + ", ".join(
+        f"{r.training_set} {r.arm.key} {r.steps}" for r in results) + "."
+
+
+def render_section(results: Sequence[ArmResult], plots: Dict[str, Path], setup: ReportSetup) -> str:
+    """The ablation section of RESULTS.md: setup, table, findings, plots, commands."""
+    plot_lines = [f"![{kind}]({p.name})" for kind, p in plots.items()]
+    lines = [
+        "## Ablation: GradientFilter and clip_grad_norm",
+        "",
+        f"Date: {datetime.date.today().isoformat()}. Machine: {machine_summary()}.",
+        "",
+        "Command (from `egs/librispeech/ASR`):",
+        "",
+        "```bash",
+        setup.command,
+        "```",
+        "",
+        setup.setup,
+        "",
+        "WER (%) on test-clean / test-other. Final train loss: mean per-frame training loss over the last epoch's "
+        "steps; valid loss: per-frame loss on dev-clean + dev-other after the last epoch; wall time: training plus "
+        "decoding of the arm.",
+        "",
+        format_table(results, setup.methods),
+        "",
+        "### What was measured",
+        "",
+        *[f"- {line}" for line in findings(results, setup.methods, setup.threshold, setup.seed)],
+        "",
+        "### Plots",
+        "",
+        "Per-step pre-clip gradient norm per arm (log scale); GradientFilter statistics per layer (fraction of "
+        "sequences filtered; largest per-sequence gradient RMS over the batch median, the quantity compared with the "
+        "threshold; arms with the filter only); validation loss per epoch; training loss.",
+        "",
+        *plot_lines,
+        "",
+        "<details><summary>Every command the ablation ran (from egs/librispeech/ASR)</summary>",
+        "",
+        "```bash",
+        *setup.commands,
+        "```",
+        "",
+        "</details>",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def update_results_md(path: Path, section: str) -> None:

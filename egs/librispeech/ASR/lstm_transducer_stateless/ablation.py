@@ -45,7 +45,6 @@ import argparse
 import datetime
 import logging
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -54,7 +53,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-import torch
 
 from icefall_lite.ablation.report import (
     ARMS,
@@ -63,17 +61,22 @@ from icefall_lite.ablation.report import (
     TRAINING_SETS,
     Arm,
     ArmResult,
+    ReportSetup,
     add_wall_time,
     collect_arm_result,
-    findings,
     format_table,
     newest_wer_summary,
     read_json,
+    render_section,
+    steps_note,
     update_results_md,
     write_json_atomic,
 )
 from icefall_lite.ablation.plots import write_plots
 from icefall_lite.data.corrupt import CORRUPTION_METHODS, IDS_FILE, read_done
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train import TB_TAGS  # noqa: E402  (train.py's TensorBoard tags)
 
 RECIPE_DIR = Path(__file__).resolve().parents[1]
 DECODING_METHODS = ("greedy_search", "modified_beam_search", "fast_beam_search")
@@ -240,13 +243,22 @@ def corrupt_command(s: Settings) -> List[str]:
             "--density", str(a.corrupt_density), "--scale", str(a.corrupt_scale)]
 
 
+def arm_train_flags(arm: Arm, filter_threshold: float, clip_grad_norm: float) -> List[str]:
+    """train.py flags of ``arm`` (0 switches a control off)."""
+    return [
+        "--grad-filter-threshold", str(filter_threshold if arm.filter_on else 0),
+        "--clip-grad-norm", str(clip_grad_norm if arm.clip_on else 0),
+        "--clip-type", "norm",
+    ]
+
+
 def train_command(s: Settings, training_set: str, arm: Arm) -> List[str]:
     a = s.args
     return (["python", s.script("lstm_transducer_stateless/train.py"), "--exp-dir", s.rel(s.arm_dir(training_set, arm)),
              "--bpe-model", s.rel(s.bpe_model), "--manifest-dir", s.rel(s.manifest_dir(training_set)),
              "--num-epochs", str(a.epochs), "--seed", str(a.seed), "--max-duration", f"{a.max_duration:g}",
              "--num-workers", str(a.num_workers), "--save-every-n", str(a.save_every_n), "--keep-last-k", "1"]
-            + arm.train_flags(a.grad_filter_threshold, a.clip_grad_norm) + s.model_args)
+            + arm_train_flags(arm, a.grad_filter_threshold, a.clip_grad_norm) + s.model_args)
 
 
 def decode_checkpoint_flags(epochs: int) -> List[str]:
@@ -362,7 +374,7 @@ def collect_results(s: Settings) -> List[ArmResult]:
     missing = [f"{t}/{a.dirname}" for t in TRAINING_SETS for a in ARMS if not arm_done(s, t, a)]
     if missing:
         raise AblationError(f"unfinished arms in {s.exp_root}: {', '.join(missing)}")
-    return [collect_arm_result(s.arm_dir(t, a), t, a, s.methods) for t in TRAINING_SETS for a in ARMS]
+    return [collect_arm_result(s.arm_dir(t, a), t, a, s.methods, TB_TAGS) for t in TRAINING_SETS for a in ARMS]
 
 
 def corruption_summary(s: Settings) -> str:
@@ -374,19 +386,6 @@ def corruption_summary(s: Settings) -> str:
             + f"; ids in `{s.rel(s.corrupted_manifest_dir / IDS_FILE)}`")
 
 
-def machine_summary() -> str:
-    return (f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
-            f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU only'}")
-
-
-def steps_note(results: Sequence[ArmResult]) -> str:
-    steps = sorted({r.steps for r in results})
-    if len(steps) == 1:
-        return f"Every arm ran {steps[0]} training steps."
-    return "The arms ran different numbers of steps: " + ", ".join(
-        f"{r.training_set} {r.arm.key} {r.steps}" for r in results) + "."
-
-
 def all_commands(s: Settings) -> List[str]:
     cmds = [shlex.join(corrupt_command(s))]
     for t in TRAINING_SETS:
@@ -396,55 +395,18 @@ def all_commands(s: Settings) -> List[str]:
     return cmds
 
 
-def render_section(s: Settings, results: Sequence[ArmResult], plots: Dict[str, Path], command: str) -> str:
-    """The ablation section of RESULTS.md."""
+def report_setup(s: Settings, results: Sequence[ArmResult], command: str) -> ReportSetup:
+    """What RESULTS.md says about this run: command, setup, every command run."""
     a = s.args
-    date = datetime.date.today().isoformat()
-    plot_lines = [f"![{kind}]({p.name})" for kind, p in plots.items()]
-    lines = [
-        "## Ablation: GradientFilter and clip_grad_norm",
-        "",
-        f"Date: {date}. Machine: {machine_summary()}.",
-        "",
-        "Command (from `egs/librispeech/ASR`):",
-        "",
-        "```bash",
-        command,
-        "```",
-        "",
+    setup = (
         f"Setup: model flags `{shlex.join(s.model_args) or '(none: the cpu preset)'}`, epochs per arm: "
         f"{a.epochs}, max-duration {a.max_duration:g} s, seed {a.seed}, GradientFilter threshold "
         f"{a.grad_filter_threshold:g} where on, clip_grad_norm {a.clip_grad_norm:g} where on (otherwise train.py "
         f"defaults). {steps_note(results)} Corrupted training set: {corruption_summary(s)}. "
-        f"Decoding: {decoding_summary(s)}.",
-        "",
-        "WER (%) on test-clean / test-other. Final train loss: mean per-frame training loss over the last epoch's "
-        "steps; valid loss: per-frame loss on dev-clean + dev-other after the last epoch; wall time: training plus "
-        "decoding of the arm.",
-        "",
-        format_table(results, s.methods),
-        "",
-        "### What was measured",
-        "",
-        *[f"- {line}" for line in findings(results, s.methods, a.grad_filter_threshold, a.seed)],
-        "",
-        "### Plots",
-        "",
-        "Per-step pre-clip gradient norm per arm (log scale); GradientFilter statistics per layer (fraction of "
-        "sequences filtered; largest per-sequence gradient RMS over the batch median, the quantity compared with the "
-        "threshold; arms with the filter only); validation loss per epoch; training loss.",
-        "",
-        *plot_lines,
-        "",
-        "<details><summary>Every command the ablation ran (from egs/librispeech/ASR)</summary>",
-        "",
-        "```bash",
-        *all_commands(s),
-        "```",
-        "",
-        "</details>",
-    ]
-    return "\n".join(lines) + "\n"
+        f"Decoding: {decoding_summary(s)}."
+    )
+    return ReportSetup(command=command, setup=setup, commands=all_commands(s), methods=s.methods,
+                       threshold=a.grad_filter_threshold, seed=a.seed)
 
 
 def write_report(s: Settings, command: str) -> Path:
@@ -452,7 +414,7 @@ def write_report(s: Settings, command: str) -> Path:
     results = collect_results(s)
     plots = write_plots(results, s.results_dir, s.args.grad_filter_threshold)
     results_md = s.results_dir / "RESULTS.md"
-    update_results_md(results_md, render_section(s, results, plots, command))
+    update_results_md(results_md, render_section(results, plots, report_setup(s, results, command)))
     logging.info(f"wrote {results_md} and {', '.join(p.name for p in plots.values())}")
     print(format_table(results, s.methods))
     return results_md

@@ -58,6 +58,9 @@ from icefall_lite.ablation.learning_speed import (
 )
 from icefall_lite.utils import replace_marked_section, write_text_atomic
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train import TB_TAGS  # noqa: E402  (train.py's TensorBoard tags)
+
 RECIPE_DIR = Path(__file__).resolve().parents[1]
 SECTION = "learning-speed"
 
@@ -194,7 +197,7 @@ def run_arm(args: argparse.Namespace, arm: StudyArm) -> StudyResult:
         valid_loss=progress["valid_loss"],
         num_parameters=progress["num_parameters"],
         wers=read_greedy_wers(exp_dir),
-        simple_below_target_step=simple_loss_landmark(exp_dir),
+        simple_below_target_step=simple_loss_landmark(exp_dir, TB_TAGS),
     )
     write_text_atomic(exp_dir / DONE_FILE, json.dumps(result.to_json(), indent=2) + "\n")
     return result

@@ -37,6 +37,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from icefall_lite.ablation.tb_reader import TrainingScalarTags
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
 from icefall_lite.train.checkpoint import (
     DEFAULT_EPOCH,
@@ -76,6 +77,18 @@ from icefall_lite.utils import (
 DIAGNOSTICS_BATCHES = 5
 # icefall trains on 1-20 s utterances (local/make_corrupted_cuts.py corrupts among the same cuts).
 TRAIN_DURATION_RANGE = (1.0, 20.0)
+# The TensorBoard tags this script writes; the ablation and the learning-speed study read them through TB_TAGS.
+TRAIN_TAG_PREFIX = "train/"
+TB_TAGS = TrainingScalarTags(
+    loss=f"{TRAIN_TAG_PREFIX}loss",
+    simple_loss=f"{TRAIN_TAG_PREFIX}simple_loss",
+    grad_norm=f"{TRAIN_TAG_PREFIX}grad_norm",
+    clip_scale=f"{TRAIN_TAG_PREFIX}clip_scale",
+    skipped_steps=f"{TRAIN_TAG_PREFIX}skipped_steps",
+    valid_loss=f"{TRAIN_TAG_PREFIX}valid_loss",
+    epoch=f"{TRAIN_TAG_PREFIX}epoch",
+    grad_filter="grad_filter/layer{layer}/{stat}",
+)
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -366,7 +379,7 @@ def log_filter_stats(model: nn.Module, tb_writer, step: int) -> Dict[str, float]
         for key, value in grad_filter.stats.as_dict().items():
             stats[f"layer{layer}/{key}"] = value
             if tb_writer is not None:
-                tb_writer.add_scalar(f"grad_filter/layer{layer}/{key}", value, step)
+                tb_writer.add_scalar(TB_TAGS.filter_tag(layer, key), value, step)
     return stats
 
 
@@ -501,13 +514,13 @@ def train_one_epoch(
             if info["frames"] > 0:
                 for key in ("loss", "simple_loss", "pruned_loss", "ctc_loss"):
                     if key in info:
-                        tb_writer.add_scalar(f"train/{key}", info[key] / info["frames"], step)
-            tb_writer.add_scalar("train/learning_rate", scheduler.get_last_lr()[0], step)
-            tb_writer.add_scalar("train/grad_norm", grad_norm, step)
-            tb_writer.add_scalar("train/clip_scale", clip_scale, step)
+                        tb_writer.add_scalar(f"{TRAIN_TAG_PREFIX}{key}", info[key] / info["frames"], step)
+            tb_writer.add_scalar(f"{TRAIN_TAG_PREFIX}learning_rate", scheduler.get_last_lr()[0], step)
+            tb_writer.add_scalar(TB_TAGS.grad_norm, grad_norm, step)
+            tb_writer.add_scalar(TB_TAGS.clip_scale, clip_scale, step)
             if isinstance(optimizer, ScaledAdam):
-                tb_writer.add_scalar("train/optimizer_clip_scale", optimizer.last_clipping_scale, step)
-            tb_writer.add_scalar("train/skipped_steps", params.skipped_steps, step)
+                tb_writer.add_scalar(f"{TRAIN_TAG_PREFIX}optimizer_clip_scale", optimizer.last_clipping_scale, step)
+            tb_writer.add_scalar(TB_TAGS.skipped_steps, params.skipped_steps, step)
         if rank == 0:
             progress.set_postfix(
                 loss=f"{tot_loss.per_frame('loss'):.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", gnorm=f"{grad_norm:.3g}",
@@ -761,7 +774,7 @@ def stop_early(t: Training, train_dl) -> None:
         f"batch {params.batch_idx_train} after {params.train_seconds:.1f} s of training: train loss "
         f"{params.train_loss:.4f}, validation: {valid_info.per_frame_str()}; saving and stopping."
     )
-    t.add_scalar("train/valid_loss", params.valid_loss)
+    t.add_scalar(TB_TAGS.valid_loss, params.valid_loss)
     t.save(params.exp_dir / f"checkpoint-{params.batch_idx_train}.pt", train_dl)
 
 
@@ -779,8 +792,8 @@ def finish_epoch(t: Training, epoch: int, epoch_start: float) -> None:
         f"validation: {valid_info.per_frame_str()}, skipped steps {params.skipped_steps}, "
         f"dropped utterances {params.skipped_utterances}"
     )
-    t.add_scalar("train/valid_loss", valid_loss)
-    t.add_scalar("train/epoch_train_loss", params.train_loss)
+    t.add_scalar(TB_TAGS.valid_loss, valid_loss)
+    t.add_scalar(f"{TRAIN_TAG_PREFIX}epoch_train_loss", params.train_loss)
     params.batch_idx_in_epoch = 0
     filename = params.exp_dir / f"epoch-{epoch}.pt"
     t.save(filename, None)
@@ -803,7 +816,7 @@ def train_epochs(t: Training, librispeech: LibriSpeechAsrDataModule, train_cuts,
             params.batch_idx_in_epoch = 0
         sampler_state, rng_state = position if position is not None else (None, None)
         train_dl = epoch_dataloader(librispeech, train_cuts, epoch, sampler_state)
-        t.add_scalar("train/epoch", epoch)
+        t.add_scalar(TB_TAGS.epoch, epoch)
         epoch_start = time.time()
         finished = train_one_epoch(
             params, t.model, t.model_avg, t.optimizer, t.scheduler, t.scaler, t.sp, train_dl, t.valid_dl,
