@@ -151,7 +151,7 @@ def test_corpus_is_deterministic_for_a_seed(tiny: Path, tmp_path: Path) -> None:
     assert a.utterances == b.utterances and a.utterances != c.utterances
     # Re-render clean and noisy utterances in this process (prepare.sh used 2
     # worker processes): the FLACs must be identical to the bytes.
-    from icefall_lite.data.synthetic import corpus
+    from icefall_lite.data.synthetic import corpus as synth_corpus
 
     bank = synth_corpus.make_babble_bank(a, SIZES["tiny"], 1)
     synth_corpus.set_babble_bank(bank)
