@@ -51,7 +51,7 @@ from icefall_lite.train.checkpoint import DEFAULT_EPOCH, load_averaged_weights  
 from icefall_lite.nn.model import add_model_arguments, build_transducer, model_config_from_args  # noqa: E402
 from icefall_lite.export.onnx_export import build_exportable, export_transducer_onnx, onnx_filenames, write_tokens_file  # noqa: E402
 from icefall_lite.decoding.search import fast_beam_search_one_best, greedy_search_batch, modified_beam_search  # noqa: E402
-from icefall_lite.utils import str2bool  # noqa: E402
+from icefall_lite.utils import script_parser, str2bool  # noqa: E402
 
 LOG_EPS = math.log(1e-10)
 TAIL_FRAMES = 35  # decode.py's tail padding (icefall's fix for tail deletions)
@@ -60,7 +60,7 @@ SAMPLE_RATE = 16000
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--exp-dir", type=Path, default=RECIPE / "lstm_transducer_stateless" / "exp",
                         help="Checkpoints (epoch-N.pt). (default: the recipe's lstm_transducer_stateless/exp)")
     parser.add_argument("--epoch", type=int, default=DEFAULT_EPOCH,

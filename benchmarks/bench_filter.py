@@ -42,12 +42,13 @@ from benchmarks.train_setup import (  # noqa: E402
     batch_shape,
     make_batches,
 )
+from icefall_lite.utils import script_parser  # noqa: E402
 
 GOAL = 0.03
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--threshold", type=float, default=25.0, help="Filter threshold of the filtered arm. (default: 25)")
     parser.add_argument("--reps", type=int, default=24,
                         help="Timed training steps per arm, alternating arms (and batches). (default: 24)")

@@ -56,6 +56,7 @@ from icefall_lite.nn.rnnt_loss import (  # noqa: E402
     rnnt_loss_smoothed,
 )
 from icefall_lite.nn.scaling import ScaledLinear  # noqa: E402
+from icefall_lite.utils import script_parser  # noqa: E402
 
 BLANK = 0
 
@@ -173,7 +174,7 @@ def compare(problem: LossProblem, reps: int, measure_memory: bool = True) -> Com
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--batch-size", type=int, default=8, help="B. (default: 8)")
     parser.add_argument("--frames", type=int, default=200, help="T, encoder frames. (default: 200)")
     parser.add_argument("--symbols", type=int, default=40, help="U, target symbols. (default: 40)")

@@ -32,10 +32,11 @@ from benchmarks.common import (  # noqa: E402
     memory_method,
     setup_threads,
 )
+from icefall_lite.utils import script_parser  # noqa: E402
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--batch-size", type=int, default=8, help="B when B is not the varied size. (default: 8)")
     parser.add_argument("--frames", type=int, default=200, help="T when T is not varied. (default: 200)")
     parser.add_argument("--symbols", type=int, default=40, help="U when U is not varied. (default: 40)")

@@ -48,10 +48,11 @@ from benchmarks.train_setup import (  # noqa: E402
     lstm_flops_hooks,
     make_batches,
 )
+from icefall_lite.utils import script_parser  # noqa: E402
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--reps", type=int, default=12, help="Timed training steps. (default: 12)")
     parser.add_argument("--gemm-size", type=int, default=1024, help="n of the n x n sgemm. (default: 1024)")
     parser.add_argument("--gemm-reps", type=int, default=5,

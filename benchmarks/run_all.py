@@ -30,7 +30,7 @@ RESULTS = BENCH_DIR / "RESULTS.md"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from icefall_lite.utils import write_text_atomic  # noqa: E402
+from icefall_lite.utils import script_parser, write_text_atomic  # noqa: E402
 
 # name -> script; the order of the sections in RESULTS.md
 BENCHMARKS: Dict[str, str] = {
@@ -53,7 +53,7 @@ is given).
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=None,
                         help="Run only these benchmarks and print them; RESULTS.md is not rewritten.")
     parser.add_argument("--threads", type=int, default=2, help="Threads for every benchmark. (default: 2)")

@@ -74,6 +74,7 @@ from icefall_lite.ablation.report import (
 )
 from icefall_lite.ablation.plots import write_plots
 from icefall_lite.data.corrupt import CORRUPTION_METHODS, IDS_FILE, read_done
+from icefall_lite.utils import script_parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train import TB_TAGS  # noqa: E402  (train.py's TensorBoard tags)
@@ -90,7 +91,7 @@ class AblationError(RuntimeError):
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--work-dir", type=Path, default=RECIPE_DIR,
                         help="folder with data/ (prepare.sh --work-dir); train/decode run in it (default: the recipe)")
     parser.add_argument("--exp-root", type=Path, default=Path("lstm_transducer_stateless/exp-ablation"),

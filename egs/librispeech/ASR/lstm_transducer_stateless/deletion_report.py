@@ -10,15 +10,15 @@ Usage (from egs/librispeech/ASR, after decode.py):
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from icefall_lite.decoding.metrics import compute_wer, deletion_positions, load_transcripts
+from icefall_lite.utils import script_parser
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("recogs", nargs="+", type=Path, help="recogs-*.txt files written by decode.py")
     args = parser.parse_args()
     for path in args.recogs:

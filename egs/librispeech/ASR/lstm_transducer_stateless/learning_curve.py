@@ -28,13 +28,13 @@ from typing import Dict, List
 
 from icefall_lite.ablation.learning_speed import Curve, epoch_training_minutes, plot_learning_curves, read_curve_csv
 from icefall_lite.decoding.metrics import load_wer_summary
-from icefall_lite.utils import write_text_atomic
+from icefall_lite.utils import script_parser, write_text_atomic
 
 RECIPE_DIR = Path(__file__).resolve().parents[1]
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--run", action="append", default=[], metavar="LABEL=EXP_DIR",
                         help="a training run to decode epoch by epoch (repeatable)")
     parser.add_argument("--csv", action="append", default=[], type=Path,

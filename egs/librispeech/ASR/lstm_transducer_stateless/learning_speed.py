@@ -56,7 +56,7 @@ from icefall_lite.ablation.learning_speed import (
     seed_spread,
     simple_loss_landmark,
 )
-from icefall_lite.utils import replace_marked_section, write_text_atomic
+from icefall_lite.utils import replace_marked_section, script_parser, write_text_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train import TB_TAGS  # noqa: E402  (train.py's TensorBoard tags)
@@ -110,7 +110,7 @@ class StudyError(RuntimeError):
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--work-dir", type=Path, default=RECIPE_DIR,
                         help="folder with data/ (prepare.sh --work-dir); train/decode run in it")
     parser.add_argument("--exp-root", type=Path, default=Path("lstm_transducer_stateless/exp-learning-speed"),
