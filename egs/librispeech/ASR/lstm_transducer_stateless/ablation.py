@@ -75,9 +75,7 @@ from icefall_lite.ablation.report import (
 from icefall_lite.ablation.plots import write_plots
 from icefall_lite.data.corrupt import CORRUPTION_METHODS, IDS_FILE, read_done
 from icefall_lite.utils import script_parser
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train import TB_TAGS  # noqa: E402  (train.py's TensorBoard tags)
+from train import TB_TAGS  # this recipe's train.py (the script's folder is on sys.path, as in icefall)
 
 RECIPE_DIR = Path(__file__).resolve().parents[1]
 DECODING_METHODS = ("greedy_search", "modified_beam_search", "fast_beam_search")

@@ -57,9 +57,7 @@ from icefall_lite.ablation.learning_speed import (
     simple_loss_landmark,
 )
 from icefall_lite.utils import replace_marked_section, script_parser, write_text_atomic
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train import TB_TAGS  # noqa: E402  (train.py's TensorBoard tags)
+from train import TB_TAGS  # this recipe's train.py (the script's folder is on sys.path, as in icefall)
 
 RECIPE_DIR = Path(__file__).resolve().parents[1]
 SECTION = "learning-speed"
