@@ -22,8 +22,9 @@ from lhotse import CutSet, load_manifest
 from conftest import RECIPE, check_wer_files, recipe_env, with_features
 from icefall_lite.train.checkpoint import save_checkpoint
 from icefall_lite.decoding.decode_run import resolve_test_sets, result_key
+from icefall_lite.train.checkpoint import DEFAULT_AVG, DEFAULT_EPOCH
 from icefall_lite.nn.model import build_transducer
-from icefall_lite.decoding.search import greedy_search, greedy_search_batch
+from icefall_lite.decoding.greedy_search import greedy_search, greedy_search_batch
 from icefall_lite.utils import AttributeDict
 
 DECODE = RECIPE / "lstm_transducer_stateless" / "decode.py"
@@ -140,8 +141,8 @@ def test_suffix_and_key_follow_icefall(argv, suffix, key):
 
 def test_defaults():
     args = decode.get_parser().parse_args([])
-    # train.py's default run is 16 epochs (the learning-speed study's defaults).
-    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (16, 0, 3, True)
+    # train.py's defaults (one home: icefall_lite.train.checkpoint)
+    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (DEFAULT_EPOCH, 0, DEFAULT_AVG, True)
     assert (args.beam_size, args.beam, args.max_contexts, args.max_states, args.max_sym_per_frame) == (4, 20.0, 8, 64, 1)
     assert args.test_sets == ["test-clean", "test-other"]
     assert args.decoding_method == "greedy_search"

@@ -14,21 +14,25 @@ import torch.nn as nn
 
 from conftest import reference_streaming_greedy
 from icefall_lite.data.bpe import train_bpe_model
-from icefall_lite.train.checkpoint import average_checkpoints, average_checkpoints_with_averaged_model, save_checkpoint
+from icefall_lite.train.checkpoint import (
+    DEFAULT_AVG,
+    DEFAULT_EPOCH,
+    average_checkpoints,
+    average_checkpoints_with_averaged_model,
+    save_checkpoint,
+)
 from icefall_lite.nn.clip import GradientFilter
 from icefall_lite.data.features import fbank_extractor
 from icefall_lite.nn.model import build_transducer
 from icefall_lite.export.onnx_export import (
-    LSTMP,
-    NonScaledBasicNorm,
-    OnnxRuntimeTransducer,
     build_exportable,
-    convert_scaled_to_non_scaled,
     export_transducer_onnx,
     onnx_filenames,
     read_meta_data,
     write_tokens_file,
 )
+from icefall_lite.export.onnx_runtime import OnnxRuntimeTransducer
+from icefall_lite.export.scaling_converter import LSTMP, NonScaledBasicNorm, convert_scaled_to_non_scaled
 from icefall_lite.nn.scaling import ActivationBalancer, BasicNorm, ScaledLinear, ScaledLSTM
 from icefall_lite.decoding.streaming import chunk_starts, streaming_search
 
@@ -458,7 +462,8 @@ def test_export_script_averaging_and_files(export_script, bpe_model, tmp_path):
 
 def test_export_script_defaults_point_at_the_trained_model(export_script):
     args = export_script.get_parser().parse_args([])
-    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (16, 0, 3, True)  # train.py runs 16 epochs by default
+    # train.py's defaults (one home: icefall_lite.train.checkpoint)
+    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (DEFAULT_EPOCH, 0, DEFAULT_AVG, True)
     assert args.exp_dir == Path("lstm_transducer_stateless/exp")
 
 

@@ -18,7 +18,8 @@ from lhotse import CutSet, load_manifest
 
 from conftest import RECIPE, check_wer_files, recipe_env, reference_streaming_greedy
 from icefall_lite.train.checkpoint import load_averaged_weights
-from icefall_lite.decoding.decode_run import LOG_EPS, NUM_TAIL_PADDED_FRAMES
+from icefall_lite.decoding.constants import NUM_TAIL_PADDED_FRAMES
+from icefall_lite.decoding.decode_run import LOG_EPS
 from icefall_lite.data.features import fbank_extractor
 from icefall_lite.nn.model import build_transducer
 from icefall_lite.export.onnx_export import build_exportable

@@ -51,16 +51,16 @@ from icefall_lite.decoding.decode_run import (
     add_num_threads_argument,
     add_test_sets_argument,
     check_positive,
-    decode_and_save,
+    decode_report_or_exit,
     decode_batches,
     make_suffix,
-    report,
     result_key,
     validate_test_sets,
 )
-from icefall_lite.export.onnx_export import StreamingMeta, onnx_filenames, read_meta_data
+from icefall_lite.decoding.constants import STREAMING_METHODS
+from icefall_lite.decoding.streaming import StreamingMeta
+from icefall_lite.export.onnx_export import onnx_filenames, read_meta_data
 from icefall_lite.export.sherpa import SherpaOnnxRecognizer, cut_waveform
-from icefall_lite.decoding.streaming import STREAMING_METHODS
 from icefall_lite.utils import AttributeDict, setup_logger, str2bool
 
 
@@ -146,21 +146,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         num_threads=params.num_threads,
     )
     decode_batch = functools.partial(decode_one_batch, params, recognizer)
-    try:
-        rows = decode_and_save(
-            params.test_set_paths,
-            lambda name, path: decode_batches(
-                cut_batches(iter(load_manifest_lazy(path)), params.num_streams), decode_batch, name,
-                desc=f"{name} sherpa-onnx {params.decoding_method}",
-            ),
-            params.res_dir,
-            params.suffix,
-        )
-    except (CutDataError, ValueError) as e:  # a cut without readable audio, an empty test set
-        logging.error(str(e))
-        parser.exit(1, f"sherpa_onnx_decode.py: error: {e}\n")
-    report(rows, f"sherpa-onnx {params.decoding_method}, {params.suffix}")
-    logging.info("Done!")
+    decode_report_or_exit(
+        parser,
+        "sherpa_onnx_decode.py",
+        params.test_set_paths,
+        lambda name, path: decode_batches(
+            cut_batches(iter(load_manifest_lazy(path)), params.num_streams), decode_batch, name,
+            desc=f"{name} sherpa-onnx {params.decoding_method}",
+        ),
+        params.res_dir,
+        params.suffix,
+        f"sherpa-onnx {params.decoding_method}, {params.suffix}",
+        data_errors=(CutDataError, ValueError),  # a cut without readable audio, an empty test set
+    )
 
 
 if __name__ == "__main__":
