@@ -25,11 +25,23 @@ from torch import Tensor
 from tqdm import tqdm
 
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
-from icefall_lite.train.checkpoint import add_checkpoint_arguments, checkpoint_suffix, validate_checkpoint_args
+from icefall_lite.train.checkpoint import (
+    add_checkpoint_arguments,
+    checkpoint_suffix,
+    load_weights_or_exit,
+    validate_checkpoint_args,
+)
 from icefall_lite.data.datamodule import CutDataError, EmptyCutSetError, LibriSpeechAsrDataModule
 from icefall_lite.decoding.constants import NUM_TAIL_PADDED_FRAMES, TEST_SETS
 from icefall_lite.decoding.metrics import Result, save_results
-from icefall_lite.nn.model import Transducer, add_model_arguments, build_transducer, model_config_from_args
+from icefall_lite.nn.model import (
+    Transducer,
+    add_model_arguments,
+    build_transducer,
+    count_parameters,
+    model_config_from_args,
+)
+from icefall_lite.utils import AttributeDict
 
 LOG_EPS = math.log(1e-10)
 MANIFEST_SUFFIXES = (".jsonl.gz", ".jsonl")
@@ -188,6 +200,25 @@ def build_decoding_model(args: argparse.Namespace, sp: spm.SentencePieceProcesso
                                                       blank_id=sp.piece_to_id("<blk>")))
     model.unk_id = sp.piece_to_id("<unk>")
     return model
+
+
+def load_decoding_model(
+    args: argparse.Namespace, params: AttributeDict, device: torch.device, script: str
+) -> Tuple[Transducer, spm.SentencePieceProcessor]:
+    """The sentencepiece model and the transducer with the selected checkpoints' weights, on ``device``.
+
+    Logs ``params`` (with ``blank_id`` set) and the parameter count, sets
+    ``params.checkpoints``; a checkpoint problem exits as ``<script>: error: ...``.
+    """
+    sp = spm.SentencePieceProcessor()
+    sp.load(str(params.bpe_model))
+    model = build_decoding_model(args, sp)
+    params.blank_id = model.decoder.blank_id
+    logging.info(params)
+    plan = load_weights_or_exit(model, params, device, script)
+    params.checkpoints = [str(f) for f in plan.filenames]
+    logging.info(f"Number of model parameters: {count_parameters(model)}")
+    return model, sp
 
 
 def pad_tail(
@@ -353,6 +384,7 @@ __all__ = [
     "make_suffix",
     "result_key",
     "build_decoding_model",
+    "load_decoding_model",
     "pad_tail",
     "batch_features",
     "DecodeStats",

@@ -55,23 +55,21 @@ import torch
 import torch.nn as nn
 from lhotse import load_manifest_lazy
 
-from icefall_lite.train.checkpoint import load_weights_or_exit
 from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.decoding.decode_run import (
     DecodeStats,
     add_decoding_arguments,
     batch_features,
-    build_decoding_model,
     check_positive,
-    decode_report_or_exit,
     decode_batches,
+    decode_report_or_exit,
+    load_decoding_model,
     make_suffix,
     result_key,
     validate_decoding_args,
 )
 from icefall_lite.decoding.constants import DECODING_METHODS
 from icefall_lite.decoding.metrics import Result
-from icefall_lite.nn.model import count_parameters
 from icefall_lite.decoding.fast_beam_search import fast_beam_search_one_best
 from icefall_lite.decoding.greedy_search import greedy_search, greedy_search_batch
 from icefall_lite.decoding.modified_beam_search import modified_beam_search
@@ -190,16 +188,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     logging.info("Decoding started")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     logging.info(f"Device: {device}")
-    sp = spm.SentencePieceProcessor()
-    sp.load(str(params.bpe_model))
-    model = build_decoding_model(args, sp)
-    logging.info(params)
-    plan = load_weights_or_exit(model, params, device, "decode.py")
-    params.checkpoints = [str(f) for f in plan.filenames]
+    model, sp = load_decoding_model(args, params, device, "decode.py")
     model.joiner.blank_penalty = params.blank_penalty
     model.to(device)
     model.eval()
-    logging.info(f"Number of model parameters: {count_parameters(model)}")
     args.return_cuts = True  # cut ids name the utterances in the result files
     datamodule = LibriSpeechAsrDataModule(args)
     decode_report_or_exit(

@@ -45,21 +45,19 @@ import sentencepiece as spm
 import torch
 from lhotse import load_manifest_lazy
 
-from icefall_lite.train.checkpoint import load_weights_or_exit
 from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.decoding.decode_run import (
     add_decoding_arguments,
     add_num_threads_argument,
     batch_features,
-    build_decoding_model,
     check_positive,
-    decode_report_or_exit,
     decode_batches,
+    decode_report_or_exit,
+    load_decoding_model,
     make_suffix,
     result_key,
     validate_decoding_args,
 )
-from icefall_lite.nn.model import count_parameters
 from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN, STREAMING_METHODS
 from icefall_lite.decoding.streaming import TorchStreamingModel, streaming_search
 from icefall_lite.utils import AttributeDict, setup_logger
@@ -124,14 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     torch.set_num_threads(params.num_threads)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     logging.info(f"Device: {device}, {params.num_threads} CPU thread(s)")
-    sp = spm.SentencePieceProcessor()
-    sp.load(str(params.bpe_model))
-    model = build_decoding_model(args, sp)
-    params.blank_id = model.decoder.blank_id
-    logging.info(params)
-    plan = load_weights_or_exit(model, params, device, "streaming_decode.py")
-    params.checkpoints = [str(f) for f in plan.filenames]
-    logging.info(f"Number of model parameters: {count_parameters(model)}")
+    model, sp = load_decoding_model(args, params, device, "streaming_decode.py")
     streaming_model = TorchStreamingModel(model.to(device), decode_chunk_len=params.decode_chunk_len)
     logging.info(f"Streaming: {streaming_model.meta}")
     args.return_cuts = True  # cut ids name the utterances in the result files
