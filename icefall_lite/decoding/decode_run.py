@@ -87,6 +87,14 @@ def validate_decoding_args(parser: argparse.ArgumentParser, args: argparse.Names
     validate_test_sets(parser, args)
 
 
+def add_decoding_method_argument(
+    parser: argparse.ArgumentParser, methods: Sequence[str], what: str = "Search to decode with."
+) -> None:
+    """``--decoding-method`` (default ``greedy_search``) among ``methods``; ``what`` starts its help."""
+    parser.add_argument("--decoding-method", type=str, default="greedy_search", choices=methods,
+                        help=f"{what} (default: greedy_search)")
+
+
 def add_test_sets_argument(parser: argparse.ArgumentParser) -> None:
     """``--test-sets``: part names in ``--manifest-dir`` or cut manifest paths."""
     parser.add_argument("--test-sets", nargs="+", default=list(TEST_SETS),
@@ -375,6 +383,7 @@ __all__ = [
     "LOG_EPS",
     "add_decoding_arguments",
     "validate_decoding_args",
+    "add_decoding_method_argument",
     "add_test_sets_argument",
     "add_num_threads_argument",
     "check_positive",

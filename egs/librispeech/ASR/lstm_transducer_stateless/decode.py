@@ -59,6 +59,7 @@ from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.decoding.decode_run import (
     DecodeStats,
     add_decoding_arguments,
+    add_decoding_method_argument,
     batch_features,
     check_positive,
     decode_batches,
@@ -84,8 +85,7 @@ from icefall_lite.utils import AttributeDict, setup_logger
 def get_parser() -> argparse.ArgumentParser:
     """icefall's decode.py flags plus the model-size and datamodule flags."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--decoding-method", type=str, default="greedy_search", choices=DECODING_METHODS,
-                        help="Search to decode with. (default: greedy_search)")
+    add_decoding_method_argument(parser, DECODING_METHODS)
     parser.add_argument("--beam", type=float, default=20.0,
                         help="fast_beam_search: log-probability cutoff below the best score, as Kaldi's beam. "
                         "(default: 20.0)")

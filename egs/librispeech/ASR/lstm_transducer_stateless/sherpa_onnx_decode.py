@@ -48,6 +48,7 @@ from icefall_lite.train.checkpoint import (
 )
 from icefall_lite.data.datamodule import CutDataError
 from icefall_lite.decoding.decode_run import (
+    add_decoding_method_argument,
     add_num_threads_argument,
     add_test_sets_argument,
     check_positive,
@@ -80,8 +81,7 @@ def get_parser() -> argparse.ArgumentParser:
                         "(default: --exp-dir)")
     parser.add_argument("--int8", type=str2bool, default=False,
                         help="Use the *.int8.onnx files. (default: false)")
-    parser.add_argument("--decoding-method", type=str, default="greedy_search", choices=STREAMING_METHODS,
-                        help="sherpa-onnx's search. (default: greedy_search)")
+    add_decoding_method_argument(parser, STREAMING_METHODS, "sherpa-onnx's search.")
     parser.add_argument("--beam-size", type=int, default=4,
                         help="modified_beam_search: hypotheses kept per frame (sherpa-onnx's max_active_paths). "
                         "(default: 4)")

@@ -48,6 +48,7 @@ from lhotse import load_manifest_lazy
 from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.decoding.decode_run import (
     add_decoding_arguments,
+    add_decoding_method_argument,
     add_num_threads_argument,
     batch_features,
     check_positive,
@@ -66,8 +67,7 @@ from icefall_lite.utils import AttributeDict, setup_logger
 def get_parser() -> argparse.ArgumentParser:
     """decode.py's flags (greedy and modified beam search only), ``--decode-chunk-len`` and ``--num-threads``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--decoding-method", type=str, default="greedy_search", choices=STREAMING_METHODS,
-                        help="Search to decode with. (default: greedy_search)")
+    add_decoding_method_argument(parser, STREAMING_METHODS)
     parser.add_argument("--decode-chunk-len", type=int, default=DEFAULT_DECODE_CHUNK_LEN,
                         help="Feature frames between encoder calls, a multiple of 4 (export_onnx.py's flag); every "
                         f"call sees decode_chunk_len + 5 frames. (default: {DEFAULT_DECODE_CHUNK_LEN})")
