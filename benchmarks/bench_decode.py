@@ -2,7 +2,7 @@
 """Benchmark 5: decoding speed, ours against sherpa-onnx.
 
 Ours (PyTorch, whole-utterance encoder): batched greedy search, modified beam
-search and fast beam search of ``icefall_lite.decoding.search`` on precomputed fbank
+search and fast beam search of ``icefall_lite.decoding`` on precomputed fbank
 features, with decode.py's tail padding and default search settings. sherpa-onnx:
 ``OnlineRecognizer`` (greedy and modified beam search) on the model exported
 in sherpa-onnx's streaming "lstm" format, fed the cuts' audio (it computes its
@@ -50,7 +50,9 @@ from icefall_lite.data.bpe import DEFAULT_BPE_MODEL  # noqa: E402
 from icefall_lite.train.checkpoint import DEFAULT_EPOCH, load_averaged_weights  # noqa: E402
 from icefall_lite.nn.model import add_model_arguments, build_transducer, model_config_from_args  # noqa: E402
 from icefall_lite.export.onnx_export import build_exportable, export_transducer_onnx, onnx_filenames, write_tokens_file  # noqa: E402
-from icefall_lite.decoding.search import fast_beam_search_one_best, greedy_search_batch, modified_beam_search  # noqa: E402
+from icefall_lite.decoding.fast_beam_search import fast_beam_search_one_best  # noqa: E402
+from icefall_lite.decoding.greedy_search import greedy_search_batch  # noqa: E402
+from icefall_lite.decoding.modified_beam_search import modified_beam_search  # noqa: E402
 from icefall_lite.utils import script_parser, str2bool  # noqa: E402
 
 LOG_EPS = math.log(1e-10)

@@ -21,9 +21,11 @@ from lhotse import CutSet, load_manifest
 
 from conftest import RECIPE, check_wer_files, recipe_env, with_features
 from icefall_lite.train.checkpoint import save_checkpoint
+from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.decode_run import resolve_test_sets, result_key
+from icefall_lite.train.checkpoint import DEFAULT_AVG, DEFAULT_EPOCH
 from icefall_lite.nn.model import build_transducer
-from icefall_lite.decoding.search import greedy_search, greedy_search_batch
+from icefall_lite.decoding.greedy_search import greedy_search, greedy_search_batch
 from icefall_lite.utils import AttributeDict
 
 DECODE = RECIPE / "lstm_transducer_stateless" / "decode.py"
@@ -44,7 +46,7 @@ KEYS = {
     "fast_beam_search": "beam_20.0_max_contexts_8_max_states_64",
 }
 EXTRA_SET = "my_cuts"  # a test set given by manifest path (a copy of test-clean)
-TEST_SETS = ("test-clean", "test-other", EXTRA_SET)
+DECODED_SETS = (*TEST_SETS, EXTRA_SET)
 
 
 def _load_decode_module():
@@ -140,8 +142,8 @@ def test_suffix_and_key_follow_icefall(argv, suffix, key):
 
 def test_defaults():
     args = decode.get_parser().parse_args([])
-    # train.py's default run is 16 epochs (the learning-speed study's defaults).
-    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (16, 0, 3, True)
+    # train.py's defaults (one home: icefall_lite.train.checkpoint)
+    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (DEFAULT_EPOCH, 0, DEFAULT_AVG, True)
     assert (args.beam_size, args.beam, args.max_contexts, args.max_states, args.max_sym_per_frame) == (4, 20.0, 8, 64, 1)
     assert args.test_sets == ["test-clean", "test-other"]
     assert args.decoding_method == "greedy_search"
@@ -270,7 +272,7 @@ def test_decode_writes_icefall_files(decoded, method):
     assert run.returncode == 0, run.stderr[-3000:]
     res_dir = decoded["exp_dir"] / method
     suffix = SUFFIXES[method]
-    expected = {f"{kind}-{name}-{suffix}.txt" for kind in ("recogs", "errs", "wer-summary") for name in TEST_SETS}
+    expected = {f"{kind}-{name}-{suffix}.txt" for kind in ("recogs", "errs", "wer-summary") for name in DECODED_SETS}
     files = {p.name for p in res_dir.iterdir()}
     logs = [f for f in files if f.startswith(f"log-decode-{suffix}-")]
     assert files == expected | set(logs) and len(logs) == 1, sorted(files)
@@ -284,7 +286,7 @@ def test_decode_writes_icefall_files(decoded, method):
 def test_wer_files_agree_with_recogs_and_manifests(decoded, method):
     res_dir, suffix, key = decoded["exp_dir"] / method, SUFFIXES[method], KEYS[method]
     hyps = {}
-    for name in TEST_SETS:
+    for name in DECODED_SETS:
         hyps.update(check_wer_files(res_dir, name, suffix, key, decoded["manifests"][name]))
     assert any(hyps.values()), "the random model should emit something"
 
@@ -296,8 +298,8 @@ def test_printed_table_has_wer_and_rtf(decoded, method):
     rows = [line.split() for line in run.stdout.splitlines()]
     assert rows[0] == ["test", "set", "setting", "WER", "RTF", "cuts", "audio", "(s)"]
     by_set = {row[0]: row[1:] for row in rows[1:]}
-    assert sorted(by_set) == sorted(TEST_SETS)
-    for name in TEST_SETS:
+    assert sorted(by_set) == sorted(DECODED_SETS)
+    for name in DECODED_SETS:
         setting, wer, rtf, cuts, _ = by_set[name]
         errs_wer = (res_dir / f"errs-{name}-{suffix}.txt").read_text().splitlines()[0].split("= ")[1]
         assert (setting, wer, cuts) == (key, errs_wer, "8")

@@ -113,7 +113,7 @@ def test_model_presets_and_overrides():
 @pytest.mark.parametrize("context_size", [2, 3])
 def test_decoder_one_step_matches_the_padded_conv_and_a_loop(context_size):
     from icefall_lite.nn.decoder import Decoder
-    from icefall_lite.export.onnx_export import convert_scaled_to_non_scaled
+    from icefall_lite.export.scaling_converter import convert_scaled_to_non_scaled
 
     torch.manual_seed(0)
     decoder = Decoder(vocab_size=12, decoder_dim=8, blank_id=0, context_size=context_size)

@@ -14,23 +14,27 @@ import torch.nn as nn
 
 from conftest import reference_streaming_greedy
 from icefall_lite.data.bpe import train_bpe_model
-from icefall_lite.train.checkpoint import average_checkpoints, average_checkpoints_with_averaged_model, save_checkpoint
+from icefall_lite.train.checkpoint import (
+    DEFAULT_AVG,
+    DEFAULT_EPOCH,
+    average_checkpoints,
+    average_checkpoints_with_averaged_model,
+    save_checkpoint,
+)
 from icefall_lite.nn.clip import GradientFilter
 from icefall_lite.data.features import fbank_extractor
 from icefall_lite.nn.model import build_transducer
 from icefall_lite.export.onnx_export import (
-    LSTMP,
-    NonScaledBasicNorm,
-    OnnxRuntimeTransducer,
     build_exportable,
-    convert_scaled_to_non_scaled,
     export_transducer_onnx,
     onnx_filenames,
     read_meta_data,
     write_tokens_file,
 )
+from icefall_lite.export.onnx_runtime import OnnxRuntimeTransducer
+from icefall_lite.export.scaling_converter import LSTMP, NonScaledBasicNorm, convert_scaled_to_non_scaled
 from icefall_lite.nn.scaling import ActivationBalancer, BasicNorm, ScaledLinear, ScaledLSTM
-from icefall_lite.decoding.streaming import chunk_starts, streaming_search
+from icefall_lite.decoding.streaming import TorchStreamingModel, chunk_starts, streaming_search
 
 SCRIPT = Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/lstm_transducer_stateless/export_onnx.py"
 TINY = dict(encoder_dim=16, dim_feedforward=32, num_encoder_layers=2, decoder_dim=16, joiner_dim=20)
@@ -330,15 +334,22 @@ def _features(wav: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(fbank_extractor().extract(wav, 16000))
 
 
-@pytest.mark.parametrize("kind", ["no_proj", "proj"])
-def test_streaming_greedy_torch_equals_onnxruntime(kind, tmp_path):
-    """Batched chunk-by-chunk greedy search: PyTorch wrappers, onnxruntime and the full-utterance reference agree."""
+def _streaming_models(kind: str, tmp_path: Path):
+    """(model, its exportable wrappers, its fp32 ONNX files in onnxruntime, fbank of 4 waveforms of different lengths)."""
     model = _emitting_model(kind)
     ex = build_exportable(model)
     files = export_transducer_onnx(ex, tmp_path, "x", int8=False)
     ort_model = OnnxRuntimeTransducer(files["encoder"], files["decoder"], files["joiner"])
-    feats = [_features(wav) for wav in _waveforms()]  # 4 lengths: streams stop at different chunks
+    return model, ex, ort_model, [_features(wav) for wav in _waveforms()]
+
+
+@pytest.mark.parametrize("kind", ["no_proj", "proj"])
+def test_streaming_greedy_torch_equals_onnxruntime(kind, tmp_path):
+    """Batched chunk-by-chunk greedy search: the model's streaming API (scaled and converted), onnxruntime and the
+    full-utterance reference agree."""
+    model, ex, ort_model, feats = _streaming_models(kind, tmp_path)  # 4 lengths: streams stop at different chunks
     want = [reference_streaming_greedy(model, f) for f in feats]
+    assert streaming_search(TorchStreamingModel(model), feats) == want
     assert streaming_search(ex, feats) == want
     assert streaming_search(ort_model, feats) == want
     assert streaming_search(ex, feats[2:3]) == want[2:3]  # a batch of one
@@ -349,11 +360,7 @@ def test_streaming_greedy_torch_equals_onnxruntime(kind, tmp_path):
 
 @pytest.mark.parametrize("kind", ["no_proj", "proj"])
 def test_streaming_modified_beam_torch_equals_onnxruntime(kind, tmp_path):
-    model = _emitting_model(kind)
-    ex = build_exportable(model)
-    files = export_transducer_onnx(ex, tmp_path, "x", int8=False)
-    ort_model = OnnxRuntimeTransducer(files["encoder"], files["decoder"], files["joiner"])
-    feats = [_features(wav) for wav in _waveforms()]
+    _, ex, ort_model, feats = _streaming_models(kind, tmp_path)
     beam4 = streaming_search(ex, feats, decoding_method="modified_beam_search", beam_size=4)
     assert streaming_search(ort_model, feats, decoding_method="modified_beam_search", beam_size=4) == beam4
     assert [streaming_search(ex, [f], "modified_beam_search", 4)[0] for f in feats] == beam4  # batching
@@ -458,7 +465,8 @@ def test_export_script_averaging_and_files(export_script, bpe_model, tmp_path):
 
 def test_export_script_defaults_point_at_the_trained_model(export_script):
     args = export_script.get_parser().parse_args([])
-    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (16, 0, 3, True)  # train.py runs 16 epochs by default
+    # train.py's defaults (one home: icefall_lite.train.checkpoint)
+    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (DEFAULT_EPOCH, 0, DEFAULT_AVG, True)
     assert args.exp_dir == Path("lstm_transducer_stateless/exp")
 
 

@@ -1,4 +1,4 @@
-"""Tests of icefall_lite.decoding.search against brute-force decoders written here.
+"""Tests of the searches in icefall_lite.decoding against brute-force decoders written here.
 
 The model is a real Decoder + Joiner with fixed random weights; encoder
 outputs are random. The reference decoders call the joiner with
@@ -19,12 +19,9 @@ import torch.nn as nn
 
 from icefall_lite.nn.decoder import Decoder
 from icefall_lite.nn.joiner import Joiner
-from icefall_lite.decoding.search import (
-    fast_beam_search_one_best,
-    greedy_search,
-    greedy_search_batch,
-    modified_beam_search,
-)
+from icefall_lite.decoding.fast_beam_search import fast_beam_search_one_best
+from icefall_lite.decoding.greedy_search import greedy_search, greedy_search_batch
+from icefall_lite.decoding.modified_beam_search import modified_beam_search
 
 ENCODER_DIM, DECODER_DIM, JOINER_DIM = 16, 12, 20
 BLANK = 0

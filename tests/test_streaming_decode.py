@@ -18,7 +18,8 @@ from lhotse import CutSet, load_manifest
 
 from conftest import RECIPE, check_wer_files, recipe_env, reference_streaming_greedy
 from icefall_lite.train.checkpoint import load_averaged_weights
-from icefall_lite.decoding.decode_run import LOG_EPS, NUM_TAIL_PADDED_FRAMES
+from icefall_lite.decoding.constants import NUM_TAIL_PADDED_FRAMES, TEST_SETS
+from icefall_lite.decoding.decode_run import LOG_EPS
 from icefall_lite.data.features import fbank_extractor
 from icefall_lite.nn.model import build_transducer
 from icefall_lite.export.onnx_export import build_exportable
@@ -29,7 +30,6 @@ from test_decode import BPE, TINY_FLAGS, TINY_SIZES, VOCAB_SIZE, write_epoch_che
 SCRIPTS = RECIPE / "lstm_transducer_stateless"
 STREAMING = SCRIPTS / "streaming_decode.py"
 SHERPA = SCRIPTS / "sherpa_onnx_decode.py"
-TEST_SETS = ("test-clean", "test-other")
 KEYS = {"greedy_search": "greedy_search", "modified_beam_search": "beam_size_4"}
 STREAMING_SUFFIXES = {
     "greedy_search": "epoch-3-avg-2-context-2-max-sym-per-frame-1-use-averaged-model-decode-chunk-len-4",

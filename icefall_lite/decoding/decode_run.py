@@ -24,17 +24,25 @@ from lhotse.cut import Cut
 from torch import Tensor
 
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
-from icefall_lite.train.checkpoint import add_checkpoint_arguments, checkpoint_suffix, validate_checkpoint_args
-from icefall_lite.data.datamodule import EmptyCutSetError, LibriSpeechAsrDataModule
+from icefall_lite.train.checkpoint import (
+    add_checkpoint_arguments,
+    checkpoint_suffix,
+    load_weights_or_exit,
+    validate_checkpoint_args,
+)
+from icefall_lite.data.datamodule import CutDataError, EmptyCutSetError, LibriSpeechAsrDataModule
+from icefall_lite.decoding.constants import NUM_TAIL_PADDED_FRAMES, TEST_SETS
 from icefall_lite.decoding.metrics import Result, save_results
-from icefall_lite.nn.model import Transducer, add_model_arguments, build_transducer, model_config_from_args
-from icefall_lite.utils import check_positive, progress_bar
+from icefall_lite.nn.model import (
+    Transducer,
+    add_model_arguments,
+    build_transducer,
+    count_parameters,
+    model_config_from_args,
+)
+from icefall_lite.utils import AttributeDict, check_positive, progress_bar
 
 LOG_EPS = math.log(1e-10)
-# icefall pads this many frames of LOG_EPS at the end of every utterance
-# before the LSTM encoder, against deletions at the end of utterances.
-NUM_TAIL_PADDED_FRAMES = 35
-DEFAULT_TEST_SETS = ("test-clean", "test-other")
 MANIFEST_SUFFIXES = (".jsonl.gz", ".jsonl")
 MANIFEST_PREFIX = "librispeech_cuts_"
 
@@ -78,9 +86,17 @@ def validate_decoding_args(parser: argparse.ArgumentParser, args: argparse.Names
     validate_test_sets(parser, args)
 
 
+def add_decoding_method_argument(
+    parser: argparse.ArgumentParser, methods: Sequence[str], what: str = "Search to decode with."
+) -> None:
+    """``--decoding-method`` (default ``greedy_search``) among ``methods``; ``what`` starts its help."""
+    parser.add_argument("--decoding-method", type=str, default="greedy_search", choices=methods,
+                        help=f"{what} (default: greedy_search)")
+
+
 def add_test_sets_argument(parser: argparse.ArgumentParser) -> None:
     """``--test-sets``: part names in ``--manifest-dir`` or cut manifest paths."""
-    parser.add_argument("--test-sets", nargs="+", default=list(DEFAULT_TEST_SETS),
+    parser.add_argument("--test-sets", nargs="+", default=list(TEST_SETS),
                         help="Parts to decode: names of parts in --manifest-dir (librispeech_cuts_<part>.jsonl.gz) "
                         "or paths to cut manifests (.jsonl.gz). (default: test-clean test-other)")
 
@@ -183,6 +199,25 @@ def build_decoding_model(args: argparse.Namespace, sp: spm.SentencePieceProcesso
                                                       blank_id=sp.piece_to_id("<blk>")))
     model.unk_id = sp.piece_to_id("<unk>")
     return model
+
+
+def load_decoding_model(
+    args: argparse.Namespace, params: AttributeDict, device: torch.device, script: str
+) -> Tuple[Transducer, spm.SentencePieceProcessor]:
+    """The sentencepiece model and the transducer with the selected checkpoints' weights, on ``device``.
+
+    Logs ``params`` (with ``blank_id`` set) and the parameter count, sets
+    ``params.checkpoints``; a checkpoint problem exits as ``<script>: error: ...``.
+    """
+    sp = spm.SentencePieceProcessor()
+    sp.load(str(params.bpe_model))
+    model = build_decoding_model(args, sp)
+    params.blank_id = model.decoder.blank_id
+    logging.info(params)
+    plan = load_weights_or_exit(model, params, device, script)
+    params.checkpoints = [str(f) for f in plan.filenames]
+    logging.info(f"Number of model parameters: {count_parameters(model)}")
+    return model, sp
 
 
 def pad_tail(
@@ -295,6 +330,30 @@ def decode_and_save(
     return rows
 
 
+def decode_report_or_exit(
+    parser: argparse.ArgumentParser,
+    script: str,
+    test_set_paths: Sequence[Tuple[str, Path]],
+    decode_set: Callable[[str, Path], Tuple[Dict[str, List[Result]], DecodeStats]],
+    res_dir: Path,
+    suffix: str,
+    title: str,
+    data_errors: Tuple[type, ...] = (CutDataError,),
+) -> None:
+    """The end of every decoding script: :func:`decode_and_save`, then :func:`report` under ``title``.
+
+    An error of ``data_errors`` (NaN/unreadable features or audio, an empty
+    test set) is logged and exits with status 1 as ``<script>: error: ...``.
+    """
+    try:
+        rows = decode_and_save(test_set_paths, decode_set, res_dir, suffix)
+    except data_errors as e:
+        logging.error(str(e))
+        parser.exit(1, f"{script}: error: {e}\n")
+    report(rows, title)
+    logging.info("Done!")
+
+
 def format_summary_table(rows: Sequence[SummaryRow]) -> str:
     """The printed table: test set, setting, WER, RTF, cuts and audio duration per row."""
     header = ("test set", "setting", "WER", "RTF", "cuts", "audio (s)")
@@ -313,10 +372,9 @@ def report(rows: Sequence[SummaryRow], title: str) -> None:
 
 __all__ = [
     "LOG_EPS",
-    "NUM_TAIL_PADDED_FRAMES",
-    "DEFAULT_TEST_SETS",
     "add_decoding_arguments",
     "validate_decoding_args",
+    "add_decoding_method_argument",
     "add_test_sets_argument",
     "add_num_threads_argument",
     "check_positive",
@@ -326,11 +384,13 @@ __all__ = [
     "make_suffix",
     "result_key",
     "build_decoding_model",
+    "load_decoding_model",
     "pad_tail",
     "batch_features",
     "DecodeStats",
     "decode_batches",
     "decode_and_save",
+    "decode_report_or_exit",
     "format_summary_table",
     "report",
 ]

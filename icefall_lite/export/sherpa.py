@@ -24,8 +24,7 @@ import numpy as np
 import sherpa_onnx
 from lhotse.cut import Cut
 
-from icefall_lite.decoding.decode_run import NUM_TAIL_PADDED_FRAMES
-from icefall_lite.decoding.streaming import STREAMING_METHODS
+from icefall_lite.decoding.constants import NUM_TAIL_PADDED_FRAMES, STREAMING_METHODS
 
 PathLike = Union[str, Path]
 FRAME_SHIFT_SECONDS = 0.01

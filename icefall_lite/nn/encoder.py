@@ -9,7 +9,6 @@ warm-up. Streaming is supported by passing and returning the LSTM states.
 
 from __future__ import annotations
 
-import copy
 from typing import List, Optional, Tuple
 
 import torch
@@ -29,6 +28,19 @@ from icefall_lite.nn.scaling import (
 # States of the whole encoder: h (num_layers, N, d_model or proj),
 # c (num_layers, N, rnn_hidden_size).
 EncoderStates = Tuple[Tensor, Tensor]
+# Conv2dSubsampling: output frame p needs input frames [4p, 4p + 9), so a
+# window of decode_chunk_len + 5 frames gives decode_chunk_len / 4 outputs.
+SUBSAMPLING_FACTOR = 4
+SUBSAMPLING_EXTRA_FRAMES = 5
+
+
+def zero_states(
+    num_layers: int, batch_size: int, d_model: int, rnn_hidden_size: int, device: Optional[torch.device] = None
+) -> EncoderStates:
+    """Initial encoder states (all streaming code starts from these): h (L, N, d_model), c (L, N, rnn_hidden_size)."""
+    h = torch.zeros(num_layers, batch_size, d_model, device=device)
+    c = torch.zeros(num_layers, batch_size, rnn_hidden_size, device=device)
+    return h, c
 
 
 def subsampled_length(num_frames: Tensor) -> Tensor:
@@ -184,11 +196,28 @@ class RNNEncoder(nn.Module):
             ]
         )
 
-    def get_init_states(self, batch_size: int = 1, device: torch.device = torch.device("cpu")) -> EncoderStates:
-        """Zero states: h (num_layers, N, d_model), c (num_layers, N, rnn_hidden_size)."""
-        h = torch.zeros(self.num_layers, batch_size, self.d_model, device=device)
-        c = torch.zeros(self.num_layers, batch_size, self.rnn_hidden_size, device=device)
-        return h, c
+    def get_init_states(self, batch_size: int = 1, device: Optional[torch.device] = None) -> EncoderStates:
+        """Zero states: h (num_layers, N, d_model), c (num_layers, N, rnn_hidden_size).
+
+        On ``device``, or on the device of the encoder's parameters when None.
+        """
+        if device is None:
+            device = self.encoder_embed.out.weight.device
+        return zero_states(self.num_layers, batch_size, self.d_model, self.rnn_hidden_size, device)
+
+    def streaming_forward(self, x: Tensor, states: EncoderStates) -> Tuple[Tensor, EncoderStates]:
+        """One chunk of every stream, continuing from ``states``.
+
+        Args:
+          x: (N, T, num_features), T frames valid in every stream (e.g.
+            ``decode_chunk_len + SUBSAMPLING_EXTRA_FRAMES``).
+          states: (h (L, N, d_model), c (L, N, rnn_hidden_size)) after the previous chunk.
+        Returns:
+          encoder_out (N, T', d_model) and the states after this chunk.
+        """
+        x_lens = torch.full((x.size(0),), x.size(1), dtype=torch.int64, device=x.device)
+        encoder_out, _, next_states = self(x, x_lens, states)
+        return encoder_out, next_states
 
     def forward(
         self,

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from icefall_lite.nn.decoder import Decoder
-from icefall_lite.nn.encoder import RNNEncoder
+from icefall_lite.nn.encoder import EncoderStates, RNNEncoder
 from icefall_lite.nn.joiner import Joiner
 from icefall_lite.nn.rnnt_loss import (
     do_rnnt_pruning,
@@ -98,6 +98,29 @@ class Transducer(nn.Module):
             reduction="none",
             zero_infinity=True,
         )
+
+    # ----------------------------------------------------------------------
+    # Streaming API (as torchaudio's RNNT: transcribe_streaming / predict /
+    # join): what streaming decoding, the ONNX wrappers and sherpa-onnx
+    # export run. Every output is already in the joiner's space (joiner_dim).
+    # ----------------------------------------------------------------------
+
+    def get_init_states(self, batch_size: int = 1, device: Optional[torch.device] = None) -> EncoderStates:
+        """Zero encoder states: h (L, N, d_model), c (L, N, rnn_hidden_size) (the model's device when None)."""
+        return self.encoder.get_init_states(batch_size, device)
+
+    def streaming_forward(self, x: Tensor, states: EncoderStates) -> Tuple[Tensor, EncoderStates]:
+        """One chunk: x (N, T, F), states -> encoder_out (N, T', joiner_dim) after ``encoder_proj``, next states."""
+        encoder_out, next_states = self.encoder.streaming_forward(x, states)
+        return self.joiner.encoder_proj(encoder_out), next_states
+
+    def predict(self, y: Tensor) -> Tensor:
+        """Decoder step: y int64 (N, context_size) -> decoder_out (N, joiner_dim) after ``decoder_proj``."""
+        return self.joiner.decoder_proj(self.decoder(y, need_pad=False).squeeze(1))
+
+    def join(self, encoder_out: Tensor, decoder_out: Tensor) -> Tensor:
+        """(N, joiner_dim), (N, joiner_dim) (outputs of streaming_forward / predict) -> logit (N, vocab_size)."""
+        return self.joiner(encoder_out, decoder_out, project_input=False)
 
     def forward(
         self,

@@ -55,32 +55,26 @@ import torch
 import torch.nn as nn
 from lhotse import load_manifest_lazy
 
-from icefall_lite.train.checkpoint import load_weights_or_exit
-from icefall_lite.data.datamodule import CutDataError, LibriSpeechAsrDataModule
+from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.decoding.decode_run import (
     DecodeStats,
     add_decoding_arguments,
+    add_decoding_method_argument,
     batch_features,
-    build_decoding_model,
     check_positive,
-    decode_and_save,
     decode_batches,
+    decode_report_or_exit,
+    load_decoding_model,
     make_suffix,
-    report,
     result_key,
     validate_decoding_args,
 )
+from icefall_lite.decoding.constants import DECODING_METHODS
 from icefall_lite.decoding.metrics import Result
-from icefall_lite.nn.model import count_parameters
-from icefall_lite.decoding.search import (
-    fast_beam_search_one_best,
-    greedy_search,
-    greedy_search_batch,
-    modified_beam_search,
-)
+from icefall_lite.decoding.fast_beam_search import fast_beam_search_one_best
+from icefall_lite.decoding.greedy_search import greedy_search, greedy_search_batch
+from icefall_lite.decoding.modified_beam_search import modified_beam_search
 from icefall_lite.utils import AttributeDict, setup_logger
-
-DECODING_METHODS = ("greedy_search", "modified_beam_search", "fast_beam_search")
 
 
 # --------------------------------------------------------------------------
@@ -91,8 +85,7 @@ DECODING_METHODS = ("greedy_search", "modified_beam_search", "fast_beam_search")
 def get_parser() -> argparse.ArgumentParser:
     """icefall's decode.py flags plus the model-size and datamodule flags."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--decoding-method", type=str, default="greedy_search", choices=DECODING_METHODS,
-                        help="Search to decode with. (default: greedy_search)")
+    add_decoding_method_argument(parser, DECODING_METHODS)
     parser.add_argument("--beam", type=float, default=20.0,
                         help="fast_beam_search: log-probability cutoff below the best score, as Kaldi's beam. "
                         "(default: 20.0)")
@@ -195,30 +188,23 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     logging.info("Decoding started")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     logging.info(f"Device: {device}")
-    sp = spm.SentencePieceProcessor()
-    sp.load(str(params.bpe_model))
-    model = build_decoding_model(args, sp)
-    logging.info(params)
-    plan = load_weights_or_exit(model, params, device, "decode.py")
-    params.checkpoints = [str(f) for f in plan.filenames]
+    model, sp = load_decoding_model(args, params, device, "decode.py")
     model.joiner.blank_penalty = params.blank_penalty
     model.to(device)
     model.eval()
-    logging.info(f"Number of model parameters: {count_parameters(model)}")
     args.return_cuts = True  # cut ids name the utterances in the result files
     datamodule = LibriSpeechAsrDataModule(args)
-    try:
-        rows = decode_and_save(
-            params.test_set_paths,
-            lambda name, path: decode_dataset(datamodule.test_dataloaders(load_manifest_lazy(path)), params, model, sp, name),
-            params.res_dir,
-            params.suffix,
-        )
-    except CutDataError as e:  # NaN/unreadable features, an empty test set
-        logging.error(str(e))
-        parser.exit(1, f"decode.py: error: {e}\n")
-    report(rows, f"{params.decoding_method}, {params.suffix}")
-    logging.info("Done!")
+    decode_report_or_exit(
+        parser,
+        "decode.py",
+        params.test_set_paths,
+        lambda name, path: decode_dataset(
+            datamodule.test_dataloaders(load_manifest_lazy(path)), params, model, sp, name
+        ),
+        params.res_dir,
+        params.suffix,
+        f"{params.decoding_method}, {params.suffix}",
+    )
 
 
 if __name__ == "__main__":

@@ -50,15 +50,14 @@ from icefall_lite.train.checkpoint import (
     validate_checkpoint_args,
 )
 from icefall_lite.nn.model import add_model_arguments, build_transducer, count_parameters, model_config_from_args
+from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN
 from icefall_lite.export.onnx_export import (
-    DEFAULT_DECODE_CHUNK_LEN,
     ExportableTransducer,
-    OnnxRuntimeTransducer,
     build_exportable,
     export_transducer_onnx,
-    max_abs_diff,
     write_tokens_file,
 )
+from icefall_lite.export.onnx_runtime import OnnxRuntimeTransducer, max_abs_diff
 from icefall_lite.utils import setup_logger, str2bool
 
 
@@ -96,7 +95,7 @@ def check_onnx(exportable: ExportableTransducer, files: Dict[str, Path], int8: b
     """Log the max |difference| between the PyTorch wrappers and the ONNX files on one random chunk."""
     meta = exportable.meta
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, meta.T, exportable.encoder.num_features, generator=gen)
+    x = torch.randn(2, meta.T, exportable.model.encoder.num_features, generator=gen)
     states = exportable.init_states(batch_size=2)
     want, _ = exportable.run_encoder(x, states)
     for kind in ["", ".int8"] if int8 else [""]:

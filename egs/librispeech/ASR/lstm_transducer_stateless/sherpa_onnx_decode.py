@@ -48,19 +48,20 @@ from icefall_lite.train.checkpoint import (
 )
 from icefall_lite.data.datamodule import CutDataError
 from icefall_lite.decoding.decode_run import (
+    add_decoding_method_argument,
     add_num_threads_argument,
     add_test_sets_argument,
     check_positive,
-    decode_and_save,
     decode_batches,
+    decode_report_or_exit,
     make_suffix,
-    report,
     result_key,
     validate_test_sets,
 )
-from icefall_lite.export.onnx_export import StreamingMeta, onnx_filenames, read_meta_data
+from icefall_lite.decoding.constants import STREAMING_METHODS
+from icefall_lite.decoding.streaming import StreamingMeta
+from icefall_lite.export.onnx_export import onnx_filenames, read_meta_data
 from icefall_lite.export.sherpa import SherpaOnnxRecognizer, cut_waveform
-from icefall_lite.decoding.streaming import STREAMING_METHODS
 from icefall_lite.utils import AttributeDict, setup_logger, str2bool
 
 
@@ -80,8 +81,7 @@ def get_parser() -> argparse.ArgumentParser:
                         "(default: --exp-dir)")
     parser.add_argument("--int8", type=str2bool, default=False,
                         help="Use the *.int8.onnx files. (default: false)")
-    parser.add_argument("--decoding-method", type=str, default="greedy_search", choices=STREAMING_METHODS,
-                        help="sherpa-onnx's search. (default: greedy_search)")
+    add_decoding_method_argument(parser, STREAMING_METHODS, "sherpa-onnx's search.")
     parser.add_argument("--beam-size", type=int, default=4,
                         help="modified_beam_search: hypotheses kept per frame (sherpa-onnx's max_active_paths). "
                         "(default: 4)")
@@ -146,21 +146,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         num_threads=params.num_threads,
     )
     decode_batch = functools.partial(decode_one_batch, params, recognizer)
-    try:
-        rows = decode_and_save(
-            params.test_set_paths,
-            lambda name, path: decode_batches(
-                cut_batches(iter(load_manifest_lazy(path)), params.num_streams), decode_batch, name,
-                desc=f"{name} sherpa-onnx {params.decoding_method}",
-            ),
-            params.res_dir,
-            params.suffix,
-        )
-    except (CutDataError, ValueError) as e:  # a cut without readable audio, an empty test set
-        logging.error(str(e))
-        parser.exit(1, f"sherpa_onnx_decode.py: error: {e}\n")
-    report(rows, f"sherpa-onnx {params.decoding_method}, {params.suffix}")
-    logging.info("Done!")
+    decode_report_or_exit(
+        parser,
+        "sherpa_onnx_decode.py",
+        params.test_set_paths,
+        lambda name, path: decode_batches(
+            cut_batches(iter(load_manifest_lazy(path)), params.num_streams), decode_batch, name,
+            desc=f"{name} sherpa-onnx {params.decoding_method}",
+        ),
+        params.res_dir,
+        params.suffix,
+        f"sherpa-onnx {params.decoding_method}, {params.suffix}",
+        data_errors=(CutDataError, ValueError),  # a cut without readable audio, an empty test set
+    )
 
 
 if __name__ == "__main__":

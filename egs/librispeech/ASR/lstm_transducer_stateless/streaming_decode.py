@@ -13,8 +13,9 @@ Usage (from egs/librispeech/ASR, after train.py):
   ./lstm_transducer_stateless/streaming_decode.py --epoch 5 --avg 2 \\
       --decoding-method modified_beam_search --beam-size 4
 
-The model is converted exactly as export_onnx.py converts it
-(``icefall_lite.export.onnx_export.build_exportable``) and run as sherpa-onnx runs the
+The model runs through its streaming API (``Transducer.streaming_forward``,
+``predict``, ``join``; the same modules export_onnx.py exports, without
+importing ONNX: ``icefall_lite.decoding.streaming.TorchStreamingModel``) as sherpa-onnx runs the
 exported files (``icefall_lite.decoding.streaming.streaming_search``): the encoder gets
 windows of ``T = decode_chunk_len + 5`` feature frames every
 ``decode_chunk_len`` frames with the h/c states of the previous window, and
@@ -44,32 +45,29 @@ import sentencepiece as spm
 import torch
 from lhotse import load_manifest_lazy
 
-from icefall_lite.train.checkpoint import load_weights_or_exit
-from icefall_lite.data.datamodule import CutDataError, LibriSpeechAsrDataModule
+from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.decoding.decode_run import (
     add_decoding_arguments,
+    add_decoding_method_argument,
     add_num_threads_argument,
     batch_features,
-    build_decoding_model,
     check_positive,
-    decode_and_save,
     decode_batches,
+    decode_report_or_exit,
+    load_decoding_model,
     make_suffix,
-    report,
     result_key,
     validate_decoding_args,
 )
-from icefall_lite.nn.model import count_parameters
-from icefall_lite.export.onnx_export import DEFAULT_DECODE_CHUNK_LEN, ExportableTransducer, build_exportable
-from icefall_lite.decoding.streaming import STREAMING_METHODS, streaming_search
+from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN, STREAMING_METHODS
+from icefall_lite.decoding.streaming import TorchStreamingModel, streaming_search
 from icefall_lite.utils import AttributeDict, setup_logger
 
 
 def get_parser() -> argparse.ArgumentParser:
     """decode.py's flags (greedy and modified beam search only), ``--decode-chunk-len`` and ``--num-threads``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--decoding-method", type=str, default="greedy_search", choices=STREAMING_METHODS,
-                        help="Search to decode with. (default: greedy_search)")
+    add_decoding_method_argument(parser, STREAMING_METHODS)
     parser.add_argument("--decode-chunk-len", type=int, default=DEFAULT_DECODE_CHUNK_LEN,
                         help="Feature frames between encoder calls, a multiple of 4 (export_onnx.py's flag); every "
                         f"call sees decode_chunk_len + 5 frames. (default: {DEFAULT_DECODE_CHUNK_LEN})")
@@ -98,7 +96,7 @@ def get_params(args: argparse.Namespace) -> AttributeDict:
 
 @torch.inference_mode()
 def decode_one_batch(
-    params: AttributeDict, model: ExportableTransducer, sp: spm.SentencePieceProcessor, unk_id: int, batch: dict
+    params: AttributeDict, model: TorchStreamingModel, sp: spm.SentencePieceProcessor, unk_id: int, batch: dict
 ) -> Dict[str, List[List[str]]]:
     """Decode one batch chunk by chunk: ``{result_key(params): [hypothesis words per utterance]}``.
 
@@ -124,34 +122,24 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     torch.set_num_threads(params.num_threads)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     logging.info(f"Device: {device}, {params.num_threads} CPU thread(s)")
-    sp = spm.SentencePieceProcessor()
-    sp.load(str(params.bpe_model))
-    model = build_decoding_model(args, sp)
-    params.blank_id = model.decoder.blank_id
-    logging.info(params)
-    plan = load_weights_or_exit(model, params, device, "streaming_decode.py")
-    params.checkpoints = [str(f) for f in plan.filenames]
-    logging.info(f"Number of model parameters: {count_parameters(model)}")
-    streaming_model = build_exportable(model.to(device).eval(), decode_chunk_len=params.decode_chunk_len)
+    model, sp = load_decoding_model(args, params, device, "streaming_decode.py")
+    streaming_model = TorchStreamingModel(model.to(device), decode_chunk_len=params.decode_chunk_len)
     logging.info(f"Streaming: {streaming_model.meta}")
     args.return_cuts = True  # cut ids name the utterances in the result files
     datamodule = LibriSpeechAsrDataModule(args)
     decode_batch = functools.partial(decode_one_batch, params, streaming_model, sp, model.unk_id)
-    try:
-        rows = decode_and_save(
-            params.test_set_paths,
-            lambda name, path: decode_batches(
-                datamodule.test_dataloaders(load_manifest_lazy(path)), decode_batch, name,
-                desc=f"{name} streaming {params.decoding_method}",
-            ),
-            params.res_dir,
-            params.suffix,
-        )
-    except CutDataError as e:  # NaN/unreadable features, an empty test set
-        logging.error(str(e))
-        parser.exit(1, f"streaming_decode.py: error: {e}\n")
-    report(rows, f"streaming {params.decoding_method}, {params.suffix}")
-    logging.info("Done!")
+    decode_report_or_exit(
+        parser,
+        "streaming_decode.py",
+        params.test_set_paths,
+        lambda name, path: decode_batches(
+            datamodule.test_dataloaders(load_manifest_lazy(path)), decode_batch, name,
+            desc=f"{name} streaming {params.decoding_method}",
+        ),
+        params.res_dir,
+        params.suffix,
+        f"streaming {params.decoding_method}, {params.suffix}",
+    )
 
 
 if __name__ == "__main__":
