@@ -30,12 +30,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.metrics import load_wer_summary
 from icefall_lite.utils import replace_marked_section, section_markers, write_text_atomic
 from icefall_lite.ablation.tb_reader import Series, TrainingScalarTags, after_step, last_value, read_scalars, values
 
 TRAINING_SETS = ("clean", "corrupted")
-TEST_SETS = ("test-clean", "test-other")
 DONE_MARKER = "ablation-done.json"
 WALL_FILE = "ablation-wall.json"
 SECTION_BEGIN, SECTION_END = section_markers("ablation", "lstm_transducer_stateless/ablation.py")

@@ -31,6 +31,7 @@ from icefall_lite.train.checkpoint import (
     validate_checkpoint_args,
 )
 from icefall_lite.data.datamodule import CutDataError, EmptyCutSetError, LibriSpeechAsrDataModule
+from icefall_lite.data.layout import CUTS_PREFIX, librispeech_cuts_path
 from icefall_lite.decoding.constants import NUM_TAIL_PADDED_FRAMES, TEST_SETS
 from icefall_lite.decoding.metrics import Result, save_results
 from icefall_lite.nn.model import (
@@ -44,7 +45,6 @@ from icefall_lite.utils import AttributeDict, check_positive, progress_bar
 
 LOG_EPS = math.log(1e-10)
 MANIFEST_SUFFIXES = (".jsonl.gz", ".jsonl")
-MANIFEST_PREFIX = "librispeech_cuts_"
 
 # {result key: hypothesis words of every utterance of a batch}
 BatchHyps = Dict[str, List[List[str]]]
@@ -125,14 +125,14 @@ def name_of_test_set(spec: str) -> str:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
-    return name[len(MANIFEST_PREFIX):] if name.startswith(MANIFEST_PREFIX) and len(name) > len(MANIFEST_PREFIX) else name
+    return name[len(CUTS_PREFIX):] if name.startswith(CUTS_PREFIX) and len(name) > len(CUTS_PREFIX) else name
 
 
 def resolve_test_sets(specs: Sequence[str], manifest_dir: Path) -> List[Tuple[str, Path]]:
     """``[(name, manifest path)]`` for ``--test-sets``; ValueError for a missing manifest or a repeated name."""
     resolved: List[Tuple[str, Path]] = []
     for spec in specs:
-        path = Path(spec) if _is_manifest_path(spec) else manifest_dir / f"{MANIFEST_PREFIX}{spec}.jsonl.gz"
+        path = Path(spec) if _is_manifest_path(spec) else librispeech_cuts_path(manifest_dir, spec)
         if not path.is_file():
             raise ValueError(
                 f"no cut manifest {path} for test set {spec!r}: run prepare.sh, check --manifest-dir, "

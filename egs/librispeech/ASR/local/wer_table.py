@@ -13,10 +13,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from icefall_lite.decoding.constants import DECODING_METHODS as METHODS, TEST_SETS
 from icefall_lite.decoding.metrics import load_wer_summary
-
-METHODS = ("greedy_search", "modified_beam_search", "fast_beam_search")
-TEST_SETS = ("test-clean", "test-other")
 
 
 def newest_summary(exp_dir: Path, method: str, test_set: str) -> Optional[Path]:

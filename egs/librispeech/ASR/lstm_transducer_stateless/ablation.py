@@ -73,12 +73,12 @@ from icefall_lite.ablation.report import (
     write_json_atomic,
 )
 from icefall_lite.ablation.plots import write_plots
+from icefall_lite.decoding.constants import DECODING_METHODS
 from icefall_lite.data.corrupt import CORRUPTION_METHODS, IDS_FILE, read_done
 from icefall_lite.utils import script_parser
 from train import TB_TAGS  # this recipe's train.py (the script's folder is on sys.path, as in icefall)
 
 RECIPE_DIR = Path(__file__).resolve().parents[1]
-DECODING_METHODS = ("greedy_search", "modified_beam_search", "fast_beam_search")
 # icefall's RESULTS.md settings for lstm_transducer_stateless3 (beam 4 / contexts 4 / states 8).
 DECODE_FLAGS = ["--beam-size", "4", "--beam", "4", "--max-contexts", "4", "--max-states", "8"]
 CONFIG_FILE = "ablation-config.json"

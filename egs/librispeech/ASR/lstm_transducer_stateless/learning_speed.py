@@ -56,6 +56,7 @@ from icefall_lite.ablation.learning_speed import (
     seed_spread,
     simple_loss_landmark,
 )
+from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.utils import replace_marked_section, script_parser, write_text_atomic
 from train import TB_TAGS  # this recipe's train.py (the script's folder is on sys.path, as in icefall)
 
@@ -248,7 +249,7 @@ def render_section(args: argparse.Namespace, results: Sequence[StudyResult]) -> 
         "",
     ]
     if len(base) >= 2:
-        spread = {t: seed_spread(base, t) for t in ("test-clean", "test-other")}
+        spread = {t: seed_spread(base, t) for t in TEST_SETS}
         lines.append(
             f"Seed spread of the baseline ({len(base)} seeds): {spread['test-clean']:.2f} WER points on "
             f"test-clean, {spread['test-other']:.2f} on test-other. An arm's difference from the baseline "
