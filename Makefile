@@ -21,8 +21,8 @@ demo: setup
 ablation: setup
 	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh && python lstm_transducer_stateless/ablation.py
 
-# The five benchmarks (loss, scaling, filter overhead, training throughput,
-# decoding vs sherpa-onnx); rewrites benchmarks/RESULTS.md. Decoding uses the
+# The six benchmarks (loss, scaling, filter overhead, training throughput,
+# decoding vs sherpa-onnx, the loss recursion before/after fusing); rewrites benchmarks/RESULTS.md. Decoding uses the
 # trained default model (exp/, --epoch 5 --avg 2) and test-clean. About 5 minutes (4 min 24 s measured 2026-11-23).
 bench: setup
 	. $(VENV)/bin/activate && python benchmarks/run_all.py

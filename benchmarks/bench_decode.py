@@ -15,11 +15,11 @@ same load. RTF = wall time / audio duration over the whole cut set. The WER
 of each variant is printed as a check that they decode alike.
 
 Usage (defaults: the trained default model and test-clean, from the repository root):
-  python benchmarks/bench_decode.py --epoch 16 --avg 3 \\
+  python benchmarks/bench_decode.py --epoch 5 --avg 2 \\
       --exp-dir egs/librispeech/ASR/lstm_transducer_stateless/exp \\
       --cuts egs/librispeech/ASR/data/fbank/librispeech_cuts_test-clean.jsonl.gz
 
-  # already exported files (encoder-epoch-16-avg-3.onnx, ..., tokens.txt)
+  # already exported files (encoder-epoch-5-avg-2.onnx, ..., tokens.txt)
   python benchmarks/bench_decode.py --onnx-dir egs/librispeech/ASR/lstm_transducer_stateless/exp
 """
 
@@ -47,13 +47,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RECIPE, Section, add_common_arguments, markdown_table, setup_threads  # noqa: E402
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL  # noqa: E402
-from icefall_lite.train.checkpoint import DEFAULT_EPOCH, load_averaged_weights  # noqa: E402
+from icefall_lite.train.checkpoint import load_averaged_weights  # noqa: E402
 from icefall_lite.nn.model import add_model_arguments, build_transducer, model_config_from_args  # noqa: E402
 from icefall_lite.export.onnx_export import build_exportable, export_transducer_onnx, onnx_filenames, write_tokens_file  # noqa: E402
 from icefall_lite.decoding.fast_beam_search import fast_beam_search_one_best  # noqa: E402
 from icefall_lite.decoding.greedy_search import greedy_search_batch  # noqa: E402
 from icefall_lite.decoding.modified_beam_search import modified_beam_search  # noqa: E402
 from icefall_lite.utils import script_parser, str2bool  # noqa: E402
+from icefall_lite.data.layout import librispeech_cuts_path  # noqa: E402
+
+sys.path.insert(0, str(RECIPE / "lstm_transducer_stateless"))
+from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS  # noqa: E402  (the recipe's decode defaults)
 
 LOG_EPS = math.log(1e-10)
 TAIL_FRAMES = 35  # decode.py's tail padding (icefall's fix for tail deletions)
@@ -63,17 +67,17 @@ SAMPLE_RATE = 16000
 
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
-    parser.add_argument("--exp-dir", type=Path, default=RECIPE / "lstm_transducer_stateless" / "exp",
-                        help="Checkpoints (epoch-N.pt). (default: the recipe's lstm_transducer_stateless/exp)")
-    parser.add_argument("--epoch", type=int, default=DEFAULT_EPOCH,
-                        help=f"Last epoch to average. (default: {DEFAULT_EPOCH}, train.py's last)")
-    parser.add_argument("--avg", type=int, default=3, help="Epochs to average. (default: 3)")
+    parser.add_argument("--exp-dir", type=Path, default=RECIPE / EXP_DIR,
+                        help=f"Checkpoints (epoch-N.pt). (default: the recipe's {EXP_DIR})")
+    parser.add_argument("--epoch", type=int, default=NUM_EPOCHS,
+                        help=f"Last epoch to average. (default: {NUM_EPOCHS}, train.py's last)")
+    parser.add_argument("--avg", type=int, default=AVG, help=f"Epochs to average, as decode.py. (default: {AVG})")
     parser.add_argument("--use-averaged-model", type=str2bool, default=True,
                         help="Average with model_avg, as decode.py. (default: true)")
     parser.add_argument("--bpe-model", type=Path, default=RECIPE / DEFAULT_BPE_MODEL,
                         help=f"sentencepiece model. (default: the recipe's {DEFAULT_BPE_MODEL})")
     parser.add_argument("--cuts", type=Path,
-                        default=RECIPE / "data" / "fbank" / "librispeech_cuts_test-clean.jsonl.gz",
+                        default=librispeech_cuts_path(RECIPE / "data" / "fbank", "test-clean"),
                         help="Cut manifest with features and recordings. (default: the recipe's test-clean)")
     parser.add_argument("--data-root", type=Path, default=None,
                         help="Folder that the manifest's relative feature/audio paths start from (the recipe "

@@ -22,6 +22,9 @@ import torch.nn as nn
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "egs" / "librispeech" / "ASR"
+# The recipe's scripts import each other by name (train.TB_TAGS, recipe_defaults), as when they run.
+RECIPE_SCRIPTS = RECIPE / "lstm_transducer_stateless"
+sys.path.insert(0, str(RECIPE_SCRIPTS))
 
 
 def recipe_env() -> dict:

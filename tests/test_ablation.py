@@ -30,7 +30,6 @@ from icefall_lite.data.corrupt import CorruptionConfig, CorruptionError, make_co
 from icefall_lite.data.datamodule import encoder_frames
 from test_train import TINY_MODEL
 
-sys.path.insert(0, str(RECIPE / "lstm_transducer_stateless"))
 from train import TB_TAGS, TRAIN_DURATION_RANGE  # noqa: E402  (the recipe's train.py owns these)
 
 ABLATION = RECIPE / "lstm_transducer_stateless" / "ablation.py"

@@ -9,8 +9,6 @@ import torch
 import torch.nn as nn
 
 from icefall_lite.train.checkpoint import (
-    DEFAULT_AVG,
-    DEFAULT_EPOCH,
     CheckpointError,
     atomic_torch_save,
     average_checkpoints,
@@ -270,10 +268,13 @@ def test_checkpoint_suffix_and_describe(constant_exp):
     assert plan.describe() == f"the average of {constant_exp}/epoch-3.pt, {constant_exp}/epoch-4.pt"
 
 
-def test_demo_decodes_the_epoch_and_avg_that_decode_py_defaults_to() -> None:
-    """demo.sh trains DEFAULT_EPOCH epochs and decodes --avg DEFAULT_AVG (one fact, two places)."""
+def test_demo_trains_and_decodes_the_recipe_defaults() -> None:
+    """demo.sh trains NUM_EPOCHS epochs into EXP_DIR and decodes --avg AVG (recipe_defaults.py's facts)."""
     import re
 
+    from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
+
     demo = (Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/demo.sh").read_text()
-    assert re.search(r"^num_epochs=(\d+)", demo, re.M).group(1) == str(DEFAULT_EPOCH)
-    assert re.search(r"^avg=(\d+)", demo, re.M).group(1) == str(DEFAULT_AVG)
+    assert re.search(r"^num_epochs=(\d+)", demo, re.M).group(1) == str(NUM_EPOCHS)
+    assert re.search(r"^avg=(\d+)", demo, re.M).group(1) == str(AVG)
+    assert re.search(r"^exp_dir=(\S+)", demo, re.M).group(1) == str(EXP_DIR)

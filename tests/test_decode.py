@@ -23,7 +23,7 @@ from conftest import RECIPE, check_wer_files, recipe_env, with_features
 from icefall_lite.train.checkpoint import save_checkpoint
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.decode_run import resolve_test_sets, result_key
-from icefall_lite.train.checkpoint import DEFAULT_AVG, DEFAULT_EPOCH
+from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
 from icefall_lite.nn.model import build_transducer
 from icefall_lite.decoding.greedy_search import greedy_search, greedy_search_batch
 from icefall_lite.utils import AttributeDict
@@ -80,11 +80,21 @@ def running_average(models: Sequence[nn.Module]) -> nn.Module:
     return avg
 
 
+def lean_to_blank(model: nn.Module, nats: float = 1.0) -> nn.Module:
+    """Make blank likelier by ``nats`` on every frame, as in trained models: with a random model's rare
+    blank, k2's fast beam search keeps no final state on the last frame and answers nothing."""
+    linear = model.joiner.output_linear
+    with torch.no_grad():
+        linear.bias[model.decoder.blank_id] += nats / linear.bias_scale.exp()
+    return model
+
+
 def write_epoch_checkpoints(exp_dir: Path, num_epochs: int, **sizes: int) -> None:
-    """epoch-1.pt .. epoch-N.pt of random tiny models; model_avg = mean so far, 10 batches per epoch."""
+    """epoch-1.pt .. epoch-N.pt of random tiny models leaning to blank; model_avg = mean so far, 10
+    batches per epoch."""
     models = []
     for epoch in range(1, num_epochs + 1):
-        models.append(tiny_model(seed=epoch, **sizes))
+        models.append(lean_to_blank(tiny_model(seed=epoch, **sizes)))
         save_checkpoint(
             exp_dir / f"epoch-{epoch}.pt", models[-1], model_avg=running_average(models),
             params={"batch_idx_train": 10 * epoch},
@@ -142,8 +152,9 @@ def test_suffix_and_key_follow_icefall(argv, suffix, key):
 
 def test_defaults():
     args = decode.get_parser().parse_args([])
-    # train.py's defaults (one home: icefall_lite.train.checkpoint)
-    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (DEFAULT_EPOCH, 0, DEFAULT_AVG, True)
+    # train.py's defaults (one home: the recipe's recipe_defaults.py)
+    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (NUM_EPOCHS, 0, AVG, True)
+    assert args.exp_dir == EXP_DIR
     assert (args.beam_size, args.beam, args.max_contexts, args.max_states, args.max_sym_per_frame) == (4, 20.0, 8, 64, 1)
     assert args.test_sets == ["test-clean", "test-other"]
     assert args.decoding_method == "greedy_search"

@@ -24,7 +24,6 @@ from icefall_lite.ablation.learning_speed import (
 from icefall_lite.utils import replace_marked_section
 
 # The script imports its sibling train.py, as when run from its folder.
-sys.path.insert(0, str(RECIPE / "lstm_transducer_stateless"))
 
 SCRIPT = RECIPE / "lstm_transducer_stateless" / "learning_speed.py"
 

@@ -13,10 +13,9 @@ import torch
 import torch.nn as nn
 
 from conftest import reference_streaming_greedy
+from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
 from icefall_lite.data.bpe import train_bpe_model
 from icefall_lite.train.checkpoint import (
-    DEFAULT_AVG,
-    DEFAULT_EPOCH,
     average_checkpoints,
     average_checkpoints_with_averaged_model,
     save_checkpoint,
@@ -465,9 +464,9 @@ def test_export_script_averaging_and_files(export_script, bpe_model, tmp_path):
 
 def test_export_script_defaults_point_at_the_trained_model(export_script):
     args = export_script.get_parser().parse_args([])
-    # train.py's defaults (one home: icefall_lite.train.checkpoint)
-    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (DEFAULT_EPOCH, 0, DEFAULT_AVG, True)
-    assert args.exp_dir == Path("lstm_transducer_stateless/exp")
+    # train.py's defaults (one home: the recipe's recipe_defaults.py)
+    assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (NUM_EPOCHS, 0, AVG, True)
+    assert args.exp_dir == EXP_DIR
 
 
 def test_export_script_errors(export_script, bpe_model, tmp_path, capsys):

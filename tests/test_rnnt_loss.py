@@ -694,3 +694,20 @@ def test_make_boundary():
     assert b.tolist() == [[0, 0, 3, 10], [0, 0, 0, 4], [0, 0, 5, 7]]
     with pytest.raises(ValueError):
         make_boundary(torch.tensor([1, 2]), torch.tensor([3]))
+
+
+def test_recursion_runs_two_tensor_ops_per_diagonal_step():
+    """Forward and backward recursions share each step: one add and one logaddexp per diagonal
+    (each a kernel launch on a GPU), plus a fixed number of ops around the loop."""
+    from benchmarks.bench_recursion import OpCounter, forward_backward, make_inputs
+    from icefall_lite.nn import mutual_information
+
+    def ops(symbols: int, frames: int) -> int:
+        px, py, _ = make_inputs(2, symbols, frames, torch.device("cpu"))
+        boundary = mutual_information.make_boundary(torch.tensor([symbols] * 2), torch.tensor([frames] * 2))
+        with OpCounter() as counter:
+            forward_backward(mutual_information, px, py, boundary)
+        return counter.count
+
+    small, large = ops(4, 10), ops(24, 70)  # 15 and 95 diagonals
+    assert (large - small) / (95 - 15) == pytest.approx(2.0, abs=0.05)

@@ -147,34 +147,61 @@ def fast_beam_loop(
     max_states: int,
     max_contexts: int,
     second_pass_beam: bool = True,
+    count_final_states: bool = True,
 ) -> List[int]:
-    """k2's fast_beam_search with a trivial graph, one utterance, dicts keyed by context.
+    """k2's RnntDecodingStreams with ``k2.trivial_graph(V-1)`` for one utterance, step by step as
+    k2/csrc/rnnt_decode.cu runs it: states (context, graph state) with graph state 1 the super-final
+    state, explicit arcs (blank self-loop, token self-loops 1..V-1, the final arc scored with the
+    blank log-prob), the first pass, the Viterbi max per state, PruneTwice (states, then contexts),
+    then format_output's lattice (the last frame keeps only its final arcs, scored 0) and its best
+    path found by a Viterbi pass over the lattice.
 
-    ``second_pass_beam=False`` drops the beam on new states (to show a case needs it).
+    Switches (to show a case needs the real rule): ``second_pass_beam=False`` drops the beam on new
+    states; ``count_final_states=False`` lets only live states count against ``max_states``.
     """
-    states: Dict[Tuple[int, ...], Tuple[float, List[int]]] = {tuple(initial_context(model)): (0.0, [])}
+    start = (tuple(initial_context(model)), 0)
+    states: Dict[Tuple[Tuple[int, ...], int], float] = {start: 0.0}
+    lattice = []  # per frame: the kept arcs (src, dest, label, weight)
+    vocab = model.joiner.output_linear.out_features
     for t in range(enc.size(0)):
-        contexts = list(states)
-        log_probs = step_log_probs(model, enc[t], [list(ctx) for ctx in contexts])
-        prev_best = max(score for score, _ in states.values())
-        new: Dict[Tuple[int, ...], Tuple[float, List[int]]] = {}
-        for ctx, row in zip(contexts, log_probs.tolist()):
-            score, tokens = states[ctx]
-            for v, lp in enumerate(row):
-                arc_score = score + lp
-                if v == BLANK:
-                    dest, dest_tokens = ctx, tokens
-                elif arc_score >= prev_best - beam:  # first pass
-                    dest, dest_tokens = ctx[1:] + (v,), tokens + [v]
-                else:
-                    continue
-                if dest not in new or arc_score > new[dest][0]:  # Viterbi merge
-                    new[dest] = (arc_score, dest_tokens)
-        best = max(score for score, _ in new.values())
-        floor = best - beam if second_pass_beam else -math.inf
-        survivors = sorted((kv for kv in new.items() if kv[1][0] >= floor), key=lambda kv: -kv[1][0])
-        states = dict(survivors[: min(max_states, max_contexts)])
-    return max(states.values(), key=lambda st: st[0])[1]
+        live = [st for st in states if st[1] == 0]  # the super-final state has no arcs
+        prev_best = max(states.values())
+        arcs = []
+        for st, row in zip(live, step_log_probs(model, enc[t], [list(st[0]) for st in live]).tolist()):
+            ctx, score = st[0], states[st]
+            arcs.append((st, (ctx, 0), BLANK, row[BLANK]))  # kept by the first pass
+            arcs += [(st, (ctx[1:] + (v,), 0), v, row[v]) for v in range(1, vocab) if score + row[v] >= prev_best - beam]
+            if score >= prev_best - beam:  # the final arc's log-prob counts as 0 in the first pass
+                arcs.append((st, (ctx, 1), -1, row[BLANK]))
+        dest: Dict[Tuple[Tuple[int, ...], int], float] = {}
+        for src, d, _, weight in arcs:
+            dest[d] = max(dest.get(d, -math.inf), states[src] + weight)
+        floor = max(dest.values()) - beam if second_pass_beam else -math.inf
+        ranked = sorted((d for d in dest if dest[d] >= floor), key=lambda d: (-dest[d], d[1]))  # tie: live first
+        if count_final_states:
+            kept = ranked[:max_states]
+        else:
+            kept = [d for d in ranked if d[1] == 0][:max_states] + [d for d in ranked if d[1] == 1]
+        context_score: Dict[Tuple[int, ...], float] = {}
+        for d in kept:
+            context_score[d[0]] = max(context_score.get(d[0], -math.inf), dest[d])
+        kept_contexts = set(sorted(context_score, key=lambda c: -context_score[c])[:max_contexts])
+        states = {d: dest[d] for d in kept if d[0] in kept_contexts}
+        lattice.append([arc for arc in arcs if arc[1] in states])
+
+    # format_output + one-best: frames 0..T-2 as kept (arcs into final states lead nowhere),
+    # then the last frame's final arcs with score 0.
+    best: Dict[Tuple[Tuple[int, ...], int], Tuple[float, List[int]]] = {start: (0.0, [])}
+    for frame in lattice[:-1]:
+        reached: Dict[Tuple[Tuple[int, ...], int], Tuple[float, List[int]]] = {}
+        for src, d, label, weight in frame:
+            if src in best and d[1] == 0:
+                score = best[src][0] + weight
+                if d not in reached or score > reached[d][0]:
+                    reached[d] = (score, best[src][1] + ([label] if label != BLANK else []))
+        best = reached
+    ends = [best[src] for src, _, label, _ in lattice[-1] if label == -1 and src in best]
+    return max(ends, key=lambda end: end[0])[1] if ends else []
 
 
 # --------------------------------------------------------------------------
@@ -298,15 +325,26 @@ def test_modified_beam_small_beam_is_approximate_but_sane():
 # Fast beam search
 # --------------------------------------------------------------------------
 
-WIDE = dict(beam=1e9, max_states=64, max_contexts=64)  # > the 13 possible contexts
+WIDE = dict(beam=1e9, max_states=64, max_contexts=64)  # > the 13 possible contexts and their 13 final copies
 
 
-def test_fast_beam_wide_returns_best_single_alignment():
-    lens = torch.tensor([LATTICE_FRAMES])
+def with_tail_frame(enc: torch.Tensor) -> torch.Tensor:
+    """enc (N, T, C) with one more frame: k2 ignores an utterance's last frame (as icefall's tail padding does)."""
+    return torch.cat([enc, torch.zeros_like(enc[:, :1])], dim=1)
+
+
+def test_fast_beam_wide_returns_best_single_alignment_of_all_but_the_last_frame():
+    """k2's lattice keeps only final arcs on the last frame, scored 0: the answer is the best
+    alignment of the frames before it. Some cases' best alignment over all frames differs."""
+    last_frame_mattered = False
     for seed in LATTICE_SEEDS:
         model, enc = lattice_case(seed)
         expected = best_alignment(lattice_alignments(seed))
-        assert fast_beam_search_one_best(model, enc, lens, **WIDE) == [expected]
+        assert fast_beam_search_one_best(model, with_tail_frame(enc), torch.tensor([LATTICE_FRAMES + 1]), **WIDE) == [expected]
+        got = fast_beam_search_one_best(model, enc, torch.tensor([LATTICE_FRAMES]), **WIDE)
+        assert got == [best_alignment(enumerate_alignments(model, enc[0, :-1]))]
+        last_frame_mattered |= got != [expected]
+    assert last_frame_mattered
 
 
 def test_fast_beam_vs_modified_beam_viterbi_versus_log_add():
@@ -314,15 +352,14 @@ def test_fast_beam_vs_modified_beam_viterbi_versus_log_add():
     modified beam search log-adds alignments and length-normalises. Where the
     two criteria pick the same sequence the searches agree; the enumerated
     cases include both kinds."""
-    lens = torch.tensor([LATTICE_FRAMES])
     agreed = differed = 0
     for seed in LATTICE_SEEDS:
         model, enc = lattice_case(seed)
         alignments = lattice_alignments(seed)
         viterbi = best_alignment(alignments)
         log_add = best_normalised(sequence_log_probs(alignments), model.decoder.context_size)
-        fast = fast_beam_search_one_best(model, enc, lens, **WIDE)[0]
-        modified = modified_beam_search(model, enc, lens, beam=LATTICE_VOCAB**LATTICE_FRAMES)[0]
+        fast = fast_beam_search_one_best(model, with_tail_frame(enc), torch.tensor([LATTICE_FRAMES + 1]), **WIDE)[0]
+        modified = modified_beam_search(model, enc, torch.tensor([LATTICE_FRAMES]), beam=LATTICE_VOCAB**LATTICE_FRAMES)[0]
         assert (fast, modified) == (viterbi, log_add)
         if viterbi == log_add:
             agreed += 1
@@ -331,16 +368,50 @@ def test_fast_beam_vs_modified_beam_viterbi_versus_log_add():
     assert agreed > 0 and differed > 0
 
 
-@pytest.mark.parametrize(
-    "beam, max_states, max_contexts", [(20.0, 64, 8), (4.0, 8, 3), (1.5, 2, 8), (3.0, 5, 64), (2.0, 64, 64)]
-)
-def test_fast_beam_equals_plain_k2_loop(beam, max_states, max_contexts):
+def blank_leaning_model(blank_bias: float) -> TinyTransducer:
+    """The reference cases' model with blank made likelier by ``blank_bias`` nats, as in trained models
+    (with a random model blank is rare, and k2's final copies, scored with blank, lose out to max_states)."""
     model = TinyTransducer(vocab_size=12, seed=19)
+    shift_output_bias(model, BLANK, blank_bias)
+    return model
+
+
+@pytest.mark.parametrize("blank_bias", [0.0, 1.5])
+@pytest.mark.parametrize(
+    "beam, max_states, max_contexts",
+    [(20.0, 64, 8), (4.0, 8, 4), (4.0, 8, 3), (20.0, 5, 4), (1.5, 2, 8), (3.0, 5, 64), (2.0, 64, 64),
+     (1e9, 1, 64), (1e9, 64, 1)],
+)
+def test_fast_beam_equals_k2_reference(beam, max_states, max_contexts, blank_bias):
+    model = blank_leaning_model(blank_bias)
     enc = random_encoder_out(3, 15, seed=20, scale=2.0)
     lens = torch.tensor([15, 9, 12])
     expected = [fast_beam_loop(model, enc[i, : lens[i]], beam, max_states, max_contexts) for i in range(3)]
     assert fast_beam_search_one_best(model, enc, lens, beam, max_states, max_contexts) == expected
-    assert sum(len(h) for h in expected) > 10
+
+
+def test_fast_beam_reference_cases_emit_tokens():
+    """The reference comparison is not between empty answers: the defaults on the random model, and
+    icefall's RESULTS settings (beam 4, 4 contexts, 8 states) on the blank-leaning one."""
+    enc = random_encoder_out(3, 15, seed=20, scale=2.0)
+    for blank_bias, limits in [(0.0, (20.0, 64, 8)), (1.5, (4.0, 8, 4))]:
+        model = blank_leaning_model(blank_bias)
+        hyps = [fast_beam_loop(model, enc[i], *limits) for i in range(3)]
+        assert sum(len(h) for h in hyps) >= 5 and sum(1 for h in hyps if h) >= 2, (blank_bias, limits, hyps)
+
+
+def test_fast_beam_final_copies_count_against_max_states():
+    """k2 ranks the final copies (context, 1) with the live states under max_states, so with
+    max_states < 2 * max_contexts they crowd live states (and each other) out. Cases where counting
+    them changes the answer; the search follows k2."""
+    model = blank_leaning_model(2.0)
+    enc = random_encoder_out(6, 15, seed=20, scale=2.0)
+    lens = torch.full((6,), 15)
+    limits = (20.0, 5, 4)
+    k2_rule = [fast_beam_loop(model, enc[i], *limits) for i in range(6)]
+    live_only = [fast_beam_loop(model, enc[i], *limits, count_final_states=False) for i in range(6)]
+    assert k2_rule != live_only and any(k2_rule)
+    assert fast_beam_search_one_best(model, enc, lens, *limits) == k2_rule
 
 
 def test_fast_beam_second_pass_beam_on_new_states():
@@ -367,14 +438,24 @@ def test_beam_searches_equal_plain_loops_for_other_context_sizes(context_size):
     assert modified_beam_search(model, enc, lens, beam=3) == modified
 
 
-@pytest.mark.parametrize("limits", [dict(max_states=1), dict(max_contexts=1)])
-def test_fast_beam_with_one_state_is_greedy(limits):
-    """Keeping one state per frame leaves only the best arc out of it: greedy."""
+def test_fast_beam_with_one_context_is_greedy_until_the_last_frame():
+    """One context per frame leaves the best arc out of it: greedy search. On the last frame the
+    final copy survives only if its context does, i.e. if that frame's best arc keeps the context
+    (blank); otherwise the lattice has no final state and the answer is empty (k2's, allow_partial=False)."""
     model = TinyTransducer(vocab_size=20, seed=9)
-    enc = random_encoder_out(4, 13, seed=10)
-    lens = torch.tensor([13, 6, 10, 3])
-    fast = fast_beam_search_one_best(model, enc, lens, **{**WIDE, **limits})
-    assert fast == greedy_search_batch(model, enc, lens)
+    shift_output_bias(model, BLANK, 1.0)  # blank likely enough that both outcomes occur
+    enc = random_encoder_out(8, 13, seed=10)
+    lens = [13, 6, 10, 3, 13, 7, 2, 11]
+    fast = fast_beam_search_one_best(model, enc, torch.tensor(lens), **{**WIDE, "max_contexts": 1})
+    expected = []
+    for i, n in enumerate(lens):
+        hyp = argmax_loop(model, enc[i, : n - 1], skip=[BLANK])
+        context = (initial_context(model) + hyp)[-model.decoder.context_size :]
+        last = int(step_log_probs(model, enc[i, n - 1], [context])[0].argmax())
+        keeps_context = last == BLANK or context[1:] + [last] == context
+        expected.append(hyp if keeps_context else [])
+    assert fast == expected
+    assert any(expected) and not all(expected)
 
 
 def test_fast_beam_first_pass_prunes_tokens_below_previous_best():
@@ -388,15 +469,14 @@ def test_fast_beam_first_pass_prunes_tokens_below_previous_best():
     assert sum(len(h) for h in fast_beam_search_one_best(model, enc, lens)) > 0
 
 
-def test_fast_beam_default_limits_match_wide_on_small_vocab():
-    """With V=4 and context_size=2 there are at most 13 contexts; keeping 4 of
-    them still finds the Viterbi answer on these cases (a sanity check of the
-    code path that actually prunes)."""
+def test_fast_beam_pruned_contexts_on_small_vocab_equal_k2_reference():
+    """V=4 and context_size=2 give at most 13 contexts; keeping 4 (and 8 states) prunes on every
+    lattice case, and the answers are the reference's."""
     lens = torch.tensor([LATTICE_FRAMES])
     for seed in LATTICE_SEEDS:
         model, enc = lattice_case(seed)
-        wide = fast_beam_search_one_best(model, enc, lens, **WIDE)
-        assert fast_beam_search_one_best(model, enc, lens, max_contexts=4) == wide
+        expected = fast_beam_loop(model, enc[0], 20.0, 8, 4)
+        assert fast_beam_search_one_best(model, enc, lens, beam=20.0, max_states=8, max_contexts=4) == [expected]
 
 
 # --------------------------------------------------------------------------
@@ -406,7 +486,7 @@ def test_fast_beam_default_limits_match_wide_on_small_vocab():
 SEARCHES = {
     "greedy_search_batch": lambda m, e, n: greedy_search_batch(m, e, n),
     "modified_beam_search": lambda m, e, n: modified_beam_search(m, e, n, beam=4),
-    "fast_beam_search_one_best": lambda m, e, n: fast_beam_search_one_best(m, e, n, beam=8.0, max_states=16, max_contexts=4),
+    "fast_beam_search_one_best": lambda m, e, n: fast_beam_search_one_best(m, e, n, beam=8.0, max_states=32, max_contexts=4),
 }
 
 

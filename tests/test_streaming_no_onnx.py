@@ -51,6 +51,7 @@ def test_streaming_decode_script_imports_no_onnx():
         import sys, importlib.util
         sys.modules["onnx"] = None
         sys.modules["onnxruntime"] = None
+        sys.path.insert(0, {str(script.parent)!r})  # as when the script runs
         spec = importlib.util.spec_from_file_location("streaming_decode", {str(script)!r})
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
         print("ok")

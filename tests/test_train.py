@@ -295,3 +295,54 @@ def test_prepare_sh_default_vocabulary_is_train_py_default_bpe_model(tiny_data):
 
     assert (tiny_data / DEFAULT_BPE_MODEL).is_file()
     assert train.get_parser().parse_args([]).bpe_model == DEFAULT_BPE_MODEL
+
+
+def test_train_py_trains_what_the_decoding_scripts_decode_by_default():
+    # decode.py/export_onnx.py default to --epoch NUM_EPOCHS in EXP_DIR (their tests check that side).
+    from recipe_defaults import EXP_DIR, NUM_EPOCHS
+
+    args = train.get_parser().parse_args([])
+    assert (args.num_epochs, args.exp_dir) == (NUM_EPOCHS, EXP_DIR)
+
+
+# icefall's lstm_transducer_stateless3 settings, written from its train.py / asr_datamodule.py
+# (shared/reference/icefall-lstm-facts.md), independently of train.py's ICEFALL_PRESET.
+ICEFALL_VALUES = {
+    "model_preset": "icefall", "num_epochs": 40, "bpe_model": "data/lang_bpe_500/bpe.model",
+    "optimizer_name": "eve", "base_lr": 0.003, "lr_batches": 5000, "lr_epochs": 10, "model_warm_step": 3000,
+    "prune_range": 5, "lm_scale": 0.25, "am_scale": 0.0, "simple_loss_scale": 0.5, "dropout": 0.1,
+    "layer_dropout": 0.075, "grad_filter_threshold": 25.0, "clip_grad_norm": 0.0, "average_period": 100,
+    "save_every_n": 4000, "keep_last_k": 20, "log_interval": 50, "seed": 42, "max_duration": 200.0,
+    "num_buckets": 30, "drop_last": True, "num_workers": 2, "enable_spec_aug": True,
+    "spec_aug_time_warp_factor": 80, "enable_musan": True, "ctc_loss_scale": 0.0, "tail_pad_frames": 0,
+}
+
+
+def test_icefall_preset_sets_icefall_values_and_explicit_flags_win():
+    parser = train.get_parser()
+    dests = {action.dest for action in parser._actions}
+    assert set(train.ICEFALL_PRESET) <= dests  # no setting lands on a name train.py does not read
+    args = train.parse_args(train.get_parser(), ["--preset", "icefall"])
+    assert {k: getattr(args, k) for k in ICEFALL_VALUES} == ICEFALL_VALUES
+    assert args.valid_interval == 800  # train-clean-100 only
+    assert train.parse_args(train.get_parser(), ["--preset", "icefall", "--full-libri", "true"]).valid_interval == 3000
+    # The ablation's gradient-control arms on top of the preset: explicit flags win.
+    args = train.parse_args(train.get_parser(), ["--clip-grad-norm", "5", "--preset", "icefall",
+                                                 "--grad-filter-threshold", "0", "--clip-type", "adaptive"])
+    assert (args.clip_grad_norm, args.grad_filter_threshold, args.clip_type, args.num_buckets) == (5.0, 0.0, "adaptive", 30)
+    # Without the preset, today's defaults.
+    args = train.parse_args(train.get_parser(), [])
+    assert (args.preset, args.clip_grad_norm, args.valid_interval, args.num_buckets) == ("none", 5.0, 0, 10)
+
+
+def test_valid_interval_validates_every_n_batches_of_an_epoch_as_icefall(tiny_data, tmp_path):
+    """--valid-interval 2: validation after icefall's batch_idx 2 and 4 (global batches 3 and 5), none at
+    the epoch's end; the epoch checkpoint keeps the best of them."""
+    proc = run_train(tiny_data, tmp_path / "exp", "--max-batches", "5", "--valid-interval", "2", "--save-every-n", "0")
+    assert proc.returncode == 0, proc.stderr
+    log = next((tmp_path / "exp" / "log").glob("log-train-*")).read_text()
+    batches = [int(b) for b in re.findall(r"Epoch 1, global batch (\d+), validation: loss=", log)]
+    assert batches == [3, 5]
+    losses = [float(v) for v in re.findall(r"Epoch 1, global batch \d+, validation: loss=([0-9.]+)", log)]
+    ckpt = load_checkpoint_file(tmp_path / "exp" / "checkpoint-5.pt")
+    assert ckpt["best_valid_loss"] == pytest.approx(min(losses), rel=1e-3)  # the log rounds

@@ -20,8 +20,9 @@ A batch is a dict: ``inputs``, a float tensor (N, T, 80) of fbank frames, and
 Manifests (made by ``prepare.sh``) are read from ``--manifest-dir``
 (``data/fbank``): ``librispeech_cuts_<part>.jsonl.gz`` for the parts
 train-clean-100 (the training part; also the synthetic corpus's), dev-clean,
-dev-other, test-clean, test-other, and ``noise_cuts.jsonl.gz`` (the noise
-corpus that ``--enable-musan`` mixes into training cuts, as icefall mixes MUSAN).
+dev-other, test-clean, test-other, and the noise that ``--enable-musan`` mixes
+into training cuts: ``musan_cuts.jsonl.gz`` (MUSAN, as icefall) or, without it,
+``noise_cuts.jsonl.gz`` (the synthetic noise corpus that stands in for MUSAN).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from lhotse.dataset.input_strategies import OnTheFlyFeatures, PrecomputedFeature
 from lhotse.utils import compute_num_frames
 from torch.utils.data import DataLoader
 
-from icefall_lite.data.layout import FULL_TRAIN_PARTS, NOISE_CUTS_NAME, librispeech_cuts_name
+from icefall_lite.data.layout import FULL_TRAIN_PARTS, MUSAN_CUTS_NAME, NOISE_CUTS_NAME, librispeech_cuts_name
 from icefall_lite.nn.encoder import subsampled_length
 from icefall_lite.utils import str2bool
 
@@ -91,7 +92,7 @@ class LibriSpeechAsrDataModule:
         group.add_argument("--full-libri", type=str2bool, default=False,
                            help="train on all 960 h (real LibriSpeech only); else train-clean-100")
         group.add_argument("--manifest-dir", type=Path, default=Path("data/fbank"),
-                           help="folder of librispeech_cuts_<part>.jsonl.gz and noise_cuts.jsonl.gz")
+                           help="folder of librispeech_cuts_<part>.jsonl.gz and musan_cuts.jsonl.gz or noise_cuts.jsonl.gz")
         group.add_argument("--max-duration", type=float, default=100.0,
                            help="seconds of audio per batch (icefall: 200 on a GPU; 100 suits a 2-core CPU)")
         group.add_argument("--bucketing-sampler", type=str2bool, default=True,
@@ -114,7 +115,7 @@ class LibriSpeechAsrDataModule:
         group.add_argument("--spec-aug-time-warp-factor", type=int, default=80,
                            help="SpecAugment time warp factor; < 1 disables time warping")
         group.add_argument("--enable-musan", "--enable-noise", dest="enable_musan", type=str2bool, default=True,
-                           help="mix the noise corpus (noise_cuts.jsonl.gz, MUSAN's stand-in) into "
+                           help="mix MUSAN (musan_cuts.jsonl.gz) or, without it, the noise corpus (noise_cuts.jsonl.gz) into "
                                 f"training cuts: CutMix p={NOISE_MIX_PROB}, SNR {NOISE_SNR_DB} dB")
         group.add_argument("--on-the-fly-feats", type=str2bool, default=False,
                            help="compute fbank from audio during training instead of loading stored features")
@@ -166,14 +167,18 @@ class LibriSpeechAsrDataModule:
         return self.part_cuts("test-other")
 
     def noise_cuts(self) -> CutSet:
-        """The noise corpus cuts (10 s windows with features), loaded eagerly."""
-        path = Path(self.args.manifest_dir) / NOISE_CUTS_NAME
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"no noise cuts at {path}: run prepare.sh --stage 3 --stop-stage 3, "
-                f"or pass --enable-musan false"
-            )
-        return load_manifest(path)
+        """The cuts mixed into training cuts (10 s windows with features), loaded eagerly:
+        ``musan_cuts.jsonl.gz`` (real MUSAN, prepared with LibriSpeech) when it exists, else
+        ``noise_cuts.jsonl.gz`` (the synthetic noise corpus)."""
+        for name in (MUSAN_CUTS_NAME, NOISE_CUTS_NAME):
+            path = Path(self.args.manifest_dir) / name
+            if path.is_file():
+                logging.info(f"noise for mixing: {path}")
+                return load_manifest(path)
+        raise FileNotFoundError(
+            f"no noise cuts in {self.args.manifest_dir} (neither {MUSAN_CUTS_NAME} nor {NOISE_CUTS_NAME}): "
+            "run prepare.sh --stage 3 --stop-stage 3 (MUSAN with --corpus librispeech), or pass --enable-musan false"
+        )
 
     # --- loaders ---------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 prepare.sh writes ``data/fbank/librispeech_cuts_<part>.jsonl.gz`` (icefall's
 name, :func:`librispeech_cuts_path`) for the parts :data:`DEFAULT_PARTS` and
-``data/fbank/noise_cuts.jsonl.gz`` (:data:`NOISE_CUTS_NAME`); the datamodule,
+``data/fbank/noise_cuts.jsonl.gz`` (:data:`NOISE_CUTS_NAME`, synthetic corpus) or
+``data/fbank/musan_cuts.jsonl.gz`` (:data:`MUSAN_CUTS_NAME`, LibriSpeech); the datamodule,
 the corrupted training set and the decoding scripts read them.
 """
 
@@ -20,7 +21,8 @@ FULL_TRAIN_PARTS: Dict[str, int] = {"train-clean-100": 28539, "train-clean-360":
 
 CUTS_PREFIX = "librispeech_cuts_"
 CUTS_SUFFIX = ".jsonl.gz"
-NOISE_CUTS_NAME = "noise_cuts.jsonl.gz"
+NOISE_CUTS_NAME = "noise_cuts.jsonl.gz"  # the synthetic noise corpus (MUSAN's stand-in)
+MUSAN_CUTS_NAME = "musan_cuts.jsonl.gz"  # real MUSAN (icefall's name); mixed in instead when present
 
 
 def librispeech_cuts_name(part: str) -> str:

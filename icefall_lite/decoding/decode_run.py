@@ -25,7 +25,6 @@ from torch import Tensor
 
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
 from icefall_lite.train.checkpoint import (
-    add_checkpoint_arguments,
     checkpoint_suffix,
     load_weights_or_exit,
     validate_checkpoint_args,
@@ -58,9 +57,10 @@ SummaryRow = Tuple[str, str, float, "DecodeStats"]
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of the PyTorch decoding scripts: checkpoint selection, ``--bpe-model``, ``--beam-size``,
-    ``--test-sets``, the model sizes and the datamodule's flags (``--manifest-dir``, ``--max-duration``, ...)."""
-    add_checkpoint_arguments(parser)
+    """The flags of the PyTorch decoding scripts besides checkpoint selection (the scripts add that with
+    :func:`~icefall_lite.train.checkpoint.add_checkpoint_arguments` and their recipe's defaults):
+    ``--bpe-model``, ``--beam-size``, ``--test-sets``, the model sizes and the datamodule's flags
+    (``--manifest-dir``, ``--max-duration``, ...)."""
     parser.add_argument("--bpe-model", type=str, default=DEFAULT_BPE_MODEL,
                         help=f"Path to the BPE model. (default: {DEFAULT_BPE_MODEL})")
     parser.add_argument("--beam-size", type=int, default=4,

@@ -163,10 +163,55 @@ def _group_by_diagonal(rows: List[List[int]], s_col: int, t_col: int) -> Dict[in
     return groups
 
 
+def _neighbour_view(buf: Tensor, i: int, S: int) -> Tensor:
+    """The two predecessor terms of every direction's diagonal ``i``, as one strided view.
+
+    ``buf`` is ``(D, K, B, S+3)`` (K = 1: forward only; K = 2: forward and
+    backward) and row ``i - 1`` holds every direction's previous diagonal. The
+    forward step reads columns ``[0, S]`` (cell (s-1, t)) and ``[1, S+1]``
+    (cell (s, t-1)); the backward step, stored reversed, reads ``[1, S+1]``
+    (cell (s, t+1)) and ``[2, S+2]`` (cell (s+1, t)). Both pairs are two
+    windows one element apart, and direction k's pair starts k elements
+    further, so the whole read is one overlapping view.
+
+    Returns:
+      ``(K, 2, B, S+1)`` view of ``buf[i - 1]``: ``[k, j, b, s] = buf[i-1, k, b, s + j + k]``.
+    """
+    _, K, B, W = buf.shape
+    return buf.as_strided(
+        (K, 2, B, S + 1), (B * W + 1, 1, W, 1), buf.storage_offset() + (i - 1) * K * B * W
+    )
+
+
+def _neighbour_arcs(PX: Tensor, PY: Tensor, S: int, d_last: int, with_backward: bool) -> Tensor:
+    """The arc scores that go with :func:`_neighbour_view`, laid out to be added to it in one op.
+
+    Args:
+      PX, PY: skewed ``(D, B, S+3)`` arc scores (:func:`_skew`).
+    Returns:
+      ``(d_last, K, 2, B, S+1)``, row ``i - 1`` for step ``i``: forward (k = 0)
+      ``px`` of arc (s-1, t) -> (s, t) and ``py`` of (s, t-1) -> (s, t) on
+      diagonal ``i - 1``; backward (k = 1) ``py`` of (s, t) -> (s, t+1) and
+      ``px`` of (s, t) -> (s+1, t) on diagonal ``e = d_last - i``.
+    """
+    forward = torch.stack([PX[:d_last, :, 0 : S + 1], PY[:d_last, :, 1 : S + 2]], dim=1)  # (d_last, 2, B, S+1)
+    if not with_backward:
+        return forward.unsqueeze(1)
+    e = torch.arange(d_last - 1, -1, -1, device=PX.device)  # diagonal of the backward step i = 1 .. d_last
+    backward = torch.stack([PY[e, :, 1 : S + 2], PX[e, :, 1 : S + 2]], dim=1)
+    return torch.stack([forward, backward], dim=1)
+
+
 def _mutual_information(
     px: Tensor, py: Tensor, boundary: Tensor, with_grad: bool
 ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """Forward (and optionally backward) lattice recursion, no autograd.
+
+    Step ``i`` computes the forward scores of diagonal ``i`` and, with
+    ``with_grad``, the backward scores of diagonal ``d_last - i`` (independent
+    of each other): one add of the predecessors' scores and the arc scores
+    for both directions, and one logaddexp -- two kernel launches per step
+    instead of three per direction.
 
     Args:
       px: ``(B, S, T+1)``; py: ``(B, S+1, T)``; boundary: ``(B, 4)`` int64.
@@ -189,51 +234,38 @@ def _mutual_information(
     ends = _group_by_diagonal(rows, 2, 3)
     d_last = max(ends) if ends else 0  # no cell beyond this diagonal matters
 
-    # Per-diagonal views made once (unbind), and two scratch rows, so each
-    # step of the loops below is three tensor ops and no Python-side indexing.
-    px_from_s = PX[:, :, 0 : S + 1].unbind(0)  # arc (s-1, t) -> (s, t), on diagonal d-1
-    py_from_t = PY[:, :, 1 : S + 2].unbind(0)  # arc (s, t-1) -> (s, t), on diagonal d-1
-    scratch_a = torch.empty((B, S + 1), dtype=dtype, device=device)
-    scratch_b = torch.empty((B, S + 1), dtype=dtype, device=device)
+    # buf[i, 0] = alpha of diagonal i: alpha[d, b, s+1] = p[b, s, d-s];
+    # buf[i, 1] = beta of diagonal d_last - i: log-sum over paths from (s, d-s) to the end.
+    K = 2 if with_grad else 1
+    buf = torch.full((d_last + 1, K, B, S + 3), _NEG_INF, dtype=dtype, device=device)
+    arcs = _neighbour_arcs(PX, PY, S, d_last, with_grad)
+    scratch = torch.empty((K, 2, B, S + 1), dtype=dtype, device=device)
+    cells = buf[:, :, :, 1 : S + 2].unbind(0)  # (K, B, S+1) per step
+    for i in range(d_last + 1):
+        if i > 0:
+            torch.add(_neighbour_view(buf, i, S), arcs[i - 1], out=scratch)
+            torch.logaddexp(scratch[:, 0], scratch[:, 1], out=cells[i])
+        if i in starts:
+            bs, cols = starts[i]
+            buf[i, 0, bs, cols] = 0.0
+        if with_grad and d_last - i in ends:
+            bs, cols = ends[d_last - i]
+            buf[i, 1, bs, cols] = 0.0
 
-    # ---- forward scores: alpha[d, b, s+1] = p[b, s, d-s]
-    alpha = torch.full((D, B, S + 3), _NEG_INF, dtype=dtype, device=device)
-    alpha_shift = alpha[:, :, 0 : S + 1].unbind(0)  # p[s-1, .] in column s+1
-    alpha_cells = alpha[:, :, 1 : S + 2].unbind(0)  # p[s, .] in column s+1
-    for d in range(0, d_last + 1):
-        if d > 0:
-            torch.add(alpha_shift[d - 1], px_from_s[d - 1], out=scratch_a)
-            torch.add(alpha_cells[d - 1], py_from_t[d - 1], out=scratch_b)
-            torch.logaddexp(scratch_a, scratch_b, out=alpha_cells[d])
-        if d in starts:
-            bs, cols = starts[d]
-            alpha[d, bs, cols] = 0.0
-
+    alpha = buf[:, 0]  # (d_last + 1, B, S+3)
     end_d = boundary[:, 2] + boundary[:, 3]
     batch = torch.arange(B, device=device)
     scores = alpha[end_d, batch, boundary[:, 2] + 1]  # (B,)
     if not with_grad:
         return scores, None, None
 
-    # ---- backward scores: beta[d, b, s+1] = log-sum over paths (s, d-s) -> end
-    beta = torch.full((D + 1, B, S + 3), _NEG_INF, dtype=dtype, device=device)
-    px_to_s = PX[:, :, 1 : S + 2].unbind(0)  # arc (s, t) -> (s+1, t)
-    py_to_t = PY[:, :, 1 : S + 2].unbind(0)  # arc (s, t) -> (s, t+1)
-    beta_shift = beta[:, :, 2 : S + 3].unbind(0)  # beta[s+1, .] in column s+1
-    beta_cells = beta[:, :, 1 : S + 2].unbind(0)
-    for d in range(d_last, -1, -1):
-        if d < d_last:
-            torch.add(px_to_s[d], beta_shift[d + 1], out=scratch_a)
-            torch.add(py_to_t[d], beta_cells[d + 1], out=scratch_b)
-            torch.logaddexp(scratch_a, scratch_b, out=beta_cells[d])
-        if d in ends:
-            bs, cols = ends[d]
-            beta[d, bs, cols] = 0.0
-
     # ---- posteriors: exp(alpha + arc + beta(next) - total); -inf total -> 0
+    beta = torch.full((D + 1, B, S + 3), _NEG_INF, dtype=dtype, device=device)
+    beta[: d_last + 1] = buf[:, 1].flip(0)
     total = torch.where(scores == _NEG_INF, torch.zeros_like(scores), scores)
     total = total.reshape(1, B, 1)
-    a = alpha[:, :, 1 : S + 2]
+    a = torch.full((D, B, S + 1), _NEG_INF, dtype=dtype, device=device)
+    a[: d_last + 1] = alpha[:, :, 1 : S + 2]
     gx = (a + PX[:, :, 1 : S + 2] + beta[1:, :, 2 : S + 3] - total).exp()
     gy = (a + PY[:, :, 1 : S + 2] + beta[1:, :, 1 : S + 2] - total).exp()
     px_grad = _unskew(gx, S, T + 1)
@@ -275,8 +307,9 @@ def mutual_information_recursion(
     (terms with an index below the begin corner are absent).
 
     The recursion runs one anti-diagonal ``s + t`` at a time (a Python loop of
-    ``S + T + 1`` batched tensor ops), then the same backwards; the gradient is
-    computed analytically from the two, so memory is ``O(B * S * T)``.
+    ``S + T + 1`` steps of two batched tensor ops), the backward recursion in
+    the same steps; the gradient is computed analytically from the two, so
+    memory is ``O(B * S * T)``.
 
     Args:
       px: ``(B, S, T+1)`` float32/float64, symbol-arc log-scores.  For RNN-T

@@ -36,10 +36,6 @@ import torch.nn as nn
 from icefall_lite.utils import atomic_output, str2bool
 
 PathLike = Union[str, Path]
-DEFAULT_EXP_DIR = Path("lstm_transducer_stateless/exp")
-# train.py's --num-epochs and demo.sh: decode/export the last epoch, averaged over the last 2.
-DEFAULT_EPOCH = 5
-DEFAULT_AVG = 2
 
 
 class CheckpointError(RuntimeError):
@@ -250,25 +246,25 @@ def average_checkpoints_with_averaged_model(
 # --------------------------------------------------------------------------
 
 
-def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, epoch: int, avg: int, exp_dir: Path) -> None:
     """icefall's ``--epoch --iter --avg --use-averaged-model --exp-dir`` (decode.py, streaming_decode.py,
-    export_onnx.py); defaults: the last epoch of train.py's default run, averaged over 3."""
-    parser.add_argument("--epoch", type=int, default=DEFAULT_EPOCH,
-                        help="Use exp-dir/epoch-N.pt (epochs count from 1; train.py's default --num-epochs is "
-                        f"{DEFAULT_EPOCH}). Use --avg to average it with earlier epochs. (default: {DEFAULT_EPOCH})")
+    export_onnx.py) with the recipe's defaults ``epoch`` (its training run's last epoch), ``avg`` and ``exp_dir``."""
+    parser.add_argument("--epoch", type=int, default=epoch,
+                        help="Use exp-dir/epoch-N.pt (epochs count from 1; the default is the last epoch of "
+                        f"train.py's default run). Use --avg to average it with earlier epochs. (default: {epoch})")
     parser.add_argument("--iter", type=int, default=0,
                         help="If positive, --epoch is ignored and the checkpoint-<batch>.pt files with batch <= ITER "
                         "are used. (default: 0)")
-    parser.add_argument("--avg", type=int, default=DEFAULT_AVG,
+    parser.add_argument("--avg", type=int, default=avg,
                         help="Number of checkpoints to average: consecutive checkpoints ending at the one chosen by "
-                        f"--epoch or --iter. (default: {DEFAULT_AVG})")
+                        f"--epoch or --iter. (default: {avg})")
     parser.add_argument("--use-averaged-model", type=str2bool, default=True,
                         help="Use the average of the model over the batches from epoch-(EPOCH-AVG).pt "
                         "(excluded) to epoch-EPOCH.pt, computed from the model_avg of those two checkpoints; "
                         "false: the mean of the model entries of the AVG checkpoints. (default: true)")
-    parser.add_argument("--exp-dir", type=Path, default=DEFAULT_EXP_DIR,
+    parser.add_argument("--exp-dir", type=Path, default=exp_dir,
                         help="The experiment dir: checkpoints are read from it, results written below it. "
-                        f"(default: {DEFAULT_EXP_DIR})")
+                        f"(default: {exp_dir})")
 
 
 def validate_checkpoint_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

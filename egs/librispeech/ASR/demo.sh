@@ -7,9 +7,10 @@
 set -eou pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
+# = lstm_transducer_stateless/recipe_defaults.py's EXP_DIR, NUM_EPOCHS, AVG (tests/test_checkpoint.py checks)
 exp_dir=lstm_transducer_stateless/exp
-num_epochs=5  # = icefall_lite.train.checkpoint.DEFAULT_EPOCH (tests/test_checkpoint.py checks)
-avg=2  # = DEFAULT_AVG
+num_epochs=5
+avg=2
 
 log() {
   echo -e "$(date '+%Y-%m-%d %H:%M:%S') (demo.sh) $*"

@@ -12,7 +12,9 @@
 #   0: corpus -> $dl_dir/LibriSpeech  (synthesize, or download with lhotse)
 #   1: lhotse manifests -> data/manifests/librispeech_{recordings,supervisions}_<part>.jsonl.gz
 #   2: 80-dim fbank -> data/fbank/librispeech_cuts_<part>.jsonl.gz, then local/validate_manifest.py
-#   3: noise corpus (stands in for MUSAN) -> $dl_dir/noise, data/fbank/noise_cuts.jsonl.gz
+#   3: noise for mixing: synthetic: the noise corpus (MUSAN's stand-in) -> $dl_dir/noise,
+#      data/fbank/noise_cuts.jsonl.gz; librispeech: MUSAN (downloaded with lhotse) -> $dl_dir/musan,
+#      data/fbank/musan_cuts.jsonl.gz
 #   4: BPE -> data/lang_bpe_<vocab_size>/{transcript_words.txt,bpe.model,tokens.txt}
 #
 # Parts: train-clean-100 (the training part), dev-clean, dev-other, test-clean,
@@ -35,6 +37,7 @@ seed=42                 # synthetic corpus and noise
 full_libri=false        # librispeech: also train-clean-360 and train-other-500
 perturb_speed=""        # default: true for librispeech, false for synthetic
 librispeech_url=http://www.openslr.org/resources   # or a mirror, e.g. file:///path
+musan_url=https://www.openslr.org/resources/17/musan.tar.gz   # librispeech: MUSAN (or a mirror)
 
 recipe_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$recipe_dir/../../.." && pwd)
@@ -46,11 +49,11 @@ log() {
 }
 
 usage() {
-  sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "Options (default): --stage ($stage) --stop-stage ($stop_stage) --corpus ($corpus)"
   echo "  --size ($size) --work-dir (recipe dir) --dl-dir (WORK_DIR/download) --vocab-size (100 synthetic, 500 librispeech)"
   echo "  --nj (all cores) --seed ($seed) --full-libri ($full_libri) --perturb-speed (auto)"
-  echo "  --librispeech-url ($librispeech_url)"
+  echo "  --librispeech-url ($librispeech_url) --musan-url ($musan_url)"
 }
 
 # icefall-style option parsing: --some-option value sets $some_option.
@@ -60,7 +63,7 @@ while [ $# -gt 0 ]; do
     --*)
       name=${1#--}; name=${name//-/_}
       case "$name" in
-        stage|stop_stage|corpus|size|work_dir|dl_dir|vocab_size|nj|seed|full_libri|perturb_speed|librispeech_url) ;;
+        stage|stop_stage|corpus|size|work_dir|dl_dir|vocab_size|nj|seed|full_libri|perturb_speed|librispeech_url|musan_url) ;;
         *) echo "prepare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
       esac
       [ $# -ge 2 ] || { echo "prepare.sh: option $1 needs a value" >&2; exit 2; }
@@ -86,8 +89,6 @@ fi
 if [ -z "$perturb_speed" ]; then
   if [ "$corpus" = librispeech ]; then perturb_speed=true; else perturb_speed=false; fi
 fi
-noise_size=$size
-[ "$corpus" = librispeech ] && noise_size=default
 
 parts="train-clean-100 dev-clean dev-other test-clean test-other"
 train_parts="train-clean-100"
@@ -152,10 +153,19 @@ if run_stage 2 data/fbank/.librispeech.done "fbank -> data/fbank (speed perturba
   echo "$parts" > data/fbank/.librispeech.done
 fi
 
-if run_stage 3 data/fbank/.noise.done "noise corpus (MUSAN's place) -> $dl_dir/noise, data/fbank/noise_cuts.jsonl.gz"; then
+if [ "$corpus" = librispeech ]; then
+  if run_stage 3 data/fbank/.musan.done "MUSAN -> $dl_dir/musan, data/fbank/musan_cuts.jsonl.gz"; then
+    mkdir -p data/manifests data/fbank
+    "$PYTHON" "$local_dir/download_musan.py" --dl-dir "$dl_dir" --url "$musan_url"
+    "$PYTHON" "$local_dir/compute_fbank_musan.py" --musan-dir "$dl_dir/musan" --manifest-dir data/manifests \
+      --fbank-dir data/fbank --nj "$nj"
+    "$PYTHON" "$local_dir/validate_manifest.py" --supervised false data/fbank/musan_cuts.jsonl.gz
+    touch data/fbank/.musan.done
+  fi
+elif run_stage 3 data/fbank/.noise.done "noise corpus (MUSAN's place) -> $dl_dir/noise, data/fbank/noise_cuts.jsonl.gz"; then
   mkdir -p data/manifests data/fbank
   "$PYTHON" "$local_dir/prepare_noise.py" --dl-dir "$dl_dir" --manifest-dir data/manifests \
-    --fbank-dir data/fbank --size "$noise_size" --seed "$seed" --nj "$nj"
+    --fbank-dir data/fbank --size "$size" --seed "$seed" --nj "$nj"
   "$PYTHON" "$local_dir/validate_manifest.py" --supervised false data/fbank/noise_cuts.jsonl.gz
   touch data/fbank/.noise.done
 fi

@@ -24,18 +24,16 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 import soundfile as sf
-from lhotse import CutSet, Recording, RecordingSet
+from lhotse import Recording, RecordingSet
 
 from icefall_lite.data.synthetic import noise as noise_lib
 from icefall_lite.data.synthetic import tts
 from icefall_lite.data.synthetic.corpus_text import babble_sentences, out_of_vocabulary
-from icefall_lite.data.features import compute_features
+from icefall_lite.data.musan import noise_window_cuts
 from icefall_lite.data.layout import NOISE_CUTS_NAME
 from icefall_lite.utils import atomic_output, parallel_imap
 from icefall_lite.data.synthetic.corpus import SIZES, load_sentences
 
-WINDOW_SECONDS = 10.0
-MIN_WINDOW_SECONDS = 5.0
 MARKER = "NOISE.json"
 NOISE_RECORDINGS_NAME = "noise_recordings.jsonl.gz"
 
@@ -131,7 +129,7 @@ def noise_recordings(noise_dir: Path) -> RecordingSet:
 
 
 def prepare_noise_cuts(noise_dir: Path, manifest_dir: Path, fbank_dir: Path) -> Path:
-    """Recording manifest, 10 s windows with features; return the cut manifest path."""
+    """Recording manifest, 10 s windows with features (as MUSAN's); return the cut manifest path."""
     cuts_path = fbank_dir / NOISE_CUTS_NAME
     if cuts_path.is_file():
         logging.info(f"{cuts_path} exists - skipping")
@@ -139,20 +137,5 @@ def prepare_noise_cuts(noise_dir: Path, manifest_dir: Path, fbank_dir: Path) -> 
     recordings = noise_recordings(noise_dir)
     with atomic_output(manifest_dir / NOISE_RECORDINGS_NAME) as tmp:
         recordings.to_file(tmp)
-    cuts = (
-        CutSet.from_manifests(recordings=recordings)
-        .cut_into_windows(WINDOW_SECONDS)
-        .filter(_long_enough)
-        .to_eager()
-    )
     # A few hundred 10 s windows at most: one process is quicker than starting workers.
-    cuts = compute_features(cuts, fbank_dir / "noise_feats", None, desc="fbank noise")
-    with atomic_output(cuts_path) as tmp:
-        cuts.to_file(tmp)
-    logging.info(f"wrote {len(cuts)} noise cuts ({sum(c.duration for c in cuts) / 3600:.3f} h) to {cuts_path}")
-    return cuts_path
-
-
-def _long_enough(cut) -> bool:
-    """Keep noise windows longer than ``MIN_WINDOW_SECONDS`` (as icefall keeps MUSAN > 5 s)."""
-    return cut.duration > MIN_WINDOW_SECONDS
+    return noise_window_cuts(recordings, fbank_dir, NOISE_CUTS_NAME, "noise_feats", num_jobs=1)

@@ -74,7 +74,9 @@ from icefall_lite.decoding.metrics import Result
 from icefall_lite.decoding.fast_beam_search import fast_beam_search_one_best
 from icefall_lite.decoding.greedy_search import greedy_search, greedy_search_batch
 from icefall_lite.decoding.modified_beam_search import modified_beam_search
+from icefall_lite.train.checkpoint import add_checkpoint_arguments
 from icefall_lite.utils import AttributeDict, setup_logger
+from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS  # this recipe's defaults (the script's folder is on sys.path)
 
 
 # --------------------------------------------------------------------------
@@ -98,6 +100,7 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--blank-penalty", type=float, default=0.0,
                         help="Subtracted from the blank logit before every search step (icefall's flag); > 0 "
                         "makes hypotheses longer (against deletions). (default: 0.0)")
+    add_checkpoint_arguments(parser, epoch=NUM_EPOCHS, avg=AVG, exp_dir=EXP_DIR)
     add_decoding_arguments(parser)
     return parser
 

@@ -59,12 +59,13 @@ from icefall_lite.export.onnx_export import (
 )
 from icefall_lite.export.onnx_runtime import OnnxRuntimeTransducer, max_abs_diff
 from icefall_lite.utils import setup_logger, str2bool
+from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS  # this recipe's defaults (the script's folder is on sys.path)
 
 
 def get_parser() -> argparse.ArgumentParser:
     """icefall's checkpoint flags (as decode.py), the output options and the model-size flags."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_arguments(parser)
+    add_checkpoint_arguments(parser, epoch=NUM_EPOCHS, avg=AVG, exp_dir=EXP_DIR)
     parser.add_argument("--output-dir", type=Path, default=None,
                         help="Where to write the ONNX files, tokens.txt and the log. (default: --exp-dir)")
     parser.add_argument("--bpe-model", type=Path, default=Path(DEFAULT_BPE_MODEL),

@@ -40,9 +40,6 @@ from lhotse import load_manifest_lazy
 from lhotse.cut import Cut
 
 from icefall_lite.train.checkpoint import (
-    DEFAULT_AVG,
-    DEFAULT_EPOCH,
-    DEFAULT_EXP_DIR,
     checkpoint_suffix,
     validate_checkpoint_args,
 )
@@ -63,19 +60,20 @@ from icefall_lite.decoding.streaming import StreamingMeta
 from icefall_lite.export.onnx_export import onnx_filenames, read_meta_data
 from icefall_lite.export.sherpa import SherpaOnnxRecognizer, cut_waveform
 from icefall_lite.utils import AttributeDict, setup_logger, str2bool
+from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS  # this recipe's defaults (the script's folder is on sys.path)
 
 
 def get_parser() -> argparse.ArgumentParser:
     """Which exported files, the search, the threads and the test sets."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epoch", type=int, default=DEFAULT_EPOCH,
-                        help=f"The --epoch given to export_onnx.py (names the files). (default: {DEFAULT_EPOCH})")
+    parser.add_argument("--epoch", type=int, default=NUM_EPOCHS,
+                        help=f"The --epoch given to export_onnx.py (names the files). (default: {NUM_EPOCHS})")
     parser.add_argument("--iter", type=int, default=0,
                         help="The --iter given to export_onnx.py; if positive, --epoch is ignored. (default: 0)")
-    parser.add_argument("--avg", type=int, default=DEFAULT_AVG,
-                        help=f"The --avg given to export_onnx.py (names the files). (default: {DEFAULT_AVG})")
-    parser.add_argument("--exp-dir", type=Path, default=DEFAULT_EXP_DIR,
-                        help=f"Results are written below it. (default: {DEFAULT_EXP_DIR})")
+    parser.add_argument("--avg", type=int, default=AVG,
+                        help=f"The --avg given to export_onnx.py (names the files). (default: {AVG})")
+    parser.add_argument("--exp-dir", type=Path, default=EXP_DIR,
+                        help=f"Results are written below it. (default: {EXP_DIR})")
     parser.add_argument("--onnx-dir", type=Path, default=None,
                         help="Where export_onnx.py wrote the .onnx files and tokens.txt (its --output-dir). "
                         "(default: --exp-dir)")

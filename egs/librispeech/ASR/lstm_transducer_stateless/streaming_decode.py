@@ -61,7 +61,9 @@ from icefall_lite.decoding.decode_run import (
 )
 from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN, STREAMING_METHODS
 from icefall_lite.decoding.streaming import TorchStreamingModel, streaming_search
+from icefall_lite.train.checkpoint import add_checkpoint_arguments
 from icefall_lite.utils import AttributeDict, setup_logger
+from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS  # this recipe's defaults (the script's folder is on sys.path)
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -72,6 +74,7 @@ def get_parser() -> argparse.ArgumentParser:
                         help="Feature frames between encoder calls, a multiple of 4 (export_onnx.py's flag); every "
                         f"call sees decode_chunk_len + 5 frames. (default: {DEFAULT_DECODE_CHUNK_LEN})")
     add_num_threads_argument(parser)
+    add_checkpoint_arguments(parser, epoch=NUM_EPOCHS, avg=AVG, exp_dir=EXP_DIR)
     add_decoding_arguments(parser)
     return parser
 

@@ -40,7 +40,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from icefall_lite.ablation.tb_reader import TrainingScalarTags
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
 from icefall_lite.train.checkpoint import (
-    DEFAULT_EPOCH,
     CheckpointError,
     find_checkpoints,
     load_checkpoint,
@@ -64,6 +63,7 @@ from icefall_lite.train.diagnostics import ModelDiagnostics, register_inf_check_
 from icefall_lite.nn.encoder import subsampled_length
 from icefall_lite.nn.model import Transducer, add_model_arguments, build_transducer, count_parameters, model_config_from_args
 from icefall_lite.train.optim import Eden, Eve, ScaledAdam
+from recipe_defaults import EXP_DIR, NUM_EPOCHS  # this recipe's defaults (the script's folder is on sys.path)
 from icefall_lite.utils import (
     AttributeDict,
     MetricsTracker,
@@ -91,6 +91,62 @@ TB_TAGS = TrainingScalarTags(
 )
 
 
+# --preset icefall: every training and data setting of icefall's lstm_transducer_stateless3
+# (its train.py, get_params() and asr_datamodule.py defaults), by train.py's argparse dest.
+# valid_interval is 3000 with --full-libri and 800 without, as icefall's run() sets it.
+ICEFALL_PRESET: Dict[str, Any] = {
+    "model_preset": "icefall",  # 12 layers, d_model 512, LSTM hidden 1024 with projection, 84.7 M parameters
+    "num_epochs": 40,
+    "bpe_model": "data/lang_bpe_500/bpe.model",
+    "optimizer_name": "eve",
+    "base_lr": 0.003,  # icefall's --initial-lr
+    "lr_batches": 5000,
+    "lr_epochs": 10,
+    "model_warm_step": 3000,
+    "loss_ramp": "step",
+    "prune_range": 5,
+    "lm_scale": 0.25,
+    "am_scale": 0.0,
+    "simple_loss_scale": 0.5,
+    "ctc_loss_scale": 0.0,
+    "tail_pad_frames": 0,
+    "dropout": 0.1,  # icefall's RNNEncoderLayer: dropout 0.1, layer_dropout 0.075
+    "layer_dropout": 0.075,
+    "grad_filter_threshold": 25.0,  # --grad-norm-threshold
+    "clip_grad_norm": 0.0,  # no gradient clipping
+    "average_period": 100,
+    "save_every_n": 4000,
+    "keep_last_k": 20,
+    "log_interval": 50,
+    "valid_interval": 3000,  # 800 without --full-libri (see icefall_preset)
+    "seed": 42,
+    "max_duration": 200.0,
+    "bucketing_sampler": True,
+    "num_buckets": 30,
+    "drop_last": True,
+    "shuffle": True,
+    "num_workers": 2,
+    "enable_spec_aug": True,
+    "spec_aug_time_warp_factor": 80,
+    "enable_musan": True,
+}
+PRESETS = ("none", "icefall")
+
+
+def icefall_preset(full_libri: bool) -> Dict[str, Any]:
+    """:data:`ICEFALL_PRESET` with icefall's validation interval for the training set."""
+    return {**ICEFALL_PRESET, "valid_interval": 3000 if full_libri else 800}
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Parse the command line; ``--preset icefall`` first replaces the defaults with icefall's
+    settings, so flags given on the command line still win (e.g. ``--clip-grad-norm 5`` on top)."""
+    known, _ = parser.parse_known_args(argv)
+    if known.preset == "icefall":
+        parser.set_defaults(**icefall_preset(known.full_libri))
+    return parser.parse_args(argv)
+
+
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -98,7 +154,7 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--world-size", type=int, default=1, help="Number of processes (GPUs, or CPU processes with gloo).")
     parser.add_argument("--master-port", type=int, default=12354, help="Master port for DDP.")
     parser.add_argument("--tensorboard", type=str2bool, default=True, help="Write TensorBoard scalars to exp-dir/tensorboard.")
-    parser.add_argument("--num-epochs", type=int, default=DEFAULT_EPOCH, help="Number of epochs to train.")
+    parser.add_argument("--num-epochs", type=int, default=NUM_EPOCHS, help="Number of epochs to train.")
     parser.add_argument(
         "--start-epoch",
         type=int,
@@ -109,7 +165,7 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--start-batch", type=int, default=0, help="Resume from exp-dir/checkpoint-N.pt when > 0 (overrides --start-epoch)."
     )
-    parser.add_argument("--exp-dir", type=Path, default=Path("lstm_transducer_stateless/exp"), help="Checkpoints, logs, tensorboard.")
+    parser.add_argument("--exp-dir", type=Path, default=EXP_DIR, help="Checkpoints, logs, tensorboard.")
     parser.add_argument("--bpe-model", type=str, default=DEFAULT_BPE_MODEL, help="sentencepiece model.")
     # dest is not "optimizer": checkpoints store params next to the "optimizer" state.
     parser.add_argument("--optimizer", dest="optimizer_name", choices=["eve", "scaled-adam"], default="eve",
@@ -157,6 +213,13 @@ def get_parser() -> argparse.ArgumentParser:
                         "|gradient| (value) or lambda (adaptive). 0 = no clipping.")
     parser.add_argument("--clip-type", choices=["norm", "value", "adaptive"], default="norm", help="Clipping flavour.")
     parser.add_argument("--log-interval", type=int, default=20, help="Log training statistics every N batches.")
+    parser.add_argument("--valid-interval", type=int, default=0,
+                        help="Compute the validation loss every N batches of an epoch (icefall's rule: batch index "
+                        "> 0 and divisible by N), and not at the end of the epoch; 0 = once, at the end of every "
+                        "epoch.")
+    parser.add_argument("--preset", choices=PRESETS, default="none",
+                        help="icefall: set every training and data setting to icefall's lstm_transducer_stateless3 "
+                        "(README, 'On real LibriSpeech with a GPU', lists them); flags given explicitly still win.")
     parser.add_argument("--max-batches", type=int, default=0,
                         help="Stop after this many training batches in total (0 = no limit); used by the ablation "
                         "to train every arm for the same number of steps.")
@@ -201,6 +264,8 @@ def get_params() -> AttributeDict:
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """argparse errors naming the flag for bad or conflicting values."""
     check_positive(parser, args, ["world_size", "num_epochs", "start_epoch", "prune_range", "average_period"])
+    if args.valid_interval < 0:
+        parser.error(f"--valid-interval must be >= 0, got {args.valid_interval}")
     if args.start_epoch > args.num_epochs:
         parser.error(f"--start-epoch ({args.start_epoch}) is larger than --num-epochs ({args.num_epochs})")
     if args.start_batch < 0:
@@ -398,6 +463,23 @@ def compute_validation_loss(
     return tot
 
 
+def validate(params: AttributeDict, model: nn.Module, sp: spm.SentencePieceProcessor, valid_dl, world_size: int,
+             tb_writer) -> MetricsTracker:
+    """The validation loss: logged, written to TensorBoard, kept in ``params.valid_loss`` and, when it is
+    the best so far, in ``params.best_valid_loss``/``best_valid_epoch`` (which epoch-N.pt becomes
+    best-valid-loss.pt)."""
+    valid_info = compute_validation_loss(params, model, sp, valid_dl, world_size)
+    params.valid_loss = valid_info.per_frame("loss")
+    if params.valid_loss < params.best_valid_loss:
+        params.best_valid_loss = params.valid_loss
+        params.best_valid_epoch = params.cur_epoch
+    logging.info(f"Epoch {params.cur_epoch}, global batch {params.batch_idx_train}, validation: "
+                 f"{valid_info.per_frame_str()}")
+    if tb_writer is not None:
+        tb_writer.add_scalar(TB_TAGS.valid_loss, params.valid_loss, params.batch_idx_train)
+    return valid_info
+
+
 def save_progress_checkpoint(
     params: AttributeDict, filename: Path, model, model_avg, optimizer, scheduler, scaler, train_dl, rank: int
 ) -> None:
@@ -445,6 +527,8 @@ def train_step(
     else:
         loss.backward()
     grad_norm, clip_scale = clip_gradients(params, model)
+    # As icefall: the learning rate of update b is Eden's at batch b (set before the step).
+    scheduler.step_batch(params.batch_idx_train)
     if not math.isfinite(grad_norm) or info["utterances"] == 0:
         params.skipped_steps += 1
         reason = "no utterance with a finite loss" if info["utterances"] == 0 else f"gradient norm is {grad_norm}"
@@ -461,7 +545,6 @@ def train_step(
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    scheduler.step_batch(params.batch_idx_train)
     return info, grad_norm, clip_scale
 
 
@@ -534,6 +617,9 @@ def train_one_epoch(
                 f"lr: {scheduler.get_last_lr()[0]:.2e}, grad_norm: {grad_norm:.3g}, clip_scale: {clip_scale:.3g}, "
                 f"filtered: {(sum(filtered) / len(filtered)) if filtered else 0.0:.3f}, skipped steps: {params.skipped_steps}"
             )
+        batch_idx = params.batch_idx_in_epoch - 1  # icefall's 0-based index in the epoch
+        if params.valid_interval > 0 and batch_idx > 0 and batch_idx % params.valid_interval == 0:
+            validate(params, model, sp, valid_dl, world_size, tb_writer if rank == 0 else None)
         if params.save_every_n > 0 and params.batch_idx_train % params.save_every_n == 0:
             save_progress_checkpoint(
                 params, params.exp_dir / f"checkpoint-{params.batch_idx_train}.pt",
@@ -781,18 +867,21 @@ def stop_early(t: Training, train_dl) -> None:
 def finish_epoch(t: Training, epoch: int, epoch_start: float) -> None:
     """Validate, log, save ``epoch-<epoch>.pt`` and copy it to the best-loss checkpoints it beats."""
     params = t.params
-    valid_info = compute_validation_loss(params, t.model, t.sp, t.valid_dl, t.world_size)
-    valid_loss = valid_info.per_frame("loss")
-    params.valid_loss = valid_loss
-    if valid_loss < params.best_valid_loss:
-        params.best_valid_loss = valid_loss
-        params.best_valid_epoch = epoch
+    if params.valid_interval > 0:
+        # icefall's rule: validation every --valid-interval batches only.
+        valid_text = f"last validation loss {params.get('valid_loss', float('nan')):.4f} (every {params.valid_interval} batches)"
+    else:
+        valid_info = compute_validation_loss(params, t.model, t.sp, t.valid_dl, t.world_size)
+        params.valid_loss = valid_info.per_frame("loss")
+        if params.valid_loss < params.best_valid_loss:
+            params.best_valid_loss = params.valid_loss
+            params.best_valid_epoch = epoch
+        valid_text = f"validation: {valid_info.per_frame_str()}"
+        t.add_scalar(TB_TAGS.valid_loss, params.valid_loss)
     logging.info(
         f"Epoch {epoch} done in {time.time() - epoch_start:.1f} s: train loss {params.train_loss:.4f}, "
-        f"validation: {valid_info.per_frame_str()}, skipped steps {params.skipped_steps}, "
-        f"dropped utterances {params.skipped_utterances}"
+        f"{valid_text}, skipped steps {params.skipped_steps}, dropped utterances {params.skipped_utterances}"
     )
-    t.add_scalar(TB_TAGS.valid_loss, valid_loss)
     t.add_scalar(f"{TRAIN_TAG_PREFIX}epoch_train_loss", params.train_loss)
     params.batch_idx_in_epoch = 0
     filename = params.exp_dir / f"epoch-{epoch}.pt"
@@ -865,7 +954,7 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = get_parser()
-    args = parser.parse_args()
+    args = parse_args(parser)
     validate_args(parser, args)
     args.exp_dir = Path(args.exp_dir)
     args.exp_dir.mkdir(parents=True, exist_ok=True)
