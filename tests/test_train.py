@@ -346,3 +346,48 @@ def test_valid_interval_validates_every_n_batches_of_an_epoch_as_icefall(tiny_da
     losses = [float(v) for v in re.findall(r"Epoch 1, global batch \d+, validation: loss=([0-9.]+)", log)]
     ckpt = load_checkpoint_file(tmp_path / "exp" / "checkpoint-5.pt")
     assert ckpt["best_valid_loss"] == pytest.approx(min(losses), rel=1e-3)  # the log rounds
+
+
+def test_error_clip_clamps_the_gradient_arriving_at_every_encoder_layer():
+    """--error-clip V: the gradient into each encoder layer is the arriving one clamped to [-V, V].
+    Reference: the same model without clips, with the clamped gradient fed in by hand at the top layer
+    and the lower layers' inputs detached and re-fed the clamped gradients layer by layer."""
+    from icefall_lite.nn.model import build_transducer
+
+    torch.manual_seed(0)
+    model = build_transducer(vocab_size=20, encoder_dim=16, rnn_hidden_size=24, dim_feedforward=32,
+                             num_encoder_layers=3, decoder_dim=16, joiner_dim=16, dropout=0.0, layer_dropout=0.0)
+    model.eval()  # the balancers act at random in training mode; the gradients flow all the same
+    layers = model.encoder.layers
+    x = torch.randn(2, 7, 16)
+    weights = torch.randn(2, 7, 16) * 50  # d loss / d top output, mostly beyond the clip
+    value = 3.0
+
+    # Reference: run the layers one by one on detached inputs and clamp each arriving gradient by hand.
+    inputs, outputs = [], []
+    h = x
+    for layer in layers:
+        h = h.detach().requires_grad_()
+        inputs.append(h)
+        h = layer(h)[0]
+        outputs.append(h)
+    grad = weights.clamp(-value, value)
+    expected = {}
+    for i in reversed(range(len(layers))):
+        params = list(layers[i].parameters())
+        grads = torch.autograd.grad(outputs[i], [inputs[i], *params], grad)
+        expected[i] = grads[1:]
+        grad = grads[0].clamp(-value, value)
+    expected_input_grad = grads[0]
+
+    train.add_layer_error_clips(model, value)
+    x_in = x.clone().requires_grad_()
+    h = x_in
+    for layer in layers:
+        h = layer(h)[0]
+    (h * weights).sum().backward()
+    torch.testing.assert_close(x_in.grad, expected_input_grad, rtol=1e-5, atol=1e-6)
+    for i, layer in enumerate(layers):
+        for got, want in zip([p.grad for p in layer.parameters()], expected[i]):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert weights.abs().max() > value  # the clip acted

@@ -49,7 +49,14 @@ from icefall_lite.train.checkpoint import (
     unwrap,
     update_averaged_model,
 )
-from icefall_lite.nn.clip import adaptive_clip_grad_, clip_grad_norm_, clip_grad_value_, get_total_norm
+from icefall_lite.nn.clip import (
+    ErrorClipByValue,
+    adaptive_clip_grad_,
+    add_error_clip,
+    clip_grad_norm_,
+    clip_grad_value_,
+    get_total_norm,
+)
 from icefall_lite.data.datamodule import (
     CutDataError,
     LibriSpeechAsrDataModule,
@@ -212,6 +219,10 @@ def get_parser() -> argparse.ArgumentParser:
                         help="Threshold of the clipping chosen by --clip-type: the max global L2 norm (norm), the max "
                         "|gradient| (value) or lambda (adaptive). 0 = no clipping.")
     parser.add_argument("--clip-type", choices=["norm", "value", "adaptive"], default="norm", help="Clipping flavour.")
+    parser.add_argument("--error-clip", type=float, default=0.0,
+                        help="Per-variable error clip (Paddle's ErrorClipByValue) during backward: the gradient "
+                        "arriving at every encoder layer's output is clamped element-wise to [-VALUE, VALUE] "
+                        "before it flows into the layer. 0 = off. Independent of --clip-type.")
     parser.add_argument("--log-interval", type=int, default=20, help="Log training statistics every N batches.")
     parser.add_argument("--valid-interval", type=int, default=0,
                         help="Compute the validation loss every N batches of an epoch (icefall's rule: batch index "
@@ -274,7 +285,7 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--clip-grad-norm must be >= 0, got {args.clip_grad_norm}")
     if args.grad_filter_threshold < 0:
         parser.error(f"--grad-filter-threshold must be >= 0, got {args.grad_filter_threshold}")
-    for name in ("ctc_loss_scale", "tail_pad_frames", "max_minutes"):
+    for name in ("ctc_loss_scale", "tail_pad_frames", "max_minutes", "error_clip"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     for name in ("dropout", "layer_dropout"):
@@ -799,7 +810,19 @@ def build_models(params: AttributeDict, args: argparse.Namespace, rank: int) -> 
     logging.info(params)
     logging.info(f"Number of model parameters: {params.num_parameters}")
     model_avg = copy.deepcopy(model).to(torch.float64) if rank == 0 else None
+    if params.error_clip > 0:
+        add_layer_error_clips(model, params.error_clip)
     return model, model_avg
+
+
+def add_layer_error_clips(model: nn.Module, value: float) -> None:
+    """--error-clip: Paddle's ErrorClipByValue on every encoder layer's output. In backward the
+    gradient arriving at a layer's output is clamped element-wise to [-value, value] before it flows
+    into that layer (and so into every layer below)."""
+    clip = ErrorClipByValue(value)
+    for layer in unwrap(model).encoder.layers:
+        add_error_clip(layer, clip)
+    logging.info(f"Error clip {clip} on the outputs of {len(unwrap(model).encoder.layers)} encoder layers")
 
 
 def place_model(
