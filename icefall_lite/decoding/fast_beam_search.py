@@ -6,7 +6,7 @@ Conventions (initial context, eval mode, sorting): :mod:`icefall_lite.decoding.s
 from __future__ import annotations
 
 import math
-from typing import List, NamedTuple, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
 import torch
 import torch.nn as nn
@@ -142,15 +142,17 @@ def _fast_beam(
     scores[:, 0] = 0.0
     history: List[Tuple[Tensor, Tensor]] = []  # per frame: src slot, token
     end_slots = torch.full((n,), -1, dtype=torch.int64, device=device)  # -1: no final arc survived
+    last_frame_rows: Dict[int, List[int]] = {}  # frame -> the (sorted) utterances that end on it
+    for i, length in enumerate(sorted_lens):
+        last_frame_rows.setdefault(length - 1, []).append(i)
 
     for t, b in enumerate(batch_sizes):
         step = _fast_beam_step(
             model, enc[:b, t], contexts[:b], scores[:b], beam, max_states, blank_id, vocab_size + 1
         )
         # Utterances whose last frame this is: the best source state whose final copy survived.
-        ending = [i for i in range(b) if sorted_lens[i] == t + 1]
-        if ending:
-            rows = torch.tensor(ending, device=device)
+        if t in last_frame_rows:
+            rows = torch.tensor(last_frame_rows[t], device=device)
             final_scores = scores[rows].masked_fill(~step.final_kept[rows], -math.inf)
             best_score, best_slot = final_scores.max(dim=1)
             end_slots[rows] = torch.where(best_score > -math.inf, best_slot, torch.full_like(best_slot, -1))

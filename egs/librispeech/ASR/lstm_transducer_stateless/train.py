@@ -100,7 +100,7 @@ TB_TAGS = TrainingScalarTags(
 
 # --preset icefall: every training and data setting of icefall's lstm_transducer_stateless3
 # (its train.py, get_params() and asr_datamodule.py defaults), by train.py's argparse dest.
-# valid_interval is 3000 with --full-libri and 800 without, as icefall's run() sets it.
+# valid_interval depends on --full-libri: icefall_preset() adds it.
 ICEFALL_PRESET: Dict[str, Any] = {
     "model_preset": "icefall",  # 12 layers, d_model 512, LSTM hidden 1024 with projection, 84.7 M parameters
     "num_epochs": 40,
@@ -125,7 +125,6 @@ ICEFALL_PRESET: Dict[str, Any] = {
     "save_every_n": 4000,
     "keep_last_k": 20,
     "log_interval": 50,
-    "valid_interval": 3000,  # 800 without --full-libri (see icefall_preset)
     "seed": 42,
     "max_duration": 200.0,
     "bucketing_sampler": True,
@@ -141,7 +140,8 @@ PRESETS = ("none", "icefall")
 
 
 def icefall_preset(full_libri: bool) -> Dict[str, Any]:
-    """:data:`ICEFALL_PRESET` with icefall's validation interval for the training set."""
+    """:data:`ICEFALL_PRESET` with icefall's validation interval: 3000 batches with --full-libri, 800 without
+    (as icefall's run() sets it)."""
     return {**ICEFALL_PRESET, "valid_interval": 3000 if full_libri else 800}
 
 
@@ -474,16 +474,21 @@ def compute_validation_loss(
     return tot
 
 
+def record_valid_loss(params: AttributeDict, valid_info: MetricsTracker) -> None:
+    """``params.valid_loss``, and ``best_valid_loss``/``best_valid_epoch`` when it is the best so far."""
+    params.valid_loss = valid_info.per_frame("loss")
+    if params.valid_loss < params.best_valid_loss:
+        params.best_valid_loss = params.valid_loss
+        params.best_valid_epoch = params.cur_epoch
+
+
 def validate(params: AttributeDict, model: nn.Module, sp: spm.SentencePieceProcessor, valid_dl, world_size: int,
              tb_writer) -> MetricsTracker:
     """The validation loss: logged, written to TensorBoard, kept in ``params.valid_loss`` and, when it is
     the best so far, in ``params.best_valid_loss``/``best_valid_epoch`` (which epoch-N.pt becomes
     best-valid-loss.pt)."""
     valid_info = compute_validation_loss(params, model, sp, valid_dl, world_size)
-    params.valid_loss = valid_info.per_frame("loss")
-    if params.valid_loss < params.best_valid_loss:
-        params.best_valid_loss = params.valid_loss
-        params.best_valid_epoch = params.cur_epoch
+    record_valid_loss(params, valid_info)
     logging.info(f"Epoch {params.cur_epoch}, global batch {params.batch_idx_train}, validation: "
                  f"{valid_info.per_frame_str()}")
     if tb_writer is not None:
@@ -895,10 +900,7 @@ def finish_epoch(t: Training, epoch: int, epoch_start: float) -> None:
         valid_text = f"last validation loss {params.get('valid_loss', float('nan')):.4f} (every {params.valid_interval} batches)"
     else:
         valid_info = compute_validation_loss(params, t.model, t.sp, t.valid_dl, t.world_size)
-        params.valid_loss = valid_info.per_frame("loss")
-        if params.valid_loss < params.best_valid_loss:
-            params.best_valid_loss = params.valid_loss
-            params.best_valid_epoch = epoch
+        record_valid_loss(params, valid_info)
         valid_text = f"validation: {valid_info.per_frame_str()}"
         t.add_scalar(TB_TAGS.valid_loss, params.valid_loss)
     logging.info(
