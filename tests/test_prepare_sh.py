@@ -116,6 +116,29 @@ def test_other_parts_are_noisy_and_voices_unseen_in_the_plan() -> None:
     assert not names & {v.name for v in train_voices}
 
 
+def _klatt_mode(variant: str) -> int:
+    """The ``klatt N`` line of espeak-ng's file for ``variant`` (0 when it has none)."""
+    version = subprocess.run(["espeak-ng", "--version"], capture_output=True, text=True, check=True).stdout
+    path = Path(version.split("Data at:")[1].strip()) / "voices" / "!v" / variant
+    modes = [int(line.split()[1]) for line in path.read_text().splitlines() if line.split()[:1] == ["klatt"]]
+    return modes[0] if modes else 0
+
+
+def test_extra_variants_exist_and_share_nothing_with_the_unseen_voices() -> None:
+    assert not set(tts.EXTRA_VARIANTS) & set(tts.TRAIN_VARIANTS + tts.OTHER_VARIANTS)
+    assert len(set(tts.EXTRA_VARIANTS)) == len(tts.EXTRA_VARIANTS)
+    reserved_klatt = {_klatt_mode(v) for v in tts.OTHER_VARIANTS} - {0}
+    assert reserved_klatt == {2, 4}
+    # No extra variant is built on a Klatt mode that only the unseen voices use.
+    assert {v: _klatt_mode(v) for v in tts.EXTRA_VARIANTS if _klatt_mode(v) in reserved_klatt} == {}
+    assert _klatt_mode("UniRobot") == 4  # the check can fail: a variant it rules out
+    accents = sorted(tts.TRAIN_ACCENTS)
+    for i, variant in enumerate(tts.EXTRA_VARIANTS):
+        voice = tts.Voice("espeak", f"{accents[i % len(accents)]}+{variant}", 170, 50)
+        samples = tts.synthesize(voice, "one two")
+        assert samples.size > 0.3 * tts.SAMPLE_RATE and np.abs(samples).max() > 0.01, variant
+
+
 def test_default_corpus_is_small_plus_extra_speech_with_the_same_eval_parts() -> None:
     small, default = plan_corpus(SIZES["small"], 42), plan_corpus(SIZES["default"], 42)
     n = len(small.utterances)
@@ -128,12 +151,16 @@ def test_default_corpus_is_small_plus_extra_speech_with_the_same_eval_parts() ->
     hours = sum(0.52 + 0.24 * len(u.text.split()) for u in extra) / 3600  # the planning estimate
     assert size.extra_train_hours <= hours < size.extra_train_hours + 0.01
     assert len({u.voice for u in extra}) == size.extra_train_speakers
+    variants = set()
     for u in extra:
         if u.voice.engine == "espeak":
             accent, variant = u.voice.name.split("+")
-            assert accent in tts.TRAIN_ACCENTS and variant in tts.TRAIN_VARIANTS
+            assert accent in tts.TRAIN_ACCENTS and variant in tts.TRAIN_VARIANTS + tts.EXTRA_VARIANTS
+            variants.add(variant)
         else:
             assert u.voice.name in tts.TRAIN_FLITE
+    # The extra voices spread over the extra variants, not only the base's ten.
+    assert len(variants & set(tts.EXTRA_VARIANTS)) >= len(tts.EXTRA_VARIANTS) // 2
     assert len({u.utt_id for u in default.utterances}) == len(default.utterances)
     # No extra sentence is in an evaluation part, in the -other parts' babble, or in the base
     # training text; each has a word outside the base vocabulary.

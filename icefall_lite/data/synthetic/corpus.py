@@ -79,12 +79,12 @@ class CorpusSize:
     babble_seconds: float
     utts_per_chapter: int
     extra_train_hours: float = 0.0  # planned hours of extra training speech
-    extra_train_speakers: int = 0  # voices of the extra speech (new rate/pitch draws)
+    extra_train_speakers: int = 0  # voices of the extra speech (tts.extra_voice_names(), TRAIN_FLITE)
     extra_vocab_words: int = 0  # extra sentences use only these most frequent words
 
 
 SIZES: Dict[str, CorpusSize] = {
-    "default": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40, 7.0, 72, 10000),
+    "default": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40, 7.0, 240, 10000),
     "small": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40),
     "tiny": CorpusSize(2000, 0.0, 40, 8, 6, 3, 2, 3, 6.0, 20),
 }
@@ -285,9 +285,7 @@ def _extra_train_utterances(
     rng = np.random.default_rng([seed, EXTRA_STREAM])
     pool = extra_train_pool(sentences, base_vocab, size.extra_vocab_words, excluded)
     pool = [pool[i] for i in rng.permutation(len(pool))]
-    voices = tts.sample_voices(
-        rng, size.extra_train_speakers, tts.train_voice_names(), tts.TRAIN_FLITE
-    )
+    voices = tts.sample_voices(rng, size.extra_train_speakers, tts.extra_voice_names(), tts.TRAIN_FLITE)
     texts = _cycle_to_hours(pool, size.extra_train_hours)
     return _part_utterances(TRAIN_PART, texts, voices, ids, size, rng)
 

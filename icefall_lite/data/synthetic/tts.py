@@ -6,7 +6,9 @@ and a pitch.  :func:`synthesize` renders text with it and returns 16 kHz mono
 float32 samples.  The voice pools below are disjoint by construction:
 
 * training voices: espeak-ng accents ``TRAIN_ACCENTS`` with variants
-  ``TRAIN_VARIANTS``, and flite voices ``TRAIN_FLITE``;
+  ``TRAIN_VARIANTS``, and flite voices ``TRAIN_FLITE``; the extra training
+  speech of the larger corpora also uses the variants ``EXTRA_VARIANTS``
+  (:func:`extra_voice_names`);
 * unseen voices (the ``-other`` parts): any accent of ``OTHER_ACCENTS`` or any
   variant of ``OTHER_VARIANTS`` (never a training pair), and flite voices
   ``OTHER_FLITE``;
@@ -34,6 +36,20 @@ OTHER_ACCENTS = ("en-029", "en-us-nyc")
 BABBLE_ACCENTS = ("en-gb-x-gbclan", "en-gb-x-gbcwmd")  # (noise corpus, -other noise)
 TRAIN_VARIANTS = ("m1", "m2", "m3", "m4", "m5", "f1", "f2", "f3", "klatt", "klatt3")
 OTHER_VARIANTS = ("m6", "m7", "f4", "f5", "klatt2", "klatt4")
+# espeak-ng 1.51's named variants (voices/!v), for the extra training speech:
+# all of them but those built on the reserved Klatt modes 2 and 4 (UniRobot,
+# announcer, robosoft3), the other robot voices, the whispered ones
+# (whisper, whisperf), Demonic, and "fast" (a test voice).
+EXTRA_VARIANTS = (
+    "adam", "Alex", "Alicia", "Andrea", "Andy", "Annie", "antonio", "aunty", "belinda",
+    "benjamin", "boris", "caleb", "croak", "david", "Denis", "Diogo", "ed", "edward",
+    "edward2", "Gene", "Gene2", "grandma", "grandpa", "gustave", "Henrique", "Hugo",
+    "iven", "iven2", "iven3", "iven4", "Jacky", "john", "kaukovalta", "klatt5",
+    "klatt6", "Lee", "linda", "m8", "marcelo", "Marco", "Mario", "max", "Michael",
+    "michel", "miguel", "Mike", "Nguyen", "norbert", "pablo", "paul", "pedro", "quincy",
+    "rob", "robert", "sandro", "shelby", "steph", "steph2", "steph3", "Storm", "travis",
+    "Tweaky", "victor", "zac", "anika",
+)  # fmt: skip
 TRAIN_FLITE = ("slt", "rms", "kal16")
 OTHER_FLITE = ("awb", "kal")
 
@@ -83,6 +99,11 @@ def espeak_names(accents: Sequence[str], variants: Sequence[str]) -> List[str]:
 def train_voice_names() -> List[str]:
     """espeak-ng voice names (accent+variant) of the training voices."""
     return espeak_names(TRAIN_ACCENTS, TRAIN_VARIANTS)
+
+
+def extra_voice_names() -> List[str]:
+    """espeak-ng voice names of the extra training speech: training accents with training or extra variants."""
+    return espeak_names(TRAIN_ACCENTS, TRAIN_VARIANTS + EXTRA_VARIANTS)
 
 
 def other_voice_names() -> List[str]:
