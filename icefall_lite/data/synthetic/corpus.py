@@ -90,9 +90,6 @@ SIZES: Dict[str, CorpusSize] = {
 }
 # The random stream of the extra training speech: np.random.default_rng([seed, EXTRA_STREAM]).
 EXTRA_STREAM = 1
-# flite's share of the extra speech's voices (the base corpus has 0.25): with 0.25, flite
-# voices had 28% WER on test-clean against espeak-ng's 12% (RESULTS.md, "WER by voice").
-EXTRA_FLITE_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -288,9 +285,7 @@ def _extra_train_utterances(
     rng = np.random.default_rng([seed, EXTRA_STREAM])
     pool = extra_train_pool(sentences, base_vocab, size.extra_vocab_words, excluded)
     pool = [pool[i] for i in rng.permutation(len(pool))]
-    voices = tts.sample_voices(
-        rng, size.extra_train_speakers, tts.extra_voice_names(), tts.TRAIN_FLITE, EXTRA_FLITE_FRACTION
-    )
+    voices = tts.sample_voices(rng, size.extra_train_speakers, tts.extra_voice_names(), tts.TRAIN_FLITE)
     texts = _cycle_to_hours(pool, size.extra_train_hours)
     return _part_utterances(TRAIN_PART, texts, voices, ids, size, rng)
 
