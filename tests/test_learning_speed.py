@@ -3,7 +3,9 @@ and the study script end to end on the tiny corpus."""
 
 import importlib.util
 import json
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,3 +132,11 @@ def test_study_runs_arms_resumes_and_writes_the_section(tiny_data, tmp_path, iso
     assert (exp_root / "baseline" / DONE_FILE).stat().st_mtime_ns == before
     with pytest.raises(SystemExit):
         study.main(argv + ["--arms", "no-such-arm"])
+
+
+def test_learning_curve_refuses_a_label_its_csv_could_not_hold(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/lstm_transducer_stateless/learning_curve.py"
+    out = subprocess.run([sys.executable, str(script), "--run", f"10 h, 288 voices={tmp_path}",
+                          "--output", str(tmp_path / "curve.png")], capture_output=True, text=True)
+    assert out.returncode == 2 and "must not contain a comma" in out.stderr
+    assert not (tmp_path / "curve.png").exists() and not (tmp_path / "curve.csv").exists()

@@ -85,6 +85,8 @@ def main() -> int:
         label, sep, exp_dir = spec.partition("=")
         if not sep or not label or not exp_dir:
             parser.error(f"--run takes LABEL=EXP_DIR, got {spec!r}")
+        if "," in label:
+            parser.error(f"--run {spec!r}: the label must not contain a comma (the CSV beside the PNG is label,minutes,wer)")
         try:
             curves[label] = run_curve(label, Path(exp_dir), args.test_set, args.decode_args, args.every)
         except (FileNotFoundError, KeyError, subprocess.CalledProcessError) as e:
