@@ -29,10 +29,10 @@ def plan_utt_id(cut_id: str) -> str:
 def utterance_attributes(utt: Utterance) -> Dict[str, str]:
     """The value of every attribute of :data:`ATTRIBUTES` for one planned utterance.
 
-    ``accent`` and ``variant`` of a flite voice are ``flite:<voice>``; an
-    espeak-ng variant that no training voice of the base corpus uses is marked
-    ``(unseen)`` when it is one of ``tts.OTHER_VARIANTS``, as is an accent of
-    ``tts.OTHER_ACCENTS``. ``snr`` is the 5-dB band of the noise, or ``none``.
+    ``accent`` and ``variant`` of a flite voice are ``flite:<voice>``. The
+    accents of ``tts.OTHER_ACCENTS``, variants of ``tts.OTHER_VARIANTS`` and
+    flite voices of ``tts.OTHER_FLITE`` (never in training) are marked
+    ``(unseen)``. ``snr`` is the 5-dB band of the noise, or ``none``.
     """
     if utt.voice.engine == "espeak":
         accent, variant = utt.voice.name.split("+")

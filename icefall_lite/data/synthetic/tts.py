@@ -36,10 +36,11 @@ OTHER_ACCENTS = ("en-029", "en-us-nyc")
 BABBLE_ACCENTS = ("en-gb-x-gbclan", "en-gb-x-gbcwmd")  # (noise corpus, -other noise)
 TRAIN_VARIANTS = ("m1", "m2", "m3", "m4", "m5", "f1", "f2", "f3", "klatt", "klatt3")
 OTHER_VARIANTS = ("m6", "m7", "f4", "f5", "klatt2", "klatt4")
-# espeak-ng 1.51's named variants (voices/!v), for the extra training speech:
-# all of them but those built on the reserved Klatt modes 2 and 4 (UniRobot,
-# announcer, robosoft3), the other robot voices, the whispered ones
-# (whisper, whisperf), Demonic, and "fast" (a test voice).
+# espeak-ng 1.51's other variants (voices/!v), for the extra training speech:
+# all 101 but TRAIN_VARIANTS, OTHER_VARIANTS, those built on OTHER_VARIANTS'
+# Klatt modes 2 and 4 (UniRobot, announcer, robosoft3), the other robot voices
+# (robosoft*, anikaRobot), the whispered ones (whisper, whisperf), the
+# character voices Demonic, Mr, AnxiousAndy and RicishayMax1-3, and "fast".
 EXTRA_VARIANTS = (
     "adam", "Alex", "Alicia", "Andrea", "Andy", "Annie", "antonio", "aunty", "belinda",
     "benjamin", "boris", "caleb", "croak", "david", "Denis", "Diogo", "ed", "edward",
