@@ -2,6 +2,7 @@
 it builds, reruns, and the real-LibriSpeech path against a local mirror."""
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -116,10 +117,15 @@ def test_other_parts_are_noisy_and_voices_unseen_in_the_plan() -> None:
     assert not names & {v.name for v in train_voices}
 
 
+@functools.lru_cache(maxsize=1)
+def _espeak_data_dir() -> Path:
+    version = subprocess.run(["espeak-ng", "--version"], capture_output=True, text=True, check=True).stdout
+    return Path(version.split("Data at:")[1].strip())
+
+
 def _klatt_mode(variant: str) -> int:
     """The ``klatt N`` line of espeak-ng's file for ``variant`` (0 when it has none)."""
-    version = subprocess.run(["espeak-ng", "--version"], capture_output=True, text=True, check=True).stdout
-    path = Path(version.split("Data at:")[1].strip()) / "voices" / "!v" / variant
+    path = _espeak_data_dir() / "voices" / "!v" / variant
     modes = [int(line.split()[1]) for line in path.read_text().splitlines() if line.split()[:1] == ["klatt"]]
     return modes[0] if modes else 0
 

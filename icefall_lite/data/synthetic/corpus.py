@@ -371,6 +371,11 @@ def corpus_config(size_name: str, seed: int) -> dict:
     return {"size": size_name, "seed": seed, "params": asdict(SIZES[size_name])}
 
 
+def built_config(corpus_dir: Path) -> dict:
+    """The :func:`corpus_config` a built corpus records in its marker file."""
+    return json.loads((corpus_dir / MARKER).read_text())["config"]
+
+
 def existing_corpus(corpus_dir: Path, size_name: str, seed: int) -> bool:
     """True when ``corpus_dir`` already holds this synthetic corpus.
 
@@ -386,7 +391,7 @@ def existing_corpus(corpus_dir: Path, size_name: str, seed: int) -> bool:
             f"{corpus_dir} exists but is not a synthetic corpus (no {MARKER}); "
             f"refusing to write into it. Use another --dl-dir or remove it."
         )
-    built = json.loads(marker.read_text())["config"]
+    built = built_config(corpus_dir)
     wanted = corpus_config(size_name, seed)
     if built != wanted:
         raise FileExistsError(

@@ -12,11 +12,10 @@ The size and seed are read from the corpus's SYNTHETIC.json (--corpus-dir).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from icefall_lite.data.synthetic.corpus import MARKER, SIZES, plan_corpus
+from icefall_lite.data.synthetic.corpus import MARKER, SIZES, built_config, plan_corpus
 from icefall_lite.decoding.metrics import compute_wer, load_transcripts
 from icefall_lite.decoding.voice_report import format_breakdown, wer_by_attribute
 from icefall_lite.utils import script_parser
@@ -31,7 +30,7 @@ def main() -> int:
     marker = args.corpus_dir / MARKER
     if not marker.is_file():
         parser.exit(1, f"wer_by_voice.py: error: {marker} does not exist: pass --corpus-dir of a synthetic corpus\n")
-    config = json.loads(marker.read_text())["config"]
+    config = built_config(args.corpus_dir)
     plan = {u.utt_id: u for u in plan_corpus(SIZES[config["size"]], config["seed"]).utterances}
     for path in args.recogs:
         if not path.is_file():
