@@ -16,8 +16,8 @@ test: setup
 demo: setup
 	. $(VENV)/bin/activate && bash egs/librispeech/ASR/demo.sh
 
-# Gradient-control ablation: 4 arms x clean/corrupted training set -> RESULTS.md + PNG plots
-# (about 65-70 min on 2 idle cores after the data exist; a rerun skips finished arms).
+# Gradient-control ablation: 9 arms x 3 seeds on the stress condition -> RESULTS.md + PNG plots
+# (resumable: a rerun skips finished runs; RESULTS.md gives the measured time).
 ablation: setup
 	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh && python lstm_transducer_stateless/ablation.py
 

@@ -1,14 +1,16 @@
-"""The ablation on the tiny corpus: lstm_transducer_stateless/ablation.py end to end (RESULTS.md table
-checked against the decode outputs, checkpoints, training logs and raw TensorBoard events it came from;
-PNG plots; a rerun that skips finished arms and resumes a cut-off one), and the corrupted training set
-of local/make_corrupted_cuts.py (deterministic, exact fraction, which cuts, what changes)."""
+"""The gradient-control ablation: its statistics (spikes, divergence, spread over seeds, per-layer outliers,
+which differences are beyond the spread) against hand-worked series, the arms' train.py flags, and
+lstm_transducer_stateless/ablation.py end to end on the tiny corpus (RESULTS.md table checked against the
+wer-summary files, checkpoints and raw TensorBoard events it came from; the observing filter; plots; a rerun
+that skips finished runs and resumes a cut-off one; a rerun with other settings refused)."""
 
-import gzip
 import importlib.util
 import json
+import math
 import re
 import shlex
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -19,46 +21,199 @@ from typing import Dict, List, Tuple
 import matplotlib.image
 import numpy as np
 import pytest
-import sentencepiece as spm
 import torch
-from lhotse import load_manifest
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
 from conftest import RECIPE, recipe_env
+from icefall_lite.ablation.arms import OBSERVE, Arm, Plan, RunKey, Thresholds, make_arms, seeds_of, select
+from icefall_lite.ablation.report import (
+    RunResult,
+    Spread,
+    comparisons,
+    diverged,
+    format_table,
+    first_outlier_layer,
+    loss_spikes,
+    outlier_rows,
+    separated,
+    steps_filtered,
+)
+from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import load_checkpoint_file
-from icefall_lite.data.corrupt import CorruptionConfig, CorruptionError, make_corrupted_dir
-from icefall_lite.data.datamodule import encoder_frames
 from test_train import TINY_MODEL
 
-from train import TB_TAGS, TRAIN_DURATION_RANGE  # noqa: E402  (the recipe's train.py owns these)
+from train import TB_TAGS  # noqa: E402  (the recipe's train.py owns these)
 
 ABLATION = RECIPE / "lstm_transducer_stateless" / "ablation.py"
-CORRUPT = RECIPE / "local" / "make_corrupted_cuts.py"
-TRAIN_MANIFEST = "librispeech_cuts_train-clean-100.jsonl.gz"
-BPE = "data/lang_bpe_100/bpe.model"
-ARM_ROWS = [  # (training set, arm dir, label, filter on, clip on), in table order
-    (t, d, label, f, c)
-    for t in ("clean", "corrupted")
-    for d, label, f, c in (
-        ("a-none", "(a) no filter, no clipping", False, False),
-        ("b-clip", "(b) clip_grad_norm only", False, True),
-        ("c-filter", "(c) GradientFilter only", True, False),
-        ("d-filter-clip", "(d) filter + clipping", True, True),
-    )
-]
-CUT_OFF_ARM = ("corrupted", "c-filter")
-FRACTION = 0.1  # 4 of the tiny corpus's 40 training cuts
+ARMS = ["none", "filter", "value"]  # the tiny run's arms, in table order
+SEEDS = [42, 43]
+STEPS = 6
+CUT_OFF = RunKey("default", "filter", 43)
 
 
 # --------------------------------------------------------------------------
-# Independent readers of the files the table is made from
+# Statistics, against hand-worked series
 # --------------------------------------------------------------------------
 
 
-def read_cuts(path: Path) -> Dict[str, dict]:
-    """{cut id: cut dict} of a gzipped JSONL manifest, read without lhotse."""
-    with gzip.open(path, "rt") as f:
-        return {c["id"]: c for c in map(json.loads, f)}
+def test_loss_spikes_counts_steps_above_twice_the_median_before():
+    steady = [(i, 1.0 + 0.01 * (i % 3)) for i in range(60)]
+    assert loss_spikes(steady, window=50) == 0
+    spiky = list(steady)
+    spiky[55] = (55, 2.5)  # median of the 50 before is 1.01: 2.5 > 2.02
+    spiky[57] = (57, 2.0)  # 2.0 < 2.02: not a spike
+    spiky[58] = (58, float("nan"))
+    assert loss_spikes(spiky, window=50) == 2
+    early = [(0, 1.0), (1, 100.0)] + [(i, 1.0) for i in range(2, 60)]
+    assert loss_spikes(early, window=50) == 0, "no spikes before a full window"
+
+
+def test_diverged_compares_the_last_window_with_the_lowest():
+    falling = [(i, 3.0 - 0.02 * i) for i in range(100)]
+    assert not diverged(falling, 0, window=20)
+    # Falls to 1.0, then climbs back to 2.0: the last 20-step mean (2.0) is over 1.5 x the lowest (1.0).
+    climbing = [(i, 1.0) for i in range(40)] + [(i, 2.0) for i in range(40, 60)]
+    assert diverged(climbing, 0, window=20)
+    assert not diverged([(i, 1.0) for i in range(40)] + [(i, 1.4) for i in range(40, 60)], 0, window=20)
+    assert diverged(falling, 1, window=20), "a skipped step counts"
+    assert diverged(falling[:10] + [(10, float("inf"))], 0, window=20)
+
+
+def test_spread_and_separation():
+    s = Spread.of([1.0, 2.0, 4.0, float("nan")])
+    assert (s.mean, s.low, s.high, s.n) == (statistics.mean([1, 2, 4]), 1.0, 4.0, 3)
+    assert s.std == pytest.approx(statistics.stdev([1.0, 2.0, 4.0]), rel=1e-12)
+    assert s.cell(2) == "2.33 ± 1.53"
+    assert Spread.of([5.0]).cell(2) == "5.00" and Spread.of([]).cell(2) == "-"
+    assert separated(Spread.of([1.0, 2.0, 1.5]), Spread.of([2.5, 3.0, 2.7]))
+    assert not separated(Spread.of([1.0, 2.6, 1.5]), Spread.of([2.5, 3.0, 2.7])), "overlapping ranges"
+    assert not separated(Spread.of([1.0, 2.0]), Spread.of([2.5, 3.0])), "two seeds are not enough"
+
+
+def _run(arm: str, seed: int, wer_clean: float, ratios: Dict[int, List[float]], fractions=None) -> RunResult:
+    """A finished run made by hand: per-layer max/median ratios per step, optional fraction filtered."""
+    filters = {}
+    for layer, xs in ratios.items():
+        filters[(layer, "max_over_median")] = list(enumerate(xs, 1))
+        filters[(layer, "fraction_filtered")] = list(enumerate((fractions or {}).get(layer, [0.0] * len(xs)), 1))
+    steps = len(next(iter(ratios.values())))
+    scalars = {"grad_norm": [(i, 1.0) for i in range(1, steps + 1)],
+               "simple_loss": [(i, 1.2) for i in range(1, steps + 1)], "pruned_loss": [(i, 0.4) for i in range(1, steps + 1)],
+               "valid_loss": [(steps, 0.5 + wer_clean / 1000)]}
+    wer = {("greedy_search", "test-clean"): wer_clean, ("greedy_search", "test-other"): wer_clean + 10}
+    return RunResult(RunKey("stress", arm, seed), wer, scalars, filters)
+
+
+def test_outlier_rows_per_layer_top_first():
+    runs = [_run("none", 1, 50.0, {0: [1, 30, 2, 2], 1: [1, 6, 1, 1]}),
+            _run("none", 2, 50.0, {0: [2, 2, 11, 2], 1: [12, 1, 1, 1]})]
+    rows = outlier_rows(runs, [5, 10, 25])
+    assert [r["layer"] for r in rows] == [1, 0]
+    top, bottom = rows
+    # layer 1 over 8 steps: 1 6 1 1 12 1 1 1 -> above 5: 2, above 10: 1, above 25: 0
+    assert (top["over 5"], top["over 10"], top["over 25"]) == (25.0, 12.5, 0.0)
+    assert top["max"] == 12 and top["median"] == 1
+    # layer 0: 1 30 2 2 2 2 11 2 -> above 5: 2, above 10: 2, above 25: 1; nearest-rank 99th percentile: 30
+    assert (bottom["over 5"], bottom["over 10"], bottom["over 25"]) == (25.0, 25.0, 12.5)
+    assert bottom["p99"] == 30 and bottom["median"] == 2
+    assert first_outlier_layer(rows, 5) == 1
+    assert first_outlier_layer(rows, 25) == 0
+    assert first_outlier_layer(rows, 100) is None
+
+
+def test_steps_filtered_counts_steps_where_any_layer_filtered():
+    r = _run("filter", 1, 50.0, {0: [1, 1, 1, 1], 1: [1, 1, 1, 1]},
+             fractions={0: [0.0, 0.1, 0.0, 0.0], 1: [0.0, 0.2, 0.3, 0.0]})
+    assert steps_filtered(r) == 0.5
+
+
+def test_comparisons_call_real_only_separated_ranges():
+    arms = {a.name: a for a in make_arms(Thresholds())}
+    flat = {0: [1.0] * 4}
+    runs = ([_run("none", s, w, flat) for s, w in ((1, 60.0), (2, 62.0), (3, 61.0))]
+            + [_run("filter", s, w, flat) for s, w in ((1, 50.0), (2, 52.0), (3, 51.0))]
+            + [_run("clip", s, w, flat) for s, w in ((1, 59.0), (2, 63.0), (3, 61.5))])
+    lines = comparisons(runs, arms, ["greedy_search"])
+    (filter_line,) = [line for line in lines if "GradientFilter 25 vs" in line]
+    assert "greedy test-clean -10.00" in filter_line and "greedy test-other -10.00" in filter_line
+    assert "beyond the seed spread: greedy test-clean (better), greedy test-other (better)" in filter_line
+    (clip_line,) = [line for line in lines if line.startswith("stress: clip_grad_norm 5 vs")]
+    assert "greedy test-clean +0.17" in clip_line and "no difference beyond the seed spread" in clip_line
+
+
+def test_format_table_cells():
+    arms = {a.name: a for a in make_arms(Thresholds())}
+    runs = [_run("none", s, w, {0: [1.0] * 4, 1: [3.0, 40.0, 2.0, 1.0]}) for s, w in ((1, 60.0), (2, 62.0), (3, 61.0))]
+    # Seed 3's objective (0.5 simple + pruned) falls to 1.0 and climbs back to 2.0: diverged.
+    runs[2].scalars["simple_loss"] = [(i, 1.0) for i in range(1, 41)] + [(i, 2.0) for i in range(41, 61)]
+    runs[2].scalars["pruned_loss"] = [(i, 0.5) for i in range(1, 41)] + [(i, 1.0) for i in range(41, 61)]
+    runs[1].scalars["valid_loss"] = [(4, float("inf"))]
+    runs[2].scalars["valid_loss"] = [(4, 0.570)]
+    header, sep, row = format_table(runs, arms, ["greedy_search"]).splitlines()
+    cell = dict(zip((c.strip() for c in header.strip("|").split("|")), (c.strip() for c in row.strip("|").split("|"))))
+    assert cell["condition"] == "stress" and cell["seeds"] == "1, 2, 3" and cell["steps"] == "4"
+    assert cell["greedy test-clean"] == "61.00 ± 1.00" and cell["greedy test-other"] == "71.00 ± 1.00"
+    assert cell["diverged runs"] == "1/3"
+    assert cell["max seq grad / median"] == "40.0 ± 0.0"
+    assert cell["% steps filtered"] == "0.0 ± 0.0"
+    assert cell["final train loss"] == "1.333 ± 0.577"  # 1.0 (0.5 x 1.2 + 0.4), 1.0, and 2.0 over the last 10 steps
+    assert cell["valid loss"] == "0.565 ± 0.007 (n=2)"  # 0.560 and 0.570; seed 2's is not finite
+
+
+# --------------------------------------------------------------------------
+# Arms
+# --------------------------------------------------------------------------
+
+
+def test_arms_set_every_control_and_switch_the_others_off():
+    t = Thresholds(filter=25, sweep=(10, 5), clip_norm=5, agc_lambda=0.08, clip_value=0.1, error_clip=1e-4)
+    arms = {a.name: a for a in make_arms(t)}
+    assert list(arms) == ["none", "clip", "filter", "filter-clip", "filter-10", "filter-5", "agc", "value",
+                          "error-clip"]
+
+    def flags(name):
+        f = arms[name].train_flags()
+        return dict(zip(f[::2], f[1::2]))
+
+    assert flags("none") == {"--grad-filter-threshold": "inf", "--clip-type": "norm", "--clip-grad-norm": "0",
+                             "--error-clip": "0"}
+    assert flags("filter-clip")["--grad-filter-threshold"] == "25" and flags("filter-clip")["--clip-grad-norm"] == "5"
+    assert flags("filter-5")["--grad-filter-threshold"] == "5" and flags("filter-5")["--clip-grad-norm"] == "0"
+    assert flags("agc") == {"--grad-filter-threshold": "inf", "--clip-type": "adaptive", "--clip-grad-norm": "0.08",
+                            "--error-clip": "0"}
+    assert flags("value")["--clip-type"] == "value" and flags("value")["--clip-grad-norm"] == "0.1"
+    assert flags("error-clip")["--error-clip"] == "0.0001" and flags("error-clip")["--clip-grad-norm"] == "0"
+    assert [a.name for a in arms.values() if a.filter_on] == ["filter", "filter-clip", "filter-10", "filter-5"]
+    plan = Plan(["stress", "default"], [arms["none"], arms["filter"]], seeds_of(42, 2))
+    assert [k.relpath for k in plan.runs] == [
+        "stress/none/seed-42", "stress/filter/seed-42", "default/none/seed-42", "default/filter/seed-42",
+        "stress/none/seed-43", "stress/filter/seed-43", "default/none/seed-43", "default/filter/seed-43"]
+    with pytest.raises(ValueError, match="unknown arm.s. nope; known: none, clip"):
+        select(["nope"], list(arms), "arm(s)")
+
+
+def test_observing_filter_leaves_every_gradient_unchanged():
+    """threshold inf (the arms without the filter) must train exactly as no filter at all."""
+    torch.manual_seed(3)
+    observing = ScaledLSTM(6, 8, proj_size=4, grad_filter_threshold=OBSERVE)
+    plain = ScaledLSTM(6, 8, proj_size=4, grad_filter_threshold=0)
+    plain.load_state_dict(observing.state_dict())
+    assert plain.grad_filter is None and observing.grad_filter is not None
+    x = torch.randn(7, 5, 6)
+    upstream = torch.randn(7, 5, 4)
+    upstream[:, 2] *= 1e6  # an exploded sequence the observer must not touch
+    for lstm in (observing, plain):
+        out, _ = lstm(x)
+        (out * upstream).sum().backward()
+    for (name, p), q in zip(observing.named_parameters(), plain.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    assert observing.grad_filter.stats.as_dict()["fraction_filtered"] == 0.0
+    assert observing.grad_filter.stats.as_dict()["max_over_median"] > 1.0
+
+
+# --------------------------------------------------------------------------
+# The tiny ablation, run twice
+# --------------------------------------------------------------------------
 
 
 def raw_scalars(tb_dir: Path, tag: str) -> Dict[int, float]:
@@ -75,51 +230,40 @@ def raw_scalars(tb_dir: Path, tag: str) -> Dict[int, float]:
 
 
 def parse_table(results_md: Path) -> Tuple[List[str], List[List[str]]]:
-    """Header and rows of the markdown table in RESULTS.md's ablation section."""
-    text = results_md.read_text()
-    section = text.split("<!-- ablation:begin", 1)[1].split("<!-- ablation:end -->", 1)[0]
-    lines = [line for line in section.splitlines() if line.startswith("|")]
-    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
-    assert set("".join(cells[1])) <= {"-"}, cells[1]
+    """Header and rows of the first markdown table in RESULTS.md's ablation section."""
+    section = results_md.read_text().split("<!-- ablation:begin", 1)[1].split("<!-- ablation:end -->", 1)[0]
+    table = section.split("\n\n| condition |", 1)[1].split("\n\n", 1)[0]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in ("| condition |" + table).splitlines()]
     return cells[0], cells[2:]
 
 
-def wer_from_summary(res_dir: Path, test_set: str) -> str:
-    """The WER cell of the one wer-summary file of ``test_set`` in ``res_dir``."""
+def wer_from_summary(res_dir: Path, test_set: str) -> float:
     (path,) = res_dir.glob(f"wer-summary-{test_set}-*.txt")
     header, row = path.read_text().splitlines()
     assert header == "settings\tWER"
-    return "%.2f" % float(row.split("\t")[1])
+    return float(row.split("\t")[1])
 
 
-def train_log(arm_dir: Path) -> str:
-    return "\n".join(p.read_text() for p in sorted((arm_dir / "log").glob("log-train-*")))
+def train_log(run_dir: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted((run_dir / "log").glob("log-train-*")))
 
 
 def png_size(path: Path) -> Tuple[int, int]:
-    """(width, height) from the PNG signature and IHDR chunk."""
     data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
-    assert data[12:16] == b"IHDR", path
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
     return struct.unpack(">II", data[16:24])
-
-
-# --------------------------------------------------------------------------
-# The tiny ablation, run twice
-# --------------------------------------------------------------------------
 
 
 def ablation_args(work: Path, out: Path, *extra: str) -> List[str]:
     return [
         sys.executable, str(ABLATION), "--work-dir", str(work), "--exp-root", str(out / "exp"),
-        "--results-dir", str(out / "results"), "--epochs", "1", "--max-duration", "30",
-        "--decoding-methods", "greedy_search", "--save-every-n", "3", "--corrupt-fraction", str(FRACTION),
+        "--results-dir", str(out / "results"), "--conditions", "default", "--arms", *ARMS, "--num-seeds", "2",
+        "--steps", str(STEPS), "--max-duration", "30", "--save-every-n", "3", "--clip-value", "0.01",
         "--model-args", shlex.join(TINY_MODEL), *extra,
     ]
 
 
 def run_ablation(args: List[str]) -> subprocess.CompletedProcess:
-    # One thread per process: the tiny model gains nothing from two, and the runs are much faster.
     env = {**recipe_env(), "OMP_NUM_THREADS": "1"}
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
 
@@ -130,18 +274,28 @@ def file_state(root: Path) -> Dict[str, int]:
 
 @pytest.fixture(scope="module")
 def ablation(tiny_data, tmp_path_factory):
-    """First run; then one arm is cut off (as if killed after its checkpoint at batch 6) and the script rerun."""
+    """First run; then one run is cut off (as if killed after its checkpoint at step 3) and the script rerun."""
     out = tmp_path_factory.mktemp("ablation")
     start = time.time()
     first = run_ablation(ablation_args(tiny_data, out))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     first_md = (out / "results" / "RESULTS.md").read_text()
-    cut_off = out / "exp" / CUT_OFF_ARM[0] / CUT_OFF_ARM[1]
-    finished_model = load_checkpoint_file(cut_off / "epoch-1.pt")["model"]
-    assert (cut_off / "checkpoint-6.pt").is_file()
-    for name in ("epoch-1.pt", "best-train-loss.pt", "best-valid-loss.pt", "ablation-done.json"):
+    cut_off = out / "exp" / CUT_OFF.relpath
+    finished_model = load_checkpoint_file(cut_off / f"checkpoint-{STEPS}.pt")["model"]
+    assert not (cut_off / "checkpoint-3.pt").is_file(), "--keep-last-k 1 keeps the newest only"
+    # The state of the run killed after its checkpoint at step 3: that checkpoint (made again by the same
+    # command, stopped at step 3), its logs and TensorBoard events, nothing from later.
+    partial = subprocess.run(
+        [sys.executable, str(RECIPE / "lstm_transducer_stateless" / "train.py"), "--exp-dir", str(out / "partial"),
+         "--bpe-model", "data/lang_bpe_100/bpe.model", "--num-epochs", "100", "--max-batches", "3", "--seed", "43",
+         "--max-duration", "30", "--num-workers", "0", "--save-every-n", "3", "--keep-last-k", "1",
+         *Arm("filter", "", filter_threshold=25).train_flags(), *TINY_MODEL],
+        cwd=tiny_data, capture_output=True, text=True, env={**recipe_env(), "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert partial.returncode == 0, partial.stderr[-3000:]
+    for name in (f"checkpoint-{STEPS}.pt", "ablation-trained.json", "ablation-done.json"):
         (cut_off / name).unlink()
     shutil.rmtree(cut_off / "greedy_search")
+    shutil.copy(out / "partial" / "checkpoint-3.pt", cut_off / "checkpoint-3.pt")
     before = file_state(out / "exp")
     second = run_ablation(ablation_args(tiny_data, out))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
@@ -149,90 +303,136 @@ def ablation(tiny_data, tmp_path_factory):
             "finished_model": finished_model, "elapsed": time.time() - start}
 
 
-def test_table_rows_match_their_sources(ablation, tiny_data):
+def test_table_rows_are_mean_and_spread_of_their_sources(ablation):
     out = ablation["out"]
     header, rows = parse_table(out / "results" / "RESULTS.md")
-    assert header == ["training set", "arm", "greedy_search test-clean", "greedy_search test-other",
-                      "final train loss", "valid loss", "skipped steps", "steps", "wall time (min)"]
-    assert [(r[0], r[1]) for r in rows] == [(t, label) for t, _, label, _, _ in ARM_ROWS]
-    steps = set()
-    for row, (training_set, dirname, _, _, _) in zip(rows, ARM_ROWS):
-        arm_dir = out / "exp" / training_set / dirname
+    assert header[:6] == ["condition", "arm", "seeds", "steps", "greedy test-clean", "greedy test-other"]
+    assert [r[1] for r in rows] == ["no control (filter observing)", "GradientFilter 25", "clip by value 0.01"]
+    for row, arm in zip(rows, ARMS):
         cell = dict(zip(header, row))
-        assert cell["greedy_search test-clean"] == wer_from_summary(arm_dir / "greedy_search", "test-clean")
-        assert cell["greedy_search test-other"] == wer_from_summary(arm_dir / "greedy_search", "test-other")
-        checkpoint = load_checkpoint_file(arm_dir / "epoch-1.pt")
-        assert int(cell["steps"]) == checkpoint["batch_idx_train"]
-        steps.add(checkpoint["batch_idx_train"])
-        log = train_log(arm_dir)
-        assert int(cell["skipped steps"]) == int(re.findall(r"Done\. Training took .* skipped steps: (\d+)", log)[-1])
-        valid = float(re.findall(r"Epoch 1 done in .* validation: loss=([0-9.]+)", log)[-1])
-        assert float(cell["valid loss"]) == pytest.approx(valid, rel=1e-3)
-        # Final train loss: mean per-frame loss over the steps of the (only) epoch, from the raw events.
-        losses = raw_scalars(arm_dir / "tensorboard", "train/loss")
-        assert sorted(losses) == list(range(1, checkpoint["batch_idx_train"] + 1))
-        assert cell["final train loss"] == "%.4f" % np.mean(list(losses.values()))
-        wall = json.loads((arm_dir / "ablation-wall.json").read_text())
-        assert 0 < float(cell["wall time (min)"]) * 60 <= ablation["elapsed"] + 3
-        assert cell["wall time (min)"] == "%.1f" % (sum(wall.values()) / 60)
-    assert len(steps) == 1 and steps.pop() >= 6, "every arm takes the same steps"
+        assert cell["condition"] == "default" and cell["seeds"] == "42, 43" and cell["steps"] == str(STEPS)
+        dirs = [out / "exp" / "default" / arm / f"seed-{s}" for s in SEEDS]
+        for test_set in ("test-clean", "test-other"):
+            wers = [wer_from_summary(d / "greedy_search", test_set) for d in dirs]
+            assert cell[f"greedy {test_set}"] == f"{statistics.mean(wers):.2f} ± {statistics.stdev(wers):.2f}"
+        valid = []
+        for d in dirs:
+            assert load_checkpoint_file(d / f"checkpoint-{STEPS}.pt")["batch_idx_train"] == STEPS
+            valid.append(float(re.findall(r"Stopped by --max-batches .* validation: loss=([0-9.]+)", train_log(d))[-1]))
+        mean, std = (float(x) for x in cell["valid loss"].split(" ± "))
+        assert mean == pytest.approx(statistics.mean(valid), abs=2e-3)
+        # Final train loss: 0.5 simple + pruned over the last tenth of the steps, at least 10 -> all 6 steps here.
+        finals = []
+        for d in dirs:
+            simple, pruned = (raw_scalars(d / "tensorboard", f"train/{k}_loss") for k in ("simple", "pruned"))
+            assert sorted(simple) == sorted(pruned) == list(range(1, STEPS + 1))
+            finals.append(np.mean([0.5 * simple[i] + pruned[i] for i in simple]))
+        assert cell["final train loss"] == f"{statistics.mean(finals):.3f} ± {statistics.stdev(finals):.3f}"
 
 
-def test_arms_train_what_they_say(ablation):
+def test_arms_train_what_they_say_and_the_observer_never_filters(ablation):
     out = ablation["out"]
-    for training_set, dirname, _, filter_on, clip_on in ARM_ROWS:
-        log = train_log(out / "exp" / training_set / dirname)
-        assert re.search(rf"^\s+grad_filter_threshold: {25.0 if filter_on else 0.0}$", log, re.M), dirname
-        assert re.search(rf"^\s+clip_grad_norm: {5.0 if clip_on else 0.0}$", log, re.M), dirname
-        manifest_dir = re.search(r"^\s+manifest_dir: (.*)$", log, re.M).group(1)
-        expected = out / "exp" / "manifests-corrupted" if training_set == "corrupted" else Path("data/fbank")
-        assert Path(manifest_dir) == expected
-        filter_stats = raw_scalars(out / "exp" / training_set / dirname / "tensorboard", "grad_filter/layer0/fraction_filtered")
-        assert bool(filter_stats) == filter_on, dirname
+    expected = {"none": ("inf", "norm", "0.0"), "filter": ("25.0", "norm", "0.0"), "value": ("inf", "value", "0.01")}
+    for arm, (threshold, clip_type, clip) in expected.items():
+        for seed in SEEDS:
+            run_dir = out / "exp" / "default" / arm / f"seed-{seed}"
+            log = train_log(run_dir)
+            assert re.search(rf"^\s+grad_filter_threshold: {threshold}$", log, re.M), (arm, log[:2000])
+            assert re.search(rf"^\s+clip_type: {clip_type}$", log, re.M)
+            assert re.search(rf"^\s+clip_grad_norm: {clip}$", log, re.M)
+            assert re.search(rf"^\s+seed: {seed}$", log, re.M)
+            fractions = raw_scalars(run_dir / "tensorboard", "grad_filter/layer0/fraction_filtered")
+            ratios = raw_scalars(run_dir / "tensorboard", "grad_filter/layer0/max_over_median")
+            assert sorted(fractions) == sorted(ratios) == list(range(1, STEPS + 1)), "every arm has the statistics"
+            if threshold == "inf":
+                assert set(fractions.values()) == {0.0}
+                scales = raw_scalars(run_dir / "tensorboard", "grad_filter/layer0/param_scale")
+                assert set(scales.values()) == {1.0}
+    # Seeds differ; arms with the same seed start from the same weights and the same first batch.
+    first_loss = {(arm, s): raw_scalars(out / "exp" / "default" / arm / f"seed-{s}" / "tensorboard", "train/loss")[1]
+                  for arm in ARMS for s in SEEDS}
+    assert first_loss[("none", 42)] == first_loss[("filter", 42)] == first_loss[("value", 42)]
+    assert first_loss[("none", 42)] != first_loss[("none", 43)]
 
 
-def test_results_md_commands_and_plots(ablation, tiny_data):
+def test_results_md_sections_commands_and_plots(ablation):
     results = ablation["out"] / "results"
     text = (results / "RESULTS.md").read_text()
     assert re.search(r"Date: \d{4}-\d{2}-\d{2}\.", text)
     assert "./lstm_transducer_stateless/ablation.py --work-dir" in text
-    assert "--corrupt-fraction 0.1" in text
-    assert "4 of 40 training cuts" in text
+    assert "### Where the outliers arise (default, arm `none`" in text
+    assert "| layer | max/median: median | 99th percentile | max | % steps over 5 | % steps over 10 | % steps over 25 |" in text
+    assert "icefall's own ablation" in text and "3.79 / 9.71" in text
+    assert re.search(r"- default: GradientFilter 25 vs no control \(filter observing\): greedy test-clean [+-]", text)
+    commands = text.split("<summary>Every command")[1]
+    assert commands.count("lstm_transducer_stateless/train.py") == len(ARMS) * len(SEEDS)
+    assert commands.count("--iter 6 --avg 1 --use-averaged-model false") == len(ARMS) * len(SEEDS)
     images = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text)
-    assert {"ablation-grad-norm.png", "ablation-filter-fraction.png", "ablation-valid-loss.png"} <= set(images)
+    assert images == [f"ablation-default-{k}.png" for k in
+                      ("grad-norm", "max-over-median", "over-threshold", "filter-fraction", "train-loss")]
     for name in images:
         width, height = png_size(results / name)
-        assert width >= 400 and height >= 300, name
+        assert width >= 400 and height >= 250, name
         pixels = matplotlib.image.imread(results / name)
-        assert pixels.shape[:2] == (height, width)
         assert len(np.unique((pixels * 255).astype(np.uint8))) > 10, f"{name} looks blank"
 
 
-def test_rerun_skips_finished_arms_and_resumes_the_cut_off_one(ablation):
+def test_outlier_table_from_the_observing_runs_raw_events(ablation):
+    out = ablation["out"]
+    text = (out / "results" / "RESULTS.md").read_text()
+    table = text.split("| layer | max/median: median |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    rows = {int(r.strip("|").split("|")[0]): [c.strip() for c in r.strip("|").split("|")] for r in table}
+    assert sorted(rows, reverse=True) == [int(r.strip("|").split("|")[0]) for r in table] == [1, 0], "top layer first"
+    for layer, cells in rows.items():
+        ratios = [v for s in SEEDS for v in raw_scalars(out / "exp" / "default" / "none" / f"seed-{s}" / "tensorboard",
+                                                        f"grad_filter/layer{layer}/max_over_median").values()]
+        assert len(ratios) == STEPS * len(SEEDS)
+        assert float(cells[3]) == pytest.approx(max(ratios), abs=0.051)
+        for threshold, cell in zip((5, 10, 25), cells[4:]):
+            assert cell == f"{100 * sum(r > threshold for r in ratios) / len(ratios):.2f}"
+
+
+def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
+    module = _load_ablation_script()
+    parser = module.get_parser()
+    args = parser.parse_args(["--work-dir", str(tiny_data), "--exp-root", str(tmp_path), "--conditions", "stress",
+                              "--agc-lambda", "0.05"])
+    s = module.resolve_settings(parser, args)
+    assert [k.relpath for k in s.plan.runs[:2]] == ["stress/none/seed-42", "stress/clip/seed-42"]
+    assert len(s.plan.runs) == 9 * 3
+    key = RunKey("stress", "agc", 44)
+    train = module.train_command(s, key)
+    decode = module.decode_command(s, key, "greedy_search")
+    stress = ["--num-encoder-layers", "8", "--encoder-dim", "128", "--rnn-hidden-size", "384", "--dim-feedforward", "512"]
+    joined_train, joined_decode = shlex.join(train), shlex.join(decode)
+    assert shlex.join(stress) in joined_train and shlex.join(stress) in joined_decode
+    assert "--base-lr 0.02" in joined_train and "--base-lr" not in joined_decode
+    assert "--clip-type adaptive --clip-grad-norm 0.05" in joined_train and "--seed 44" in joined_train
+    assert "--max-batches 300" in joined_train and "--iter 300 --avg 1 --use-averaged-model false" in joined_decode
+
+
+def test_rerun_skips_finished_runs_and_resumes_the_cut_off_one(ablation):
     out, first, second = ablation["out"], ablation["first"], ablation["second"]
-    assert first.stderr.count(": starting") == 8
-    assert second.stderr.count("done earlier - skipped") == 7
-    assert second.stderr.count(": starting") == 1
-    assert f"{CUT_OFF_ARM[0]} (c) GradientFilter only: starting" in second.stderr
+    n = len(ARMS) * len(SEEDS)
+    assert first.stderr.count(": starting") == n
+    assert "min left for" in first.stderr
+    assert second.stderr.count("done earlier - skipped") == n - 1
+    assert f"{CUT_OFF.relpath} (GradientFilter 25): starting" in second.stderr
     after = file_state(out / "exp")
-    cut_off = str(Path(*CUT_OFF_ARM))
     for path, mtime in ablation["before"].items():
-        if not path.startswith(cut_off):
+        if not path.startswith(CUT_OFF.relpath):
             assert after.get(path) == mtime, f"{path} changed in the rerun"
-    new_files = set(after) - set(ablation["before"])
-    assert new_files and all(p.startswith(cut_off) or p.startswith("log-ablation") for p in new_files), new_files
-    arm_dir = out / "exp" / CUT_OFF_ARM[0] / CUT_OFF_ARM[1]
-    log = train_log(arm_dir)
-    assert re.search(r"Loading checkpoint \S*checkpoint-6\.pt", log)
-    resumed = load_checkpoint_file(arm_dir / "epoch-1.pt")["model"]
+    run_dir = out / "exp" / CUT_OFF.relpath
+    assert re.search(r"Loading checkpoint \S*checkpoint-3\.pt", train_log(run_dir))
+    resumed = load_checkpoint_file(run_dir / f"checkpoint-{STEPS}.pt")["model"]
     for name, value in ablation["finished_model"].items():
-        assert torch.equal(value, resumed[name]), f"resumed arm differs from the uninterrupted one in {name}"
-    # Same table, but for the wall time of the resumed arm (its second run adds to it).
+        assert torch.equal(value, resumed[name]), f"resumed run differs from the uninterrupted one in {name}"
+    # The same table, but for the wall time of the resumed run.
     header, rows = parse_table(out / "results" / "RESULTS.md")
     first_md = out / "first-RESULTS.md"
     first_md.write_text(ablation["first_md"])
     _, first_rows = parse_table(first_md)
-    wall = header.index("wall time (min)")
+    wall = header.index("wall min")
     assert [r[:wall] for r in rows] == [r[:wall] for r in first_rows]
 
 
@@ -244,96 +444,40 @@ def _load_ablation_script():
     return module
 
 
-def test_rerun_with_other_settings_is_refused(ablation, tiny_data, isolated_logging, capsys):
+def test_rerun_with_other_settings_is_refused_and_list_shows_the_plan(ablation, tiny_data, isolated_logging, capsys):
     out = ablation["out"]
     args = ablation_args(tiny_data, out)[2:]
-    args[args.index("--epochs") + 1] = "2"
+    args[args.index("--steps") + 1] = "8"
     assert _load_ablation_script().main(args) == 1
     err = capsys.readouterr().err
-    assert "was made with other settings (epochs: was 1, now 2)" in err
-    assert "use another --exp-root" in err
-    assert not (out / "exp" / "clean" / "a-none" / "epoch-2.pt").exists()
+    assert "was made with other settings (steps: was 6, now 8)" in err and "use another --exp-root" in err
+    assert not list((out / "exp").rglob("checkpoint-8.pt"))
+    args = ablation_args(tiny_data, out)[2:]
+    args[args.index("--clip-value") + 1] = "0.5"
+    assert _load_ablation_script().main(args) == 1
+    err = capsys.readouterr().err
+    assert "value/seed-42 was trained with --grad-filter-threshold inf --clip-type value --clip-grad-norm 0.01" in err
+    assert "but arm value is now --grad-filter-threshold inf --clip-type value --clip-grad-norm 0.5" in err
+    assert len(list((out / "exp").rglob("checkpoint-6.pt"))) == len(ARMS) * len(SEEDS)
+    listing = subprocess.run(ablation_args(tiny_data, out, "--num-seeds", "3", "--list"), capture_output=True,
+                             text=True, env=recipe_env(), timeout=300)
+    assert listing.returncode == 0, listing.stderr
+    lines = listing.stdout.splitlines()
+    assert len(lines) == 3 * len(ARMS)
+    assert sum("done" in line.split()[1] for line in lines) == 2 * len(ARMS)
+    assert lines[-1].split()[:2] == ["default/value/seed-44", "to"]
 
 
-# --------------------------------------------------------------------------
-# The corrupted training set
-# --------------------------------------------------------------------------
-
-
-def test_corrupted_set_is_deterministic_with_the_exact_fraction(tiny_data, tmp_path):
-    cli = subprocess.run(
-        [sys.executable, str(CORRUPT), "--src-dir", "data/fbank", "--out-dir", str(tmp_path / "cli"),
-         "--bpe-model", BPE, "--fraction", str(FRACTION), "--seed", "7"],
-        cwd=tiny_data, capture_output=True, text=True, env=recipe_env(),
-    )
-    assert cli.returncode == 0, cli.stderr
-    sp = spm.SentencePieceProcessor()
-    sp.load(str(tiny_data / BPE))
-    make_corrupted_dir(tiny_data / "data" / "fbank", tmp_path / "lib", CorruptionConfig(fraction=FRACTION, seed=7), sp, TRAIN_DURATION_RANGE)
-    make_corrupted_dir(tiny_data / "data" / "fbank", tmp_path / "seed8", CorruptionConfig(fraction=FRACTION, seed=8), sp, TRAIN_DURATION_RANGE)
-
-    source = read_cuts(tiny_data / "data" / "fbank" / TRAIN_MANIFEST)
-    corrupted = read_cuts(tmp_path / "cli" / TRAIN_MANIFEST)
-    assert list(corrupted) == list(source), "same cuts in the same order"
-    changed = sorted(i for i in source if source[i] != corrupted[i])
-    assert len(changed) == round(FRACTION * len(source)) == 4
-    assert (tmp_path / "cli" / "corrupted_cut_ids.txt").read_text().split() == changed
-    # Deterministic: the same seed gives the same set (script and library); another seed other cuts.
-    assert read_cuts(tmp_path / "lib" / TRAIN_MANIFEST) == corrupted
-    assert (tmp_path / "seed8" / "corrupted_cut_ids.txt").read_text().split() != changed
-    for cut_id in changed:
-        old, new = source[cut_id], corrupted[cut_id]
-        assert 1.0 <= old["duration"] <= 20.0, "only cuts that train.py trains on"
-        assert {k: v for k, v in new.items() if k != "supervisions"} == {k: v for k, v in old.items() if k != "supervisions"}
-        old_text, new_text = old["supervisions"][0]["text"], new["supervisions"][0]["text"]
-        assert new_text != old_text
-        frames = encoder_frames(old["features"]["num_frames"])
-        # Denser than the real transcript, yet short enough for the transducer (tokens <= frames).
-        assert len(sp.encode(old_text)) < len(sp.encode(new_text)) <= frames
-    # The other manifests are the clean ones.
-    for name in ("librispeech_cuts_dev-clean.jsonl.gz", "librispeech_cuts_test-other.jsonl.gz", "noise_cuts.jsonl.gz"):
-        assert read_cuts(tmp_path / "cli" / name) == read_cuts(tiny_data / "data" / "fbank" / name)
-    # At least one cut for a small fraction.
-    few = make_corrupted_dir(tiny_data / "data" / "fbank", tmp_path / "few", CorruptionConfig(fraction=0.001), sp, TRAIN_DURATION_RANGE)
-    assert few["num_corrupted"] == 1
-
-
-def test_corrupted_set_rerun_and_other_settings(tiny_data, tmp_path):
-    sp = spm.SentencePieceProcessor()
-    sp.load(str(tiny_data / BPE))
-    src = tiny_data / "data" / "fbank"
-    make_corrupted_dir(src, tmp_path / "c", CorruptionConfig(fraction=FRACTION), sp, TRAIN_DURATION_RANGE)
-    mtime = (tmp_path / "c" / TRAIN_MANIFEST).stat().st_mtime_ns
-    make_corrupted_dir(src, tmp_path / "c", CorruptionConfig(fraction=FRACTION), sp, TRAIN_DURATION_RANGE)
-    assert (tmp_path / "c" / TRAIN_MANIFEST).stat().st_mtime_ns == mtime
-    with pytest.raises(CorruptionError, match=r"made with other settings.*remove it or choose another output"):
-        make_corrupted_dir(src, tmp_path / "c", CorruptionConfig(fraction=0.2), sp, TRAIN_DURATION_RANGE)
-    with pytest.raises(CorruptionError, match=r"fraction of corrupted cuts must be in \(0, 1\]"):
-        make_corrupted_dir(src, tmp_path / "d", CorruptionConfig(fraction=0.0), sp, TRAIN_DURATION_RANGE)
-    cli = subprocess.run(
-        [sys.executable, str(CORRUPT), "--out-dir", str(tmp_path / "e"), "--bpe-model", "missing.model"],
-        cwd=tiny_data, capture_output=True, text=True, env=recipe_env(),
-    )
-    assert cli.returncode == 1 and "--bpe-model missing.model does not exist" in cli.stderr
-
-
-def test_scale_features_multiplies_only_the_chosen_cuts(tiny_data, tmp_path, monkeypatch):
-    monkeypatch.chdir(tiny_data)  # feature paths in the manifests are relative to the work dir
-    sp = spm.SentencePieceProcessor()
-    sp.load(BPE)
-    out = tmp_path / "scaled"
-    make_corrupted_dir(Path("data/fbank"), out, CorruptionConfig(method="scale-features", fraction=FRACTION, scale=3.0), sp, TRAIN_DURATION_RANGE)
-    chosen = set((out / "corrupted_cut_ids.txt").read_text().split())
-    source = {c.id: c for c in load_manifest(Path("data/fbank") / TRAIN_MANIFEST)}
-    scaled = {c.id: c for c in load_manifest(out / TRAIN_MANIFEST)}
-    assert len(chosen) == 4 and chosen <= set(source)
-    for cut_id, cut in scaled.items():
-        original = source[cut_id].load_features()
-        if cut_id in chosen:
-            np.testing.assert_array_equal(cut.load_features(), original * np.float32(3.0))
-            assert cut.supervisions[0].text == source[cut_id].supervisions[0].text
-        else:
-            assert cut.to_dict() == source[cut_id].to_dict()
+def test_bad_thresholds_and_arms_are_refused(tiny_data, tmp_path):
+    for extra, message in ((["--error-clip", "0"], "--error-clip: thresholds must be positive and finite"),
+                           (["--filter-sweep", "inf"], "--filter-sweep inf: thresholds must be positive"),
+                           (["--arms", "nope"], "unknown arm(s) nope")):
+        args = ablation_args(tiny_data, tmp_path)
+        args = args[:args.index("--arms")] + args[args.index("--num-seeds"):] + extra
+        proc = run_ablation(args)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "exp").exists()
+    assert math.isinf(OBSERVE)
 
 
 def test_train_py_tensorboard_tags_round_trip_the_filter_statistics():

@@ -221,6 +221,26 @@ def test_gradient_filter_backward_formula():
     assert stats["param_scale"] == pytest.approx(param_scale, rel=1e-6)
 
 
+def test_gradient_filter_with_infinite_threshold_only_observes():
+    torch.manual_seed(1)
+    T, N, C = 5, 7, 3
+    x = torch.randn(T, N, C, requires_grad=True)
+    w = torch.randn(4, requires_grad=True)
+    upstream = torch.randn(T, N, C)
+    upstream[:, 4] *= 1e12  # an outlier far beyond any finite threshold's reach
+    filt = GradientFilter(batch_dim=1, threshold=math.inf)
+    x_out, w_out = filt(x, w)
+    ((x_out * upstream).sum() + (w_out * 3.0).sum()).backward()
+    assert torch.equal(x.grad, upstream)
+    assert torch.equal(w.grad, torch.full((4,), 3.0))
+    norms = sorted(float((upstream[:, b].double() ** 2).mean().sqrt()) for b in range(N))
+    stats = filt.stats.as_dict()
+    assert stats["median_norm"] == pytest.approx(norms[(N - 1) // 2], rel=1e-5)
+    assert stats["max_over_median"] == pytest.approx(norms[-1] / norms[(N - 1) // 2], rel=1e-5)
+    assert stats["fraction_filtered"] == 0.0
+    assert stats["param_scale"] == 1.0
+
+
 def test_gradient_filter_refuses_nonpositive_threshold():
     with pytest.raises(ValueError, match="threshold"):
         GradientFilter(threshold=0.0)

@@ -51,6 +51,21 @@ def _batch_losses(exp_dir: Path) -> dict:
     return out
 
 
+def test_resumed_at_the_end_of_the_budget_validates_without_training(tiny_data, tmp_path):
+    """A run killed after saving its last checkpoint but before the final validation: the rerun takes no step."""
+    first = run_train(tiny_data, tmp_path / "exp", "--max-batches", "3", "--save-every-n", "3")
+    assert first.returncode == 0, first.stderr
+    trained = load_checkpoint_file(tmp_path / "exp" / "checkpoint-3.pt")
+    again = run_train(tiny_data, tmp_path / "exp", "--max-batches", "3", "--save-every-n", "3")
+    assert again.returncode == 0, again.stderr
+    assert "Global batch 3: the --max-batches/--max-minutes budget is spent" in again.stderr
+    assert re.search(r"Stopped by --max-batches 3 .* at global batch 3 .*validation: loss=", again.stderr)
+    assert sorted(p.name for p in (tmp_path / "exp").glob("checkpoint-*.pt")) == ["checkpoint-3.pt"]
+    after = load_checkpoint_file(tmp_path / "exp" / "checkpoint-3.pt")
+    for name, value in trained["model"].items():
+        assert torch.equal(value, after["model"][name]), name
+
+
 def test_resume_equals_uninterrupted_run(tiny_data, tmp_path):
     full = run_train(tiny_data, tmp_path / "full", "--max-batches", "6", "--save-every-n", "3")
     assert full.returncode == 0, full.stderr

@@ -1,6 +1,14 @@
-"""PNG plots of the ablation (matplotlib, Agg backend): per-step pre-clip
-gradient norm per arm, per-layer GradientFilter statistics, validation and
-training loss. Each figure has one panel per training set (clean, corrupted)."""
+"""PNG plots of the ablation (matplotlib, Agg backend), one set per training
+condition, every seed drawn:
+
+- the pre-clip global gradient norm per step, one panel per arm, one line per seed;
+- the per-layer largest per-sequence gradient over the batch median in the
+  arm whose filter only observes, one panel per seed, with the thresholds;
+- the percentage of steps above each threshold per layer (that arm, all seeds);
+- the fraction of sequences filtered per layer, one panel per filter arm (mean over seeds);
+- the training loss per step, one panel per arm, one line per seed, the
+  observing arm's seeds in grey behind for reference.
+"""
 
 from __future__ import annotations
 
@@ -12,152 +20,170 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
-from icefall_lite.ablation.report import TRAINING_SETS, ArmResult  # noqa: E402
-from icefall_lite.utils import atomic_output  # noqa: E402
+from icefall_lite.ablation.arms import Arm  # noqa: E402
+from icefall_lite.ablation.report import RunResult, group_runs, outlier_rows  # noqa: E402
 from icefall_lite.ablation.tb_reader import Series, moving_average  # noqa: E402
+from icefall_lite.utils import atomic_output  # noqa: E402
 
-ARM_COLORS = {"a": "tab:red", "b": "tab:orange", "c": "tab:blue", "d": "tab:green"}
-PLOT_FILES = {
-    "grad_norm": "ablation-grad-norm.png",
-    "filter_fraction": "ablation-filter-fraction.png",
-    "max_over_median": "ablation-max-over-median.png",
-    "valid_loss": "ablation-valid-loss.png",
-    "train_loss": "ablation-train-loss.png",
-}
+SEED_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+
+
+def plot_path(out_dir: Path, condition: str, kind: str) -> Path:
+    """``<out_dir>/ablation-<condition>-<kind>.png``."""
+    return out_dir / f"ablation-{condition}-{kind}.png"
 
 
 def _xy(series: Series):
     return [s for s, _ in series], [v for _, v in series]
 
 
-def _no_data(ax, text: str = "no data") -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
-
-
-def _window(result: ArmResult) -> int:
+def _window(runs: Sequence[RunResult]) -> int:
     """Smoothing window: about 1/50 of the run, at least 1 step."""
-    return max(1, result.steps // 50)
+    return max(1, max((r.steps for r in runs), default=0) // 50)
 
 
 def _save(fig, path: Path) -> Path:
-    """Write ``fig`` to ``path`` as PNG (temporary name, then rename) and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
     return path
 
 
-def _per_set_figure(
-    results: Sequence[ArmResult], draw: Callable[[object, List[ArmResult]], None], title: str, path: Path
-) -> Path:
-    """One panel per training set; ``draw(ax, results of that set)`` fills it."""
-    fig, axes = plt.subplots(1, len(TRAINING_SETS), figsize=(6 * len(TRAINING_SETS), 4.2), squeeze=False)
-    for ax, training_set in zip(axes[0], TRAINING_SETS):
-        subset = [r for r in results if r.training_set == training_set]
-        ax.set_title(f"{training_set} training set")
-        if subset:
-            draw(ax, subset)
-        else:
-            _no_data(ax)
+def _grid(n: int, width: float = 4.2, height: float = 3.0):
+    ncols = min(3, max(1, n))
+    nrows = (n + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _per_arm(groups: Dict[str, List[RunResult]], arms: Dict[str, Arm], title: str, path: Path,
+             draw: Callable[[object, List[RunResult]], None]) -> Path:
+    fig, axes = _grid(len(groups))
+    for ax, (arm, runs) in zip(axes, groups.items()):
+        ax.set_title(arms[arm].label, fontsize=8)
+        draw(ax, runs)
     fig.suptitle(title)
     fig.tight_layout()
     return _save(fig, path)
 
 
-def plot_grad_norm(results: Sequence[ArmResult], path: Path) -> Path:
-    """Per-step pre-clip global gradient norm of every arm (log scale)."""
+def _seed_color(seed: int) -> str:
+    """The same colour for a seed in every panel (seeds are consecutive: 42, 43, ...)."""
+    return SEED_COLORS[seed % len(SEED_COLORS)]
 
-    def draw(ax, subset: List[ArmResult]) -> None:
-        for r in subset:
-            ax.plot(*_xy(r.grad_norm), color=ARM_COLORS[r.arm.key], lw=0.7, alpha=0.8, label=r.arm.label)
+
+def _seed_lines(ax, runs: Sequence[RunResult], series_of: Callable[[RunResult], Series], **kw) -> None:
+    for r in runs:
+        ax.plot(*_xy(series_of(r)), color=_seed_color(r.key.seed), lw=0.7, label=f"seed {r.key.seed}", **kw)
+
+
+def plot_grad_norm(groups: Dict[str, List[RunResult]], arms: Dict[str, Arm], path: Path) -> Path:
+    def draw(ax, runs: List[RunResult]) -> None:
+        _seed_lines(ax, runs, lambda r: r.series("grad_norm"), alpha=0.8)
         ax.set_yscale("log")
-        ax.set_xlabel("step")
-        ax.set_ylabel("pre-clip gradient norm")
-        ax.legend(fontsize=7)
+        ax.set_xlabel("step", fontsize=8)
+        ax.legend(fontsize=6)
 
-    return _per_set_figure(results, draw, "Pre-clip global gradient L2 norm per step", path)
+    return _per_arm(groups, arms, "Pre-clip global gradient L2 norm per step", path, draw)
 
 
-def _filter_figure(results: Sequence[ArmResult], stat: str, ylabel: str, title: str, path: Path,
-                   hline: float = 0.0, log: bool = False) -> Path:
-    """Rows: training sets; columns: the arms with a filter; one line per encoder layer."""
-    arms = sorted({r.arm.key for r in results if r.arm.filter_on})
-    ncols = max(1, len(arms))
-    fig, axes = plt.subplots(len(TRAINING_SETS), ncols, figsize=(5.5 * ncols, 3.6 * len(TRAINING_SETS)), squeeze=False)
-    by = {(r.training_set, r.arm.key): r for r in results}
-    for i, training_set in enumerate(TRAINING_SETS):
-        for j in range(ncols):
-            ax = axes[i][j]
-            r = by.get((training_set, arms[j])) if arms else None
-            if r is None or not r.filter_layers():
-                _no_data(ax, "no filter statistics")
-                continue
-            ax.set_title(f"{training_set}: {r.arm.label}", fontsize=9)
-            for layer in r.filter_layers():
-                series = moving_average(r.filter_series(layer, stat), _window(r))
-                ax.plot(*_xy(series), lw=0.9, label=f"layer {layer}")
-            if hline > 0:
-                ax.axhline(hline, color="k", ls="--", lw=0.8, label=f"threshold {hline:g}")
-            if log:
-                ax.set_yscale("log")
-            else:
-                ax.set_ylim(bottom=0)
-            ax.set_xlabel("step")
-            ax.set_ylabel(ylabel, fontsize=8)
-            ax.legend(fontsize=7)
-    fig.suptitle(title)
+def plot_max_over_median(runs: Sequence[RunResult], thresholds: Sequence[float], path: Path) -> Path:
+    fig, axes = _grid(len(runs), width=5.0, height=3.4)
+    for ax, r in zip(axes, runs):
+        ax.set_title(f"seed {r.key.seed}", fontsize=9)
+        for layer in sorted(r.layers(), reverse=True):
+            ax.plot(*_xy(r.filter_series(layer, "max_over_median")), lw=0.6, label=f"layer {layer}")
+        for t in thresholds:
+            ax.axhline(t, color="k", ls="--", lw=0.7)
+        ax.set_yscale("log")
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel("max / median seq grad RMS", fontsize=8)
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle("Largest per-sequence gradient over the batch median, per layer (filter observing; dashed: "
+                 + ", ".join(f"{t:g}" for t in thresholds) + ")", fontsize=9)
     fig.tight_layout()
     return _save(fig, path)
 
 
-def plot_filter_fraction(results: Sequence[ArmResult], path: Path) -> Path:
-    """Per-layer fraction of sequences the GradientFilter capped (moving average)."""
-    return _filter_figure(results, "fraction_filtered", "fraction of sequences filtered",
-                          "GradientFilter: fraction of sequences filtered per layer (moving average)", path)
+def plot_over_threshold(runs: Sequence[RunResult], thresholds: Sequence[float], path: Path) -> Path:
+    rows = outlier_rows(runs, thresholds)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / max(1, len(thresholds))
+    for j, t in enumerate(thresholds):
+        xs = [row["layer"] + (j - (len(thresholds) - 1) / 2) * width for row in rows]
+        ax.bar(xs, [row[f"over {t:g}"] for row in rows], width=width, label=f"above {t:g}")
+    ax.set_xticks([row["layer"] for row in rows])
+    ax.set_xlabel("encoder layer (0 = lowest)")
+    ax.set_ylabel("% of steps")
+    ax.set_title(f"Steps whose largest sequence gradient is above a threshold x the median ({len(runs)} seeds)",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
 
 
-def plot_max_over_median(results: Sequence[ArmResult], path: Path, threshold: float) -> Path:
-    """Per-layer largest per-sequence gradient over the batch median, with the threshold."""
-    return _filter_figure(results, "max_over_median", "max / median per-sequence grad RMS",
-                          "GradientFilter input: largest sequence gradient / batch median (moving average)",
-                          path, hline=threshold, log=True)
+def _mean_over_seeds(runs: Sequence[RunResult], layer: int, stat: str) -> Series:
+    by_step: Dict[int, List[float]] = {}
+    for r in runs:
+        for step, v in r.filter_series(layer, stat):
+            by_step.setdefault(step, []).append(v)
+    return [(s, sum(v) / len(v)) for s, v in sorted(by_step.items())]
 
 
-def plot_valid_loss(results: Sequence[ArmResult], path: Path) -> Path:
-    """Validation loss per epoch of every arm."""
+def plot_filter_fraction(groups: Dict[str, List[RunResult]], arms: Dict[str, Arm], path: Path) -> Path:
+    filtering = {a: runs for a, runs in groups.items() if arms[a].filter_on}
 
-    def draw(ax, subset: List[ArmResult]) -> None:
-        for r in subset:
-            if r.valid_loss:
-                ax.plot(*_xy(r.valid_loss), marker="o", color=ARM_COLORS[r.arm.key], label=r.arm.label)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("validation loss per frame")
-        ax.legend(fontsize=7)
+    def draw(ax, runs: List[RunResult]) -> None:
+        for layer in sorted({layer for r in runs for layer in r.layers()}, reverse=True):
+            series = moving_average(_mean_over_seeds(runs, layer, "fraction_filtered"), _window(runs))
+            ax.plot(*_xy(series), lw=0.8, label=f"layer {layer}")
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel("fraction of sequences filtered", fontsize=8)
+        ax.legend(fontsize=6, ncol=2)
 
-    return _per_set_figure(results, draw, "Validation loss (dev-clean + dev-other) per epoch", path)
-
-
-def plot_train_loss(results: Sequence[ArmResult], path: Path) -> Path:
-    """Per-frame training loss per step of every arm (moving average)."""
-
-    def draw(ax, subset: List[ArmResult]) -> None:
-        for r in subset:
-            series = moving_average(r.scalars.get("loss", []), _window(r))
-            ax.plot(*_xy(series), color=ARM_COLORS[r.arm.key], lw=0.9, label=r.arm.label)
-        ax.set_xlabel("step")
-        ax.set_ylabel("training loss per frame")
-        ax.legend(fontsize=7)
-
-    return _per_set_figure(results, draw, "Training loss (moving average)", path)
+    if not filtering:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        ax.text(0.5, 0.5, "no arm with the filter on", ha="center", va="center", transform=ax.transAxes)
+        return _save(fig, path)
+    return _per_arm(filtering, arms, "GradientFilter: fraction of sequences filtered per layer (mean over seeds, "
+                    "moving average)", path, draw)
 
 
-def write_plots(results: Sequence[ArmResult], out_dir: Path, threshold: float) -> Dict[str, Path]:
-    """All plots into ``out_dir``; ``{kind: path}`` (file names in ``PLOT_FILES``)."""
-    return {
-        "grad_norm": plot_grad_norm(results, out_dir / PLOT_FILES["grad_norm"]),
-        "filter_fraction": plot_filter_fraction(results, out_dir / PLOT_FILES["filter_fraction"]),
-        "max_over_median": plot_max_over_median(results, out_dir / PLOT_FILES["max_over_median"], threshold),
-        "valid_loss": plot_valid_loss(results, out_dir / PLOT_FILES["valid_loss"]),
-        "train_loss": plot_train_loss(results, out_dir / PLOT_FILES["train_loss"]),
-    }
+def plot_train_loss(groups: Dict[str, List[RunResult]], arms: Dict[str, Arm], path: Path,
+                    reference: str = "none") -> Path:
+    def draw(ax, runs: List[RunResult]) -> None:
+        window = _window(runs)
+        if runs[0].key.arm != reference:
+            for r in groups.get(reference, []):
+                ax.plot(*_xy(moving_average(r.objective(), window)), color="0.75", lw=0.7)
+        _seed_lines(ax, runs, lambda r: moving_average(r.objective(), window))
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel("0.5 simple + pruned per frame", fontsize=8)
+        ax.legend(fontsize=6)
+
+    return _per_arm(groups, arms, f"Training loss (moving average; grey: the seeds of arm '{reference}')", path, draw)
+
+
+def write_plots(results: Sequence[RunResult], arms: Dict[str, Arm], out_dir: Path, thresholds: Sequence[float],
+                observing_arm: str = "none") -> Dict[str, Path]:
+    """Every plot of every condition into ``out_dir``; ``{"<condition> <kind>": path}``."""
+    out: Dict[str, Path] = {}
+    for condition in dict.fromkeys(r.key.condition for r in results):
+        groups = {arm: runs for (c, arm), runs in group_runs(results).items() if c == condition}
+        observed = groups.get(observing_arm, [])
+        out[f"{condition} grad-norm"] = plot_grad_norm(groups, arms, plot_path(out_dir, condition, "grad-norm"))
+        if observed:
+            out[f"{condition} max-over-median"] = plot_max_over_median(
+                observed, thresholds, plot_path(out_dir, condition, "max-over-median"))
+            out[f"{condition} over-threshold"] = plot_over_threshold(
+                observed, thresholds, plot_path(out_dir, condition, "over-threshold"))
+        out[f"{condition} filter-fraction"] = plot_filter_fraction(
+            groups, arms, plot_path(out_dir, condition, "filter-fraction"))
+        out[f"{condition} train-loss"] = plot_train_loss(groups, arms, plot_path(out_dir, condition, "train-loss"),
+                                                         observing_arm)
+    return out

@@ -33,6 +33,7 @@ class TrainingScalarTags:
 
     loss: str
     simple_loss: str
+    pruned_loss: str
     grad_norm: str
     clip_scale: str
     skipped_steps: str

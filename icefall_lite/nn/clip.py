@@ -290,6 +290,10 @@ class _GradientFilterFunction(torch.autograd.Function):
         # n_b: RMS of the gradient of batch element b, shape broadcastable to x.
         norm = x_grad.to(torch.promote_types(x_grad.dtype, torch.float32)).square().mean(dim=norm_dims, keepdim=True).sqrt()
         median_norm = norm.median()
+        if math.isinf(ctx.threshold):
+            # Observing only: the statistics, and the gradients untouched.
+            ctx.stats.update(norm, median_norm, torch.full_like(median_norm, math.inf), torch.ones_like(median_norm))
+            return (x_grad, None, None, None) + param_grads
         cutoff = median_norm * ctx.threshold
         inv_mask = (cutoff + norm) / (cutoff + eps)  # (c + n_b) / c
         # Degenerate case (icefall would scale by 1e20 here): when the median
@@ -348,8 +352,11 @@ class GradientFilter(nn.Module):
       ``threshold / (threshold + 1)``);
     - every parameter gradient ``<- grad / (1 + mean_b(n_b) / c)``.
 
-    It is not meant to be constructed with ``threshold <= 0``: the owner does
-    not insert a filter at all then (see :class:`icefall_lite.nn.scaling.ScaledLSTM`).
+    ``threshold = inf`` observes only: the statistics are recorded and every
+    gradient passes unchanged (the ablation's arms without the filter use it
+    to see where per-sequence outliers arise). It is not meant to be
+    constructed with ``threshold <= 0``: the owner does not insert a filter at
+    all then (see :class:`icefall_lite.nn.scaling.ScaledLSTM`).
     Statistics of the last backward are in :attr:`stats`.
     """
 

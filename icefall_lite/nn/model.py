@@ -271,7 +271,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=25.0,
         help="GradientFilter threshold inside every LSTM layer (x median per-sequence gradient RMS); "
-        "0 = no filter anywhere in the graph.",
+        "0 = no filter anywhere in the graph; inf = observe only (per-layer statistics logged, gradients "
+        "unchanged).",
     )
 
 

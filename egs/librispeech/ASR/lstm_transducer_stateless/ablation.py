@@ -1,42 +1,43 @@
 #!/usr/bin/env python3
-"""The gradient-control ablation (issue 6): the same model, data, seed and
-number of steps under four arms, (a) no filter and no clipping, (b)
-clip_grad_norm only, (c) GradientFilter only, (d) both, each trained on the
-clean training set and on a copy in which a fraction of the cuts is corrupted
-(local/make_corrupted_cuts.py). Every arm trains whole epochs, so each records
-a validation loss per epoch; the sampler, the seed and the cut durations are
-the same in every arm, so every arm takes the same steps on the same batches.
-Each arm is decoded on test-clean and test-other with the model averaged over
-its last epoch. Then RESULTS.md gets the table, the measured findings and the
-commands, and PNG plots are written beside it.
+"""The gradient-control ablation: does the GradientFilter help, and how does
+it compare with clip_grad_norm and the other clipping designs?
+
+Every arm (icefall_lite/ablation/arms.py) trains the same model from scratch
+on the same data for the same number of steps (train.py --max-batches), with
+--num-seeds seeds, under each chosen training condition:
+
+  stress   8 LSTM layers of d_model 128 with projection (hidden 384) at
+           --base-lr 0.02, the condition in which per-sequence gradient
+           outliers arise by themselves (RESULTS.md, "Stress conditions")
+  default  the default model at the default learning rate (no outliers)
+
+Arms: none (the filter only observes: per-layer statistics, gradients
+untouched), clip (clip_grad_norm), filter (GradientFilter), filter-clip
+(both, the recipe's design), filter-<t> (the threshold sweep), agc, value,
+error-clip. Each run is decoded on test-clean and test-other with greedy
+search using the weights at the end of its budget. After every run, RESULTS.md's
+ablation section (mean ± standard deviation over seeds, where the outliers
+arise per layer, which differences are beyond the seed spread, every
+command) and the PNG plots beside it are rewritten from the finished runs.
 
 Usage (from egs/librispeech/ASR, after prepare.sh; `make ablation` runs both):
 
-  ./lstm_transducer_stateless/ablation.py
+  ./lstm_transducer_stateless/ablation.py                       # the default set
+  ./lstm_transducer_stateless/ablation.py --num-seeds 5 --conditions stress default
+  ./lstm_transducer_stateless/ablation.py --arms none filter --list   # what would run
 
-Budget of the default on 2 idle CPU cores (the synthetic corpus of
-prepare.sh, about 3 h; the 5.5 M-parameter cpu model): 2 epochs of about 304
-batches at --max-duration 40, i.e. about 608 steps per arm (7.5-8 min of
-training with the two validations, measured 2026-11-23), then greedy and
-modified beam search on test-clean and test-other (about 25 s). Eight arms:
-about 65-70 min.
-Adding fast_beam_search (--decoding-methods greedy_search
-modified_beam_search fast_beam_search) costs about 2 min more per arm.
+Budget of the default set on 2 idle CPU cores: 9 arms x 3 seeds of the
+stress condition, 300 steps each at --max-duration 40 (RESULTS.md gives the
+measured time).
 
-A tiny run (what the tests do, on prepare.sh --size tiny):
-
-  ./lstm_transducer_stateless/ablation.py --work-dir /tmp/tiny \\
-      --exp-root /tmp/tiny/exp-ablation --results-dir /tmp/tiny/results \\
-      --epochs 1 --max-duration 60 --decoding-methods greedy_search \\
-      --model-args "--encoder-dim 32 --rnn-hidden-size 32 --dim-feedforward 64 \\
-                    --num-encoder-layers 2 --decoder-dim 32 --joiner-dim 32"
-
-Resuming: a rerun skips arms that finished
-(<exp-root>/<set>/<arm>/ablation-done.json), lets train.py resume an arm that
-was cut off from its newest checkpoint, decodes only what is missing, and
-writes RESULTS.md and the plots again. The settings are stored in
-<exp-root>/ablation-config.json; a rerun with other settings is refused (use
-another --exp-root).
+Resuming: a finished run has <exp-root>/<condition>/<arm>/seed-<s>/ablation-done.json
+and is skipped; a run cut off part-way resumes from its newest checkpoint
+(--save-every-n); a finished training is not repeated. The settings that
+make runs comparable are stored in <exp-root>/ablation-config.json, and each
+run's arm flags in its ablation-arm.json; a rerun with other settings, or
+with another threshold for an arm that has runs, is refused (use another
+--exp-root); more seeds, arms or conditions can be added to the same
+--exp-root.
 """
 
 from __future__ import annotations
@@ -53,35 +54,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-
-from icefall_lite.ablation.report import (
-    ARMS,
-    DONE_MARKER,
-    TEST_SETS,
-    TRAINING_SETS,
+from icefall_lite.ablation.arms import (
+    CONDITIONS,
     Arm,
-    ArmResult,
+    Plan,
+    RunKey,
+    Thresholds,
+    make_arms,
+    seeds_of,
+    select,
+)
+from icefall_lite.ablation.plots import write_plots
+from icefall_lite.ablation.report import (
+    DONE_MARKER,
     ReportSetup,
+    RunResult,
     add_wall_time,
-    collect_arm_result,
+    collect_run,
     format_table,
     newest_wer_summary,
     read_json,
     render_section,
-    steps_note,
     update_results_md,
     write_json_atomic,
 )
-from icefall_lite.ablation.plots import write_plots
-from icefall_lite.decoding.constants import DECODING_METHODS
-from icefall_lite.data.corrupt import CORRUPTION_METHODS, IDS_FILE, read_done
+from icefall_lite.decoding.constants import DECODING_METHODS, TEST_SETS
 from icefall_lite.utils import script_parser
 from train import TB_TAGS  # this recipe's train.py (the script's folder is on sys.path, as in icefall)
 
 RECIPE_DIR = Path(__file__).resolve().parents[1]
-# icefall's RESULTS.md settings for lstm_transducer_stateless3 (beam 4 / contexts 4 / states 8).
-DECODE_FLAGS = ["--beam-size", "4", "--beam", "4", "--max-contexts", "4", "--max-states", "8"]
 CONFIG_FILE = "ablation-config.json"
+ARM_FILE = "ablation-arm.json"  # in every run dir: the arm's train.py flags
+TRAINED_MARKER = "ablation-trained.json"  # in every run dir once train.py has finished (validation included)
+DEFAULT_THRESHOLDS = Thresholds()
 
 
 class AblationError(RuntimeError):
@@ -90,35 +95,45 @@ class AblationError(RuntimeError):
 
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
+    t = DEFAULT_THRESHOLDS
     parser.add_argument("--work-dir", type=Path, default=RECIPE_DIR,
                         help="folder with data/ (prepare.sh --work-dir); train/decode run in it (default: the recipe)")
     parser.add_argument("--exp-root", type=Path, default=Path("lstm_transducer_stateless/exp-ablation"),
-                        help="where the arms go (<exp-root>/<clean|corrupted>/<arm>/); relative to --work-dir")
+                        help="where the runs go (<exp-root>/<condition>/<arm>/seed-<s>/); relative to --work-dir")
     parser.add_argument("--results-dir", type=Path, default=RECIPE_DIR,
                         help="where RESULTS.md (ablation section) and the PNG plots are written (default: the recipe)")
-    parser.add_argument("--epochs", type=int, default=2,
-                        help="epochs per arm (whole epochs: a validation loss each; about 304 steps each at "
-                        "--max-duration 40 on the default synthetic corpus)")
+    parser.add_argument("--conditions", nargs="+", default=["stress"], choices=list(CONDITIONS),
+                        help="training conditions to run")
+    parser.add_argument("--arms", nargs="+", default=None,
+                        help="arms to run (default: all; --list shows them)")
+    parser.add_argument("--num-seeds", type=int, default=3, help="seeds per arm: --seed, --seed + 1, ...")
+    parser.add_argument("--seed", type=int, default=42, help="the first seed")
+    parser.add_argument("--steps", type=int, default=300, help="training steps of every run (train.py --max-batches)")
     parser.add_argument("--max-duration", type=float, default=40.0, help="seconds of audio per training batch")
+    parser.add_argument("--grad-filter-threshold", type=float, default=t.filter,
+                        help="GradientFilter threshold of the arms filter and filter-clip (the recipe's)")
+    parser.add_argument("--filter-sweep", type=float, nargs="*", default=list(t.sweep),
+                        help="other GradientFilter thresholds, one arm filter-<t> each")
+    parser.add_argument("--clip-grad-norm", type=float, default=t.clip_norm,
+                        help="clip_grad_norm's max norm in the arms clip and filter-clip (the recipe's)")
+    parser.add_argument("--agc-lambda", type=float, default=t.agc_lambda,
+                        help="lambda of the agc arm (max unit-wise gradient norm / weight norm)")
+    parser.add_argument("--clip-value", type=float, default=t.clip_value,
+                        help="max |gradient element| of the value arm")
+    parser.add_argument("--error-clip", type=float, default=t.error_clip,
+                        help="max |element| of the gradient at every encoder layer's output in the error-clip arm")
+    parser.add_argument("--model-args", type=str, default="",
+                        help="model flags for train.py and decode.py after the condition's, e.g. a smaller model "
+                        "for a quick try (default: none)")
+    parser.add_argument("--decoding-methods", nargs="+", choices=DECODING_METHODS, default=["greedy_search"],
+                        help="decoding methods of every run")
     parser.add_argument("--decode-max-duration", type=float, default=200.0, help="seconds of audio per decoding batch")
-    parser.add_argument("--seed", type=int, default=42, help="train.py --seed of every arm, and the corruption seed")
-    parser.add_argument("--grad-filter-threshold", type=float, default=25.0, help="the filter's threshold where it is on")
-    parser.add_argument("--clip-grad-norm", type=float, default=5.0, help="clip_grad_norm's max norm where it is on")
-    parser.add_argument("--corruption", choices=CORRUPTION_METHODS, default="random-text",
-                        help="how local/make_corrupted_cuts.py corrupts a cut")
-    parser.add_argument("--corrupt-fraction", type=float, default=0.02, help="fraction of training cuts corrupted")
-    parser.add_argument("--corrupt-density", type=float, default=0.9, help="random-text: tokens per encoder frame")
-    parser.add_argument("--corrupt-scale", type=float, default=10.0, help="scale-features: the factor")
-    parser.add_argument("--decoding-methods", nargs="+", choices=DECODING_METHODS,
-                        default=["greedy_search", "modified_beam_search"], help="decoding methods of every arm")
     parser.add_argument("--bpe-model", type=Path, default=None,
                         help="default: the one data/lang_bpe_*/bpe.model in --work-dir")
-    parser.add_argument("--model-args", type=str, default="",
-                        help="model-size flags for train.py and decode.py, e.g. '--model-preset icefall' "
-                        "(default: none, i.e. the cpu preset)")
     parser.add_argument("--num-workers", type=int, default=0,
-                        help="DataLoader workers (0: a resumed arm reproduces the uninterrupted run exactly)")
-    parser.add_argument("--save-every-n", type=int, default=40, help="checkpoint every N batches (for resuming)")
+                        help="DataLoader workers (0: a resumed run reproduces the uninterrupted one exactly)")
+    parser.add_argument("--save-every-n", type=int, default=50, help="checkpoint every N steps (for resuming)")
+    parser.add_argument("--list", action="store_true", help="print the runs of this invocation and exit")
     return parser
 
 
@@ -129,15 +144,21 @@ def get_parser() -> argparse.ArgumentParser:
 
 @dataclass
 class Settings:
-    """Resolved flags: absolute paths, the BPE model found, the model flags split."""
+    """Resolved flags: absolute paths, the BPE model found, the arms and the plan."""
 
     args: argparse.Namespace
     work_dir: Path
     exp_root: Path
     results_dir: Path
     bpe_model: Path
+    thresholds: Thresholds
+    arms: Dict[str, Arm]
+    plan: Plan
     model_args: List[str]
-    methods: List[str]
+
+    @property
+    def methods(self) -> List[str]:
+        return list(dict.fromkeys(self.args.decoding_methods))
 
     def rel(self, path: Path) -> str:
         """``path`` relative to the work dir when inside it (commands read better), else absolute."""
@@ -148,33 +169,19 @@ class Settings:
 
     def script(self, name: str) -> str:
         """A recipe script's path: relative when running in the recipe dir, else absolute."""
-        path = RECIPE_DIR / name
-        return name if self.work_dir == RECIPE_DIR else str(path)
+        return name if self.work_dir == RECIPE_DIR else str(RECIPE_DIR / name)
 
-    @property
-    def clean_manifest_dir(self) -> Path:
-        return self.work_dir / "data" / "fbank"
-
-    @property
-    def corrupted_manifest_dir(self) -> Path:
-        return self.exp_root / "manifests-corrupted"
-
-    def manifest_dir(self, training_set: str) -> Path:
-        return self.clean_manifest_dir if training_set == "clean" else self.corrupted_manifest_dir
-
-    def arm_dir(self, training_set: str, arm: Arm) -> Path:
-        return self.exp_root / training_set / arm.dirname
+    def run_dir(self, key: RunKey) -> Path:
+        return self.exp_root / key.relpath
 
     def stored_config(self) -> Dict:
         """What must not change between reruns into the same --exp-root."""
         a = self.args
         return {
-            "epochs": a.epochs, "max_duration": a.max_duration, "seed": a.seed,
-            "grad_filter_threshold": a.grad_filter_threshold, "clip_grad_norm": a.clip_grad_norm,
-            "corruption": a.corruption, "corrupt_fraction": a.corrupt_fraction,
-            "corrupt_density": a.corrupt_density, "corrupt_scale": a.corrupt_scale,
-            "model_args": self.model_args, "bpe_model": self.rel(self.bpe_model),
-            "decode_max_duration": a.decode_max_duration, "decode_flags": DECODE_FLAGS,
+            "steps": a.steps, "max_duration": a.max_duration,
+            "conditions": {name: [list(c.model_flags), list(c.train_flags)] for name, c in CONDITIONS.items()},
+            "bpe_model": self.rel(self.bpe_model), "decode_max_duration": a.decode_max_duration,
+            "model_args": self.model_args,
         }
 
 
@@ -189,15 +196,27 @@ def find_bpe_model(work_dir: Path) -> Path:
 
 
 def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
-    """Absolute paths; argparse errors for bad values."""
-    if args.epochs < 1:
-        parser.error(f"--epochs must be >= 1, got {args.epochs}")
+    """Absolute paths, the arms and the plan; argparse errors for bad values."""
+    if args.steps < 1 or args.num_seeds < 1:
+        parser.error(f"--steps and --num-seeds must be >= 1, got {args.steps} and {args.num_seeds}")
     if args.max_duration <= 0 or args.decode_max_duration <= 0:
         parser.error("--max-duration and --decode-max-duration must be positive")
-    if args.grad_filter_threshold <= 0 or args.clip_grad_norm <= 0:
-        parser.error("--grad-filter-threshold and --clip-grad-norm must be positive (the arms switch them off)")
-    if not 0 < args.corrupt_fraction <= 1:
-        parser.error(f"--corrupt-fraction must be in (0, 1], got {args.corrupt_fraction}")
+    positive = {"--grad-filter-threshold": args.grad_filter_threshold, "--clip-grad-norm": args.clip_grad_norm,
+                "--agc-lambda": args.agc_lambda, "--clip-value": args.clip_value, "--error-clip": args.error_clip}
+    positive.update({f"--filter-sweep {x:g}": x for x in args.filter_sweep})
+    bad = [name for name, x in positive.items() if not 0 < x < float("inf")]
+    if bad:
+        parser.error(f"{', '.join(bad)}: thresholds must be positive and finite (the arms switch controls off)")
+    thresholds = Thresholds(args.grad_filter_threshold,
+                            tuple(x for x in dict.fromkeys(args.filter_sweep) if x != args.grad_filter_threshold),
+                            args.clip_grad_norm, args.agc_lambda, args.clip_value, args.error_clip)
+    all_arms = make_arms(thresholds)
+    try:
+        names = select(args.arms, [a.name for a in all_arms], "arm(s)") if args.arms else [a.name for a in all_arms]
+    except ValueError as e:
+        parser.error(str(e))
+    arms = {a.name: a for a in all_arms}
+    plan = Plan(list(dict.fromkeys(args.conditions)), [arms[n] for n in names], seeds_of(args.seed, args.num_seeds))
     work_dir = args.work_dir.resolve()
     if not (work_dir / "data" / "fbank").is_dir():
         parser.error(f"--work-dir {work_dir} has no data/fbank; run prepare.sh (with --work-dir) first")
@@ -209,24 +228,32 @@ def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(str(e))
     if not bpe.is_file():
         parser.error(f"--bpe-model {bpe} does not exist")
-    return Settings(args, work_dir, exp_root.resolve(), args.results_dir.resolve(), bpe.resolve(),
-                    shlex.split(args.model_args), list(dict.fromkeys(args.decoding_methods)))
+    return Settings(args, work_dir, exp_root.resolve(), args.results_dir.resolve(), bpe.resolve(), thresholds,
+                    arms, plan, shlex.split(args.model_args))
 
 
-def check_config(settings: Settings) -> None:
-    """Store the settings on the first run; refuse a rerun with other settings."""
-    path = settings.exp_root / CONFIG_FILE
-    wanted = settings.stored_config()
+def check_config(s: Settings) -> None:
+    """Store the settings on the first run; refuse a rerun with other settings, or with an arm whose
+    threshold differs from the one its existing runs were trained with."""
+    path = s.exp_root / CONFIG_FILE
+    wanted = s.stored_config()
     stored = read_json(path)
     if stored is None:
-        settings.exp_root.mkdir(parents=True, exist_ok=True)
+        s.exp_root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, wanted)
         return
     changed = {k: (stored.get(k), v) for k, v in wanted.items() if stored.get(k) != v}
     if changed:
         detail = "; ".join(f"{k}: was {old!r}, now {new!r}" for k, (old, new) in changed.items())
-        raise AblationError(f"{settings.exp_root} was made with other settings ({detail}); "
+        raise AblationError(f"{s.exp_root} was made with other settings ({detail}); "
                             "use another --exp-root, or remove it to start over")
+    for name, arm in s.arms.items():
+        for arm_file in sorted(s.exp_root.glob(f"*/{name}/seed-*/{ARM_FILE}")):
+            trained = read_json(arm_file)["train_flags"]
+            if trained != arm.train_flags():
+                raise AblationError(f"{arm_file.parent} was trained with {shlex.join(trained)}, but arm {name} is now "
+                                    f"{shlex.join(arm.train_flags())}; give the arm's threshold it was run with, "
+                                    "or use another --exp-root")
 
 
 # --------------------------------------------------------------------------
@@ -234,58 +261,23 @@ def check_config(settings: Settings) -> None:
 # --------------------------------------------------------------------------
 
 
-def corrupt_command(s: Settings) -> List[str]:
+def train_command(s: Settings, key: RunKey) -> List[str]:
     a = s.args
-    return ["python", s.script("local/make_corrupted_cuts.py"), "--src-dir", s.rel(s.clean_manifest_dir),
-            "--out-dir", s.rel(s.corrupted_manifest_dir), "--bpe-model", s.rel(s.bpe_model),
-            "--method", a.corruption, "--fraction", str(a.corrupt_fraction), "--seed", str(a.seed),
-            "--density", str(a.corrupt_density), "--scale", str(a.corrupt_scale)]
+    condition = CONDITIONS[key.condition]
+    return (["python", s.script("lstm_transducer_stateless/train.py"), "--exp-dir", s.rel(s.run_dir(key)),
+             "--bpe-model", s.rel(s.bpe_model), "--num-epochs", "100", "--max-batches", str(a.steps),
+             "--seed", str(key.seed), "--max-duration", f"{a.max_duration:g}", "--num-workers", str(a.num_workers),
+             "--save-every-n", str(a.save_every_n), "--keep-last-k", "1"]
+            + s.arms[key.arm].train_flags() + list(condition.model_flags) + list(condition.train_flags)
+            + s.model_args)
 
 
-def arm_train_flags(arm: Arm, filter_threshold: float, clip_grad_norm: float) -> List[str]:
-    """train.py flags of ``arm`` (0 switches a control off)."""
-    return [
-        "--grad-filter-threshold", str(filter_threshold if arm.filter_on else 0),
-        "--clip-grad-norm", str(clip_grad_norm if arm.clip_on else 0),
-        "--clip-type", "norm",
-    ]
-
-
-def train_command(s: Settings, training_set: str, arm: Arm) -> List[str]:
-    a = s.args
-    return (["python", s.script("lstm_transducer_stateless/train.py"), "--exp-dir", s.rel(s.arm_dir(training_set, arm)),
-             "--bpe-model", s.rel(s.bpe_model), "--manifest-dir", s.rel(s.manifest_dir(training_set)),
-             "--num-epochs", str(a.epochs), "--seed", str(a.seed), "--max-duration", f"{a.max_duration:g}",
-             "--num-workers", str(a.num_workers), "--save-every-n", str(a.save_every_n), "--keep-last-k", "1"]
-            + arm_train_flags(arm, a.grad_filter_threshold, a.clip_grad_norm) + s.model_args)
-
-
-def decode_checkpoint_flags(epochs: int) -> List[str]:
-    """The model averaged over the last epoch (icefall's model_avg); after one epoch, that epoch's model."""
-    return ["--epoch", str(epochs), "--avg", "1", "--use-averaged-model", str(epochs >= 2).lower()]
-
-
-DECODE_SETTINGS = {
-    "greedy_search": "greedy search (1 symbol per frame)",
-    "modified_beam_search": "modified beam search (beam 4)",
-    "fast_beam_search": "fast beam search (beam 4, 4 contexts, 8 states)",
-}
-
-
-def decoding_summary(s: Settings) -> str:
-    """What the arms were decoded with, for RESULTS.md."""
-    model = ("the model averaged over the last epoch" if s.args.epochs >= 2 else "the model after the epoch")
-    methods = ", ".join(DECODE_SETTINGS[m] for m in s.methods)
-    return f"`{shlex.join(decode_checkpoint_flags(s.args.epochs))}` ({model}); {methods} (icefall's settings)"
-
-
-def decode_command(s: Settings, training_set: str, arm: Arm, method: str) -> List[str]:
-    # Test sets always come from the clean manifest dir.
-    return (["python", s.script("lstm_transducer_stateless/decode.py"), "--exp-dir", s.rel(s.arm_dir(training_set, arm)),
-             "--bpe-model", s.rel(s.bpe_model), "--manifest-dir", s.rel(s.clean_manifest_dir),
-             "--decoding-method", method, "--max-duration", f"{s.args.decode_max_duration:g}",
-             "--num-workers", str(s.args.num_workers)]
-            + decode_checkpoint_flags(s.args.epochs) + DECODE_FLAGS + s.model_args)
+def decode_command(s: Settings, key: RunKey, method: str) -> List[str]:
+    return (["python", s.script("lstm_transducer_stateless/decode.py"), "--exp-dir", s.rel(s.run_dir(key)),
+             "--bpe-model", s.rel(s.bpe_model), "--iter", str(s.args.steps), "--avg", "1",
+             "--use-averaged-model", "false", "--decoding-method", method,
+             "--max-duration", f"{s.args.decode_max_duration:g}", "--num-workers", str(s.args.num_workers)]
+            + list(CONDITIONS[key.condition].model_flags) + s.model_args)
 
 
 def run_command(s: Settings, cmd: List[str], what: str, log_hint: Path) -> float:
@@ -304,130 +296,143 @@ def run_command(s: Settings, cmd: List[str], what: str, log_hint: Path) -> float
 
 
 # --------------------------------------------------------------------------
-# Running the arms
+# Running
 # --------------------------------------------------------------------------
 
 
-def decoded(arm_dir: Path, method: str) -> bool:
-    return all(newest_wer_summary(arm_dir, method, t) is not None for t in TEST_SETS)
-
-
-def arm_done(s: Settings, training_set: str, arm: Arm) -> bool:
-    marker = read_json(s.arm_dir(training_set, arm) / DONE_MARKER)
+def run_done(s: Settings, key: RunKey) -> bool:
+    marker = read_json(s.run_dir(key) / DONE_MARKER)
     return marker is not None and set(s.methods) <= set(marker.get("methods", []))
 
 
-def run_arm(s: Settings, training_set: str, arm: Arm) -> None:
-    """Train (or resume) and decode one arm, then write its done-marker."""
-    arm_dir = s.arm_dir(training_set, arm)
-    arm_dir.mkdir(parents=True, exist_ok=True)
-    what = f"{training_set} {arm.label}"
-    if (arm_dir / f"epoch-{s.args.epochs}.pt").is_file():
-        logging.info(f"{what}: epoch-{s.args.epochs}.pt exists, training finished earlier")
+def decoded(run_dir: Path, method: str) -> bool:
+    return all(newest_wer_summary(run_dir, method, t) is not None for t in TEST_SETS)
+
+
+def run_one(s: Settings, key: RunKey) -> None:
+    """Train (or resume) and decode one run, then write its done-marker."""
+    run_dir = s.run_dir(key)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / ARM_FILE, {"arm": key.arm, "train_flags": s.arms[key.arm].train_flags()})
+    what = key.relpath
+    if (run_dir / TRAINED_MARKER).is_file():
+        logging.info(f"{what}: training finished earlier")
     else:
         start = time.time()
         try:
-            run_command(s, train_command(s, training_set, arm), f"{what}: training", arm_dir / "log")
+            run_command(s, train_command(s, key), f"{what}: training", run_dir / "log")
         finally:
-            add_wall_time(arm_dir, "train", time.time() - start)
+            add_wall_time(run_dir, "train", time.time() - start)
+        write_json_atomic(run_dir / TRAINED_MARKER, {"steps": s.args.steps})
     for method in s.methods:
-        if decoded(arm_dir, method):
-            logging.info(f"{what}: {method} results exist, skipping decoding")
+        if decoded(run_dir, method):
             continue
         start = time.time()
         try:
-            run_command(s, decode_command(s, training_set, arm, method), f"{what}: {method}", arm_dir / method)
+            run_command(s, decode_command(s, key, method), f"{what}: {method}", run_dir / method)
         finally:
-            add_wall_time(arm_dir, f"decode/{method}", time.time() - start)
-    write_json_atomic(arm_dir / DONE_MARKER, {
-        "training_set": training_set, "arm": arm.dirname, "methods": s.methods,
+            add_wall_time(run_dir, f"decode/{method}", time.time() - start)
+    write_json_atomic(run_dir / DONE_MARKER, {
+        "condition": key.condition, "arm": key.arm, "seed": key.seed, "methods": s.methods,
         "finished": datetime.datetime.now().isoformat(timespec="seconds"),
     })
 
 
-def run_all_arms(s: Settings) -> None:
-    """Every training set x arm in order, with progress and an estimate of the time left."""
-    jobs = [(t, arm) for t in TRAINING_SETS for arm in ARMS]
-    start = time.time()
-    ran = 0
-    for i, (training_set, arm) in enumerate(jobs, 1):
-        if arm_done(s, training_set, arm):
-            logging.info(f"[{i}/{len(jobs)}] {training_set} {arm.label}: done earlier - skipped")
-            continue
-        logging.info(f"[{i}/{len(jobs)}] {training_set} {arm.label}: starting")
-        run_arm(s, training_set, arm)
-        ran += 1
-        elapsed = time.time() - start
-        left = len(jobs) - i
-        logging.info(f"[{i}/{len(jobs)}] {training_set} {arm.label}: done; {elapsed / 60:.1f} min so far, "
-                     f"about {elapsed / ran * left / 60:.0f} min left for {left} arm(s)")
+def finished_results(s: Settings) -> List[RunResult]:
+    """Every finished run in the exp root whose arm this invocation knows (any seed), in table order:
+    condition, arm, seed."""
+    out = []
+    for condition in CONDITIONS:
+        for arm in s.arms:
+            arm_dir = s.exp_root / condition / arm
+            seeds = sorted(int(p.name.split("-", 1)[1]) for p in arm_dir.glob("seed-*") if p.name[5:].isdigit())
+            for seed in seeds:
+                key = RunKey(condition, arm, seed)
+                if run_done(s, key):
+                    out.append(collect_run(s.run_dir(key), key, s.methods, TB_TAGS))
+    return out
 
 
-# --------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------
+def setup_text(s: Settings, results: Sequence[RunResult]) -> str:
+    """The setup paragraph of RESULTS.md."""
+    a, t = s.args, s.thresholds
+    conditions = "; ".join(f"**{c}**: {CONDITIONS[c].description}"
+                           for c in dict.fromkeys(r.key.condition for r in results))
+    return (
+        f"Every run trains from scratch for **{a.steps} steps** (`--max-batches`) at `--max-duration "
+        f"{a.max_duration:g}`, on the data of `prepare.sh` (BPE model `{s.rel(s.bpe_model)}`), everything else "
+        f"train.py's defaults; the seeds differ in initialisation and data order. Conditions: {conditions}. "
+        "Arms: `none` has no control, its GradientFilter only observing (`--grad-filter-threshold inf`: the "
+        "statistics, gradients untouched; every arm without the filter observes the same way). Thresholds: "
+        f"GradientFilter {t.filter:g} (the recipe's and icefall's stateless3) and the sweep "
+        f"{', '.join(f'{x:g}' for x in t.sweep)}; clip_grad_norm {t.clip_norm:g} (the recipe's); AGC lambda "
+        f"{t.agc_lambda:g} (the paper's value for small batches; our batches hold 5-20 utterances); clip by value "
+        f"{t.clip_value:g} and error clip {t.error_clip:g} (per element; how these defaults were chosen: the section "
+        "\"Thresholds of the ablation's clipping arms\" below). Decoding: "
+        + ", ".join(s.methods) + f" with the weights at step {a.steps} (`--iter {a.steps} --avg 1`)."
+        + (f" Model flags after the condition's: `{shlex.join(s.model_args)}`." if s.model_args else "")
+    )
 
 
-def collect_results(s: Settings) -> List[ArmResult]:
-    """Results of all finished arms (AblationError naming the unfinished ones)."""
-    missing = [f"{t}/{a.dirname}" for t in TRAINING_SETS for a in ARMS if not arm_done(s, t, a)]
-    if missing:
-        raise AblationError(f"unfinished arms in {s.exp_root}: {', '.join(missing)}")
-    return [collect_arm_result(s.arm_dir(t, a), t, a, s.methods, TB_TAGS) for t in TRAINING_SETS for a in ARMS]
-
-
-def corruption_summary(s: Settings) -> str:
-    info = read_done(s.corrupted_manifest_dir) or {}
-    return (f"{info.get('num_corrupted', '?')} of {info.get('num_cuts', '?')} training cuts "
-            f"(fraction {s.args.corrupt_fraction}) corrupted by `{s.args.corruption}`"
-            + (f" (random BPE pieces, {s.args.corrupt_density} tokens per encoder frame; features unchanged)"
-               if s.args.corruption == "random-text" else f" (features x {s.args.corrupt_scale})")
-            + f"; ids in `{s.rel(s.corrupted_manifest_dir / IDS_FILE)}`")
-
-
-def all_commands(s: Settings) -> List[str]:
-    cmds = [shlex.join(corrupt_command(s))]
-    for t in TRAINING_SETS:
-        for arm in ARMS:
-            cmds.append(shlex.join(train_command(s, t, arm)))
-            cmds.extend(shlex.join(decode_command(s, t, arm, m)) for m in s.methods)
+def all_commands(s: Settings, results: Sequence[RunResult]) -> List[str]:
+    cmds = []
+    for r in results:
+        cmds.append(shlex.join(train_command(s, r.key)))
+        cmds.extend(shlex.join(decode_command(s, r.key, m)) for m in s.methods)
     return cmds
 
 
-def report_setup(s: Settings, results: Sequence[ArmResult], command: str) -> ReportSetup:
-    """What RESULTS.md says about this run: command, setup, every command run."""
-    a = s.args
-    setup = (
-        f"Setup: model flags `{shlex.join(s.model_args) or '(none: the cpu preset)'}`, epochs per arm: "
-        f"{a.epochs}, max-duration {a.max_duration:g} s, seed {a.seed}, GradientFilter threshold "
-        f"{a.grad_filter_threshold:g} where on, clip_grad_norm {a.clip_grad_norm:g} where on (otherwise train.py "
-        f"defaults). {steps_note(results)} Corrupted training set: {corruption_summary(s)}. "
-        f"Decoding: {decoding_summary(s)}."
-    )
-    return ReportSetup(command=command, setup=setup, commands=all_commands(s), methods=s.methods,
-                       threshold=a.grad_filter_threshold, seed=a.seed)
-
-
-def write_report(s: Settings, command: str) -> Path:
-    """RESULTS.md's ablation section and the plots in --results-dir."""
-    results = collect_results(s)
-    plots = write_plots(results, s.results_dir, s.args.grad_filter_threshold)
+def write_report(s: Settings, command: str) -> Optional[Path]:
+    """RESULTS.md's ablation section and the plots, from every finished run (None when there is none)."""
+    results = finished_results(s)
+    if not results:
+        return None
+    sweep = sorted({s.thresholds.filter, *s.thresholds.sweep})
+    plots = write_plots(results, s.arms, s.results_dir, sweep)
+    setup = ReportSetup(command=command, setup=setup_text(s, results), commands=all_commands(s, results),
+                        methods=s.methods, sweep=sweep)
     results_md = s.results_dir / "RESULTS.md"
-    update_results_md(results_md, render_section(results, plots, report_setup(s, results, command)))
-    logging.info(f"wrote {results_md} and {', '.join(p.name for p in plots.values())}")
-    print(format_table(results, s.methods))
+    update_results_md(results_md, render_section(results, s.arms, plots, setup))
+    logging.info(f"wrote {results_md} and {len(plots)} plots ({len(results)} finished runs)")
+    print(format_table(results, s.arms, s.methods))
     return results_md
 
 
-def invocation() -> str:
+def run_plan(s: Settings, command: str) -> int:
+    """Every run of the plan in order, with progress, an estimate of the time left, and the report after each;
+    returns the number of runs made."""
+    runs = s.plan.runs
+    start = time.time()
+    ran = 0
+    for i, key in enumerate(runs, 1):
+        if run_done(s, key):
+            logging.info(f"[{i}/{len(runs)}] {key.relpath}: done earlier - skipped")
+            continue
+        logging.info(f"[{i}/{len(runs)}] {key.relpath} ({s.arms[key.arm].label}): starting")
+        run_one(s, key)
+        ran += 1
+        elapsed = time.time() - start
+        left = sum(1 for k in runs[i:] if not run_done(s, k))
+        logging.info(f"[{i}/{len(runs)}] {key.relpath}: done; {elapsed / 60:.1f} min so far, "
+                     f"about {elapsed / ran * left / 60:.0f} min left for {left} run(s)")
+        write_report(s, command)
+    return ran
+
+
+def invocation(argv: Sequence[str]) -> str:
     """This run's command line, as typed from the recipe dir."""
-    return shlex.join(["./lstm_transducer_stateless/ablation.py"] + sys.argv[1:])
+    return shlex.join(["./lstm_transducer_stateless/ablation.py", *argv])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = get_parser()
     args = parser.parse_args(argv)
     s = resolve_settings(parser, args)
+    if args.list:
+        for key in s.plan.runs:
+            print(f"{key.relpath:32s} {'done' if run_done(s, key) else 'to run'}  {s.arms[key.arm].label}")
+        return 0
     s.exp_root.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
         format="%(asctime)s %(levelname)s [%(filename)s:%(lineno)d] %(message)s", level=logging.INFO, force=True,
@@ -435,11 +440,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   logging.FileHandler(s.exp_root / f"log-ablation-{datetime.datetime.now():%Y-%m-%d-%H-%M-%S}")],
     )
     logging.info(f"ablation: {vars(args)}")
+    logging.info(f"{len(s.plan.runs)} runs: conditions {s.plan.conditions}, arms {[a.name for a in s.plan.arms]}, "
+                 f"seeds {s.plan.seeds}")
     try:
         check_config(s)
-        run_command(s, corrupt_command(s), "corrupted training set", s.corrupted_manifest_dir)
-        run_all_arms(s)
-        write_report(s, invocation())
+        if run_plan(s, invocation(argv)) == 0:
+            write_report(s, invocation(argv))
     except (AblationError, FileNotFoundError) as e:
         logging.error(str(e))
         return 1

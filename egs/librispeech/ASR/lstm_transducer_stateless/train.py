@@ -89,6 +89,7 @@ TRAIN_TAG_PREFIX = "train/"
 TB_TAGS = TrainingScalarTags(
     loss=f"{TRAIN_TAG_PREFIX}loss",
     simple_loss=f"{TRAIN_TAG_PREFIX}simple_loss",
+    pruned_loss=f"{TRAIN_TAG_PREFIX}pruned_loss",
     grad_norm=f"{TRAIN_TAG_PREFIX}grad_norm",
     clip_scale=f"{TRAIN_TAG_PREFIX}clip_scale",
     skipped_steps=f"{TRAIN_TAG_PREFIX}skipped_steps",
@@ -564,6 +565,13 @@ def train_step(
     return info, grad_norm, clip_scale
 
 
+def budget_spent(params: AttributeDict) -> bool:
+    """Whether --max-batches or --max-minutes says training is over."""
+    return (params.max_batches > 0 and params.batch_idx_train >= params.max_batches) or (
+        params.max_minutes > 0 and params.train_seconds >= 60.0 * params.max_minutes
+    )
+
+
 def train_one_epoch(
     params: AttributeDict,
     model: nn.Module,
@@ -584,6 +592,12 @@ def train_one_epoch(
 
     ``params.train_loss`` is set to the running training loss per frame at the end.
     """
+    if budget_spent(params):
+        # Resumed at the end of the budget (a run killed between its last checkpoint and the final
+        # validation): no more steps; the caller validates and saves.
+        logging.info(f"Global batch {params.batch_idx_train}: the --max-batches/--max-minutes budget is spent")
+        params.train_loss = params.get("train_loss", float("nan"))
+        return False
     model.train()
     tot_loss = MetricsTracker()
     iterator = iter(train_dl)
@@ -646,10 +660,7 @@ def train_one_epoch(
         now = time.time()
         params.train_seconds += now - last_time
         last_time = now
-        out_of_budget = (params.max_batches > 0 and params.batch_idx_train >= params.max_batches) or (
-            params.max_minutes > 0 and params.train_seconds >= 60.0 * params.max_minutes
-        )
-        if out_of_budget:
+        if budget_spent(params):
             progress.close()
             params.train_loss = tot_loss.per_frame("loss")
             return False
