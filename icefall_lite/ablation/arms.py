@@ -69,8 +69,8 @@ class Thresholds:
     sweep: Tuple[float, ...] = (10.0, 5.0)
     clip_norm: float = 5.0
     agc_lambda: float = 0.08
-    clip_value: float = 0.1
-    error_clip: float = 1e-4
+    clip_value: float = 1.0
+    error_clip: float = 2e-4
 
 
 def make_arms(t: Thresholds) -> List[Arm]:
