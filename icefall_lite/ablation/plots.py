@@ -97,14 +97,14 @@ def plot_max_over_median(runs: Sequence[RunResult], thresholds: Sequence[float],
         ax.set_title(f"seed {r.key.seed}", fontsize=9)
         for layer in sorted(r.layers(), reverse=True):
             ax.plot(*_xy(r.filter_series(layer, "max_over_median")), lw=0.6, label=f"layer {layer}")
-        for t in thresholds:
-            ax.axhline(t, color="k", ls="--", lw=0.7)
+        for i, t in enumerate(thresholds):
+            ax.axhline(t, color="k", ls="--", lw=0.7,
+                       label="thresholds " + ", ".join(f"{x:g}" for x in thresholds) if i == 0 else None)
         ax.set_yscale("log")
         ax.set_xlabel("step", fontsize=8)
         ax.set_ylabel("max / median seq grad RMS", fontsize=8)
         ax.legend(fontsize=6, ncol=2)
-    fig.suptitle("Largest per-sequence gradient over the batch median, per layer (filter observing; dashed: "
-                 + ", ".join(f"{t:g}" for t in thresholds) + ")", fontsize=9)
+    fig.suptitle("Largest sequence gradient / batch median per layer\n(the filter observing)", fontsize=9)
     fig.tight_layout()
     return _save(fig, path)
 
