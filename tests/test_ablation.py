@@ -5,7 +5,6 @@ wer-summary files, checkpoints and raw TensorBoard events it came from; the obse
 that skips finished runs and resumes a cut-off one; a rerun with other settings refused)."""
 
 import importlib.util
-import json
 import math
 import re
 import shlex
