@@ -487,3 +487,52 @@ def test_train_py_tensorboard_tags_round_trip_the_filter_statistics():
     assert TB_TAGS.parse_filter_tag(tag) == (12, "max_over_median")
     assert TB_TAGS.parse_filter_tag("grad_filter/layerx/fraction_filtered") is None
     assert TB_TAGS.parse_filter_tag(TB_TAGS.grad_norm) is None
+
+
+def test_warm_condition_starts_every_arm_from_one_shared_warm_start(tiny_data, tmp_path):
+    def args(*extra: str) -> List[str]:
+        return [sys.executable, str(ABLATION), "--work-dir", str(tiny_data), "--exp-root", str(tmp_path / "exp"),
+                "--results-dir", str(tmp_path / "results"), "--conditions", "stress-warm", "--steps", "3",
+                "--warm-start-steps", "4", "--max-duration", "30", "--save-every-n", "2",
+                "--model-args", shlex.join(TINY_MODEL), *extra]
+
+    first = run_ablation(args("--arms", "none", "filter", "--num-seeds", "1"))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert first.stderr.count("stress-warm/warm-start: training") == 1
+    warm_dir = tmp_path / "exp" / "stress-warm" / "warm-start"
+    warm_log = train_log(warm_dir)
+    # The recipe's controls (train.py's defaults) and the condition's learning rate.
+    for line in ("grad_filter_threshold: 25.0", "clip_type: norm", "clip_grad_norm: 5.0", "base_lr: 0.02",
+                 "model_warm_step: 100", "seed: 42"):
+        assert re.search(rf"^\s+{line}$", warm_log, re.M), line
+    source = warm_dir / "checkpoint-4.pt"
+    assert load_checkpoint_file(source)["batch_idx_train"] == 4
+    warm_mtime = source.stat().st_mtime_ns
+    first_loss = {}
+    for arm in ("none", "filter"):
+        run_dir = tmp_path / "exp" / "stress-warm" / arm / "seed-42"
+        log = train_log(run_dir)
+        assert re.search(r"Initialised the model from the weights of \S*stress-warm/warm-start/checkpoint-4\.pt "
+                         r"\(trained 4 batches\)", log), log[-2000:]
+        assert re.search(r"^\s+model_warm_step: 1$", log, re.M)
+        assert load_checkpoint_file(run_dir / "checkpoint-3.pt")["batch_idx_train"] == 3
+        first_loss[arm] = raw_scalars(run_dir / "tensorboard", "train/loss")[1]
+    assert first_loss["none"] == first_loss["filter"], "same weights, same first batch"
+
+    # Another seed reuses the warm start (not retrained) and differs in data order.
+    second = run_ablation(args("--arms", "none", "--num-seeds", "2"))
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "warm-start: training" not in second.stderr and source.stat().st_mtime_ns == warm_mtime
+    other = tmp_path / "exp" / "stress-warm" / "none" / "seed-43"
+    assert "warm-start/checkpoint-4.pt (trained 4 batches)" in train_log(other)
+    assert raw_scalars(other / "tensorboard", "train/loss")[1] != first_loss["none"]
+
+    text = (tmp_path / "results" / "RESULTS.md").read_text()
+    assert "one shared warm start" in text and "**4 steps**" in text
+    commands = text.split("<summary>Every command")[1]
+    assert commands.count("--exp-dir " + str(warm_dir)) == 1
+    assert commands.count("--init-from " + str(source)) == 3
+
+    refused = run_ablation(args("--arms", "none", "--num-seeds", "1", "--warm-start-steps", "5"))
+    assert refused.returncode == 1
+    assert "condition stress-warm: was" in refused.stderr and "'warm_start_steps': 4" in refused.stderr

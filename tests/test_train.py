@@ -66,6 +66,44 @@ def test_resumed_at_the_end_of_the_budget_validates_without_training(tiny_data, 
         assert torch.equal(value, after["model"][name]), name
 
 
+def test_init_from_starts_a_new_run_from_the_weights_of_a_checkpoint(tiny_data, tmp_path):
+    first = run_train(tiny_data, tmp_path / "first", "--max-batches", "3", "--save-every-n", "3")
+    assert first.returncode == 0, first.stderr
+    source = tmp_path / "first" / "checkpoint-3.pt"
+    # A learning rate of 1e-12 leaves the weights where --init-from put them, but for Eve's weight decay
+    # (a shrink by 1e-3 of the larger tensors, not scaled by the learning rate, as icefall's).
+    second = run_train(tiny_data, tmp_path / "second", "--max-batches", "1", "--save-every-n", "1",
+                       "--base-lr", "1e-12", "--init-from", str(source))
+    assert second.returncode == 0, second.stderr
+    assert f"Initialised the model from the weights of {source} (trained 3 batches)" in second.stderr
+    trained = load_checkpoint_file(source)
+    started = load_checkpoint_file(tmp_path / "second" / "checkpoint-1.pt")
+    assert started["batch_idx_train"] == 1  # counters start afresh
+    for name, value in trained["model"].items():
+        if value.is_floating_point():
+            torch.testing.assert_close(started["model"][name], value, rtol=1.001e-3, atol=1e-9, msg=name)
+            torch.testing.assert_close(started["model_avg"][name], value.double(), rtol=1.001e-3, atol=1e-9,
+                                       msg=name)
+    # Its own checkpoints win over --init-from on a rerun.
+    again = run_train(tiny_data, tmp_path / "second", "--max-batches", "2", "--save-every-n", "1",
+                      "--base-lr", "1e-12", "--init-from", str(source))
+    assert again.returncode == 0, again.stderr
+    assert "Loading checkpoint" in again.stderr and "Initialised" not in again.stderr
+
+
+def test_init_from_a_checkpoint_of_another_model_size_gives_clear_error(tiny_data, tmp_path):
+    first = run_train(tiny_data, tmp_path / "first", "--max-batches", "1", "--save-every-n", "1")
+    assert first.returncode == 0, first.stderr
+    other = ["--encoder-dim", "24"] + TINY_MODEL[2:]
+    args = [sys.executable, str(TRAIN), "--exp-dir", str(tmp_path / "other"), "--bpe-model",
+            "data/lang_bpe_100/bpe.model", "--max-duration", "30", "--num-workers", "0", "--num-epochs", "1",
+            "--tensorboard", "false", *other, "--init-from", str(tmp_path / "first" / "checkpoint-1.pt")]
+    proc = subprocess.run(args, cwd=tiny_data, capture_output=True, text=True, env=recipe_env(), timeout=600)
+    assert proc.returncode != 0
+    assert "--init-from" in proc.stderr and "does not fit this model" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_resume_equals_uninterrupted_run(tiny_data, tmp_path):
     full = run_train(tiny_data, tmp_path / "full", "--max-batches", "6", "--save-every-n", "3")
     assert full.returncode == 0, full.stderr
@@ -207,6 +245,8 @@ def test_print_diagnostics_prints_and_exits(tiny_data, tmp_path):
         (["--ctc-loss-scale", "-1"], "--ctc-loss-scale"),
         (["--tail-pad-frames", "-5"], "--tail-pad-frames"),
         (["--max-minutes", "-1"], "--max-minutes"),
+        (["--init-from", "/nonexistent/epoch-3.pt"], "--init-from"),
+        (["--encoder-dim", "512"], "--rnn-hidden-size (256) must be >= --encoder-dim (512)"),
     ],
 )
 def test_bad_flags_give_argparse_errors(argv, flag, capsys, tiny_data):

@@ -37,6 +37,7 @@ from icefall_lite.nn.model import (
     Transducer,
     add_model_arguments,
     build_transducer,
+    check_model_args,
     count_parameters,
     model_config_from_args,
 )
@@ -79,10 +80,7 @@ def validate_decoding_args(parser: argparse.ArgumentParser, args: argparse.Names
         parser.error(f"--num-workers must be >= 0, got {args.num_workers}")
     if not Path(args.bpe_model).is_file():
         parser.error(f"--bpe-model {args.bpe_model} does not exist; run prepare.sh (stage 4) first")
-    try:
-        model_config_from_args(args, vocab_size=2)
-    except ValueError as e:
-        parser.error(str(e))
+    check_model_args(parser, args)
     validate_test_sets(parser, args)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -274,6 +274,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "0 = no filter anywhere in the graph; inf = observe only (per-layer statistics logged, gradients "
         "unchanged).",
     )
+
+
+def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """An argparse error (exit 2, naming the flag) for model flags :func:`model_config_from_args` rejects."""
+    try:
+        model_config_from_args(args, vocab_size=2)
+    except ValueError as e:
+        parser.error(str(e))
 
 
 def model_config_from_args(args: argparse.Namespace, vocab_size: int, blank_id: int = 0) -> Dict[str, Any]:

@@ -49,7 +49,13 @@ from icefall_lite.train.checkpoint import (
     load_weights_or_exit,
     validate_checkpoint_args,
 )
-from icefall_lite.nn.model import add_model_arguments, build_transducer, count_parameters, model_config_from_args
+from icefall_lite.nn.model import (
+    add_model_arguments,
+    build_transducer,
+    check_model_args,
+    count_parameters,
+    model_config_from_args,
+)
 from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN
 from icefall_lite.export.onnx_export import (
     ExportableTransducer,
@@ -89,6 +95,7 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--bpe-model {args.bpe_model} does not exist; run prepare.sh (stage 4) first")
     if not args.exp_dir.is_dir():
         parser.error(f"--exp-dir {args.exp_dir} does not exist; train first (train.py --exp-dir ...)")
+    check_model_args(parser, args)
 
 
 @torch.no_grad()

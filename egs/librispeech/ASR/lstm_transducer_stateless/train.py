@@ -44,6 +44,7 @@ from icefall_lite.train.checkpoint import (
     find_checkpoints,
     load_checkpoint,
     load_checkpoint_file,
+    load_state_dict_checked,
     remove_checkpoints,
     save_checkpoint,
     unwrap,
@@ -68,7 +69,13 @@ from icefall_lite.data.datamodule import (
 from icefall_lite.decoding.decode_run import NUM_TAIL_PADDED_FRAMES, pad_tail
 from icefall_lite.train.diagnostics import ModelDiagnostics, register_inf_check_hooks
 from icefall_lite.nn.encoder import subsampled_length
-from icefall_lite.nn.model import Transducer, add_model_arguments, build_transducer, count_parameters, model_config_from_args
+from icefall_lite.nn.model import (
+    add_model_arguments,
+    build_transducer,
+    check_model_args,
+    count_parameters,
+    model_config_from_args,
+)
 from icefall_lite.train.optim import Eden, Eve, ScaledAdam
 from recipe_defaults import EXP_DIR, NUM_EPOCHS  # this recipe's defaults (the script's folder is on sys.path)
 from icefall_lite.utils import (
@@ -174,6 +181,12 @@ def get_parser() -> argparse.ArgumentParser:
         "--start-batch", type=int, default=0, help="Resume from exp-dir/checkpoint-N.pt when > 0 (overrides --start-epoch)."
     )
     parser.add_argument("--exp-dir", type=Path, default=EXP_DIR, help="Checkpoints, logs, tensorboard.")
+    parser.add_argument(
+        "--init-from", type=Path, default=None,
+        help="Start a new run from the model weights of this checkpoint (as icefall's finetune --finetune-ckpt): "
+        "optimizer, learning-rate schedule, loss warm-up and batch counters start afresh. Once exp-dir has "
+        "checkpoints of its own, the run resumes from those.",
+    )
     parser.add_argument("--bpe-model", type=str, default=DEFAULT_BPE_MODEL, help="sentencepiece model.")
     # dest is not "optimizer": checkpoints store params next to the "optimizer" state.
     parser.add_argument("--optimizer", dest="optimizer_name", choices=["eve", "scaled-adam"], default="eve",
@@ -294,8 +307,11 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             parser.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(args, name)}")
     if args.use_fp16 and not torch.cuda.is_available():
         parser.error("--use-fp16 needs a CUDA device; none is available")
+    if args.init_from is not None and not Path(args.init_from).is_file():
+        parser.error(f"--init-from {args.init_from} does not exist")
     if not Path(args.bpe_model).is_file():
         parser.error(f"--bpe-model {args.bpe_model} does not exist; run prepare.sh (stage 4) first")
+    check_model_args(parser, args)
 
 
 def training_model_config(args: argparse.Namespace, vocab_size: int, blank_id: int = 0) -> Dict[str, Any]:
@@ -705,6 +721,17 @@ def remove_interrupted_saves(exp_dir: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
+def init_from_weights(path: Path, model: nn.Module, model_avg: Optional[nn.Module]) -> None:
+    """--init-from: ``model`` takes the ``model`` weights of checkpoint ``path`` (a clear error if they do not
+    fit); ``model_avg`` starts as their float64 copy, as a fresh run's starts as the initial weights."""
+    checkpoint = load_checkpoint_file(path)
+    load_state_dict_checked(unwrap(model), checkpoint["model"], f"--init-from {path}")
+    if model_avg is not None:
+        model_avg.load_state_dict({k: v.to(torch.float64) for k, v in unwrap(model).state_dict().items()})
+    logging.info(f"Initialised the model from the weights of {path} (trained {checkpoint.get('batch_idx_train', '?')} "
+                 "batches); optimizer, schedule and counters start afresh")
+
+
 class Resumption:
     """Continuing a run from a checkpoint, all in one place.
 
@@ -967,6 +994,8 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
     sp = load_bpe_model(params)
     model, model_avg = build_models(params, args, rank)
     resume = Resumption.load(params, model, model_avg, rank)
+    if resume is None and params.init_from is not None:
+        init_from_weights(params.init_from, model, model_avg)
     model, diagnostics = place_model(params, model, device, rank, world_size)
     optimizer = make_optimizer(params, model)
     scheduler = Eden(optimizer, params.lr_batches, params.lr_epochs)
