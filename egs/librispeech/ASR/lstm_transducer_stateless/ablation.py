@@ -2,20 +2,14 @@
 """The gradient-control ablation: does the GradientFilter help, and how does
 it compare with clip_grad_norm and the other clipping designs?
 
-Every arm (icefall_lite/ablation/arms.py) trains the same model on the same
-data for the same number of steps (train.py --max-batches), with --num-seeds
-seeds, under each chosen training condition:
+Every arm (icefall_lite/ablation/arms.py) trains the same model from scratch
+on the same data for the same number of steps (train.py --max-batches), with
+--num-seeds seeds, under each chosen training condition:
 
-  stress       8 LSTM layers of d_model 128 with projection (hidden 384) at
-               --base-lr 0.02, from scratch: the condition in which
-               per-sequence gradient outliers arise by themselves
-               (RESULTS.md, "Stress conditions")
-  stress-warm  the same, but every arm starts from the weights of one shared
-               warm start (<exp-root>/stress-warm/warm-start/: --warm-start-steps
-               steps with the recipe's controls, GradientFilter 25 +
-               clip_grad_norm 5), so that the arms are decoded from a model
-               that has learned
-  default      the default model at the default learning rate (no outliers)
+  stress   8 LSTM layers of d_model 128 with projection (hidden 384) at
+           --base-lr 0.02, the condition in which per-sequence gradient
+           outliers arise by themselves (RESULTS.md, "Stress conditions")
+  default  the default model at the default learning rate (no outliers)
 
 Arms: none (the filter only observes: per-layer statistics, gradients
 untouched), clip (clip_grad_norm), filter (GradientFilter), filter-clip
@@ -62,7 +56,6 @@ from typing import Dict, List, Optional, Sequence
 
 from icefall_lite.ablation.arms import (
     CONDITIONS,
-    WARM_START,
     Arm,
     Plan,
     RunKey,
@@ -94,7 +87,6 @@ CONFIG_FILE = "ablation-config.json"
 ARM_FILE = "ablation-arm.json"  # in every run dir: the arm's train.py flags
 TRAINED_MARKER = "ablation-trained.json"  # in every run dir once train.py has finished (validation included)
 DEFAULT_THRESHOLDS = Thresholds()
-WARM_START_STEPS = 1500
 
 
 class AblationError(RuntimeError):
@@ -118,8 +110,6 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=42, help="the first seed")
     parser.add_argument("--steps", type=int, default=300, help="training steps of every run (train.py --max-batches)")
     parser.add_argument("--max-duration", type=float, default=40.0, help="seconds of audio per training batch")
-    parser.add_argument("--warm-start-steps", type=int, default=WARM_START_STEPS,
-                        help="steps of the shared warm start of a warm condition (stress-warm)")
     parser.add_argument("--grad-filter-threshold", type=float, default=t.filter,
                         help="GradientFilter threshold of the arms filter and filter-clip (the recipe's)")
     parser.add_argument("--filter-sweep", type=float, nargs="*", default=list(t.sweep),
@@ -184,25 +174,12 @@ class Settings:
     def run_dir(self, key: RunKey) -> Path:
         return self.exp_root / key.relpath
 
-    def warm_start_dir(self, condition: str) -> Path:
-        return self.exp_root / condition / WARM_START
-
-    def warm_start_checkpoint(self, condition: str) -> Path:
-        return self.warm_start_dir(condition) / f"checkpoint-{self.args.warm_start_steps}.pt"
-
-    def condition_spec(self, name: str) -> Dict:
-        """What makes the runs of condition ``name`` comparable: its flags (and warm-start steps)."""
-        spec = CONDITIONS[name].spec()
-        if CONDITIONS[name].warm_start:
-            spec["warm_start_steps"] = self.args.warm_start_steps
-        return spec
-
     def stored_config(self) -> Dict:
-        """What must not change between reruns into the same --exp-root (conditions: those of this plan)."""
+        """What must not change between reruns into the same --exp-root."""
         a = self.args
         return {
             "steps": a.steps, "max_duration": a.max_duration,
-            "conditions": {name: self.condition_spec(name) for name in self.plan.conditions},
+            "conditions": {name: [list(c.model_flags), list(c.train_flags)] for name, c in CONDITIONS.items()},
             "bpe_model": self.rel(self.bpe_model), "decode_max_duration": a.decode_max_duration,
             "model_args": self.model_args,
         }
@@ -220,9 +197,8 @@ def find_bpe_model(work_dir: Path) -> Path:
 
 def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
     """Absolute paths, the arms and the plan; argparse errors for bad values."""
-    if min(args.steps, args.num_seeds, args.warm_start_steps) < 1:
-        parser.error(f"--steps, --num-seeds and --warm-start-steps must be >= 1, got {args.steps}, "
-                     f"{args.num_seeds} and {args.warm_start_steps}")
+    if args.steps < 1 or args.num_seeds < 1:
+        parser.error(f"--steps and --num-seeds must be >= 1, got {args.steps} and {args.num_seeds}")
     if args.max_duration <= 0 or args.decode_max_duration <= 0:
         parser.error("--max-duration and --decode-max-duration must be positive")
     positive = {"--grad-filter-threshold": args.grad_filter_threshold, "--clip-grad-norm": args.clip_grad_norm,
@@ -266,12 +242,7 @@ def check_config(s: Settings) -> None:
         s.exp_root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, wanted)
         return
-    # Conditions new to this exp root are added; those with runs must keep their flags.
-    stored_conditions = stored.get("conditions", {})
-    wanted["conditions"] = {**stored_conditions, **wanted["conditions"]}
-    changed = {k: (stored.get(k), v) for k, v in wanted.items() if k != "conditions" and stored.get(k) != v}
-    changed.update({f"condition {name}": (stored_conditions[name], spec) for name, spec in wanted["conditions"].items()
-                    if name in stored_conditions and stored_conditions[name] != spec})
+    changed = {k: (stored.get(k), v) for k, v in wanted.items() if stored.get(k) != v}
     if changed:
         detail = "; ".join(f"{k}: was {old!r}, now {new!r}" for k, (old, new) in changed.items())
         raise AblationError(f"{s.exp_root} was made with other settings ({detail}); "
@@ -283,8 +254,6 @@ def check_config(s: Settings) -> None:
                 raise AblationError(f"{arm_file.parent} was trained with {shlex.join(trained)}, but arm {name} is now "
                                     f"{shlex.join(arm.train_flags())}; give the arm's threshold it was run with, "
                                     "or use another --exp-root")
-    if wanted != stored:
-        write_json_atomic(path, wanted)
 
 
 # --------------------------------------------------------------------------
@@ -292,30 +261,15 @@ def check_config(s: Settings) -> None:
 # --------------------------------------------------------------------------
 
 
-def _train_command(s: Settings, exp_dir: Path, steps: int, seed: int, condition: str, control_flags: List[str],
-                   ) -> List[str]:
-    """train.py for ``steps`` steps into ``exp_dir`` under ``condition``'s flags and ``control_flags``."""
-    a = s.args
-    c = CONDITIONS[condition]
-    return (["python", s.script("lstm_transducer_stateless/train.py"), "--exp-dir", s.rel(exp_dir),
-             "--bpe-model", s.rel(s.bpe_model), "--num-epochs", "100", "--max-batches", str(steps),
-             "--seed", str(seed), "--max-duration", f"{a.max_duration:g}", "--num-workers", str(a.num_workers),
-             "--save-every-n", str(a.save_every_n), "--keep-last-k", "1"]
-            + control_flags + list(c.model_flags) + list(c.train_flags) + s.model_args)
-
-
-def warm_start_command(s: Settings, condition: str) -> List[str]:
-    """The shared warm start of ``condition``: the recipe's controls (train.py's defaults), the first seed."""
-    return _train_command(s, s.warm_start_dir(condition), s.args.warm_start_steps, s.plan.seeds[0], condition, [])
-
-
 def train_command(s: Settings, key: RunKey) -> List[str]:
-    """One run; in a warm condition it starts from the warm start's weights with a fresh optimizer and
-    schedule, and without the loss warm-up (the model has learned to align already)."""
-    warm = (["--init-from", s.rel(s.warm_start_checkpoint(key.condition)), "--model-warm-step", "1"]
-            if CONDITIONS[key.condition].warm_start else [])
-    return _train_command(s, s.run_dir(key), s.args.steps, key.seed, key.condition,
-                          s.arms[key.arm].train_flags() + warm)
+    a = s.args
+    condition = CONDITIONS[key.condition]
+    return (["python", s.script("lstm_transducer_stateless/train.py"), "--exp-dir", s.rel(s.run_dir(key)),
+             "--bpe-model", s.rel(s.bpe_model), "--num-epochs", "100", "--max-batches", str(a.steps),
+             "--seed", str(key.seed), "--max-duration", f"{a.max_duration:g}", "--num-workers", str(a.num_workers),
+             "--save-every-n", str(a.save_every_n), "--keep-last-k", "1"]
+            + s.arms[key.arm].train_flags() + list(condition.model_flags) + list(condition.train_flags)
+            + s.model_args)
 
 
 def decode_command(s: Settings, key: RunKey, method: str) -> List[str]:
@@ -353,25 +307,6 @@ def run_done(s: Settings, key: RunKey) -> bool:
 
 def decoded(run_dir: Path, method: str) -> bool:
     return all(newest_wer_summary(run_dir, method, t) is not None for t in TEST_SETS)
-
-
-def warm_start_done(s: Settings, condition: str) -> bool:
-    return (s.warm_start_dir(condition) / TRAINED_MARKER).is_file()
-
-
-def ensure_warm_start(s: Settings, condition: str) -> None:
-    """Train the warm start of ``condition`` unless it is trained (a cut-off one resumes)."""
-    if not CONDITIONS[condition].warm_start or warm_start_done(s, condition):
-        return
-    run_dir = s.warm_start_dir(condition)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = warm_start_command(s, condition)
-    start = time.time()
-    try:
-        run_command(s, cmd, f"{condition}/{WARM_START}: training", run_dir / "log")
-    finally:
-        add_wall_time(run_dir, "train", time.time() - start)
-    write_json_atomic(run_dir / TRAINED_MARKER, {"steps": s.args.warm_start_steps, "command": shlex.join(cmd)})
 
 
 def run_one(s: Settings, key: RunKey) -> None:
@@ -418,28 +353,15 @@ def finished_results(s: Settings) -> List[RunResult]:
     return out
 
 
-def reported_conditions(results: Sequence[RunResult]) -> List[str]:
-    return list(dict.fromkeys(r.key.condition for r in results))
-
-
 def setup_text(s: Settings, results: Sequence[RunResult]) -> str:
     """The setup paragraph of RESULTS.md."""
     a, t = s.args, s.thresholds
-    conditions = reported_conditions(results)
-    described = "; ".join(f"**{c}**: {CONDITIONS[c].description}" for c in conditions)
-    warm = [c for c in conditions if CONDITIONS[c].warm_start]
-    warm_text = (
-        f" In {', '.join(warm)}, every arm starts instead from the weights of one shared warm start "
-        f"(`<exp-root>/<condition>/{WARM_START}/`: **{a.warm_start_steps} steps** under the condition's flags with "
-        "the recipe's controls, GradientFilter 25 + clip_grad_norm 5, seed "
-        f"{s.plan.seeds[0]}) through `train.py --init-from` (fresh optimizer and learning-rate schedule) with "
-        "`--model-warm-step 1` (no loss warm-up); there the seeds differ in data order only."
-    ) if warm else ""
+    conditions = "; ".join(f"**{c}**: {CONDITIONS[c].description}"
+                           for c in dict.fromkeys(r.key.condition for r in results))
     return (
-        f"Every run trains for **{a.steps} steps** (`--max-batches`) at `--max-duration "
+        f"Every run trains from scratch for **{a.steps} steps** (`--max-batches`) at `--max-duration "
         f"{a.max_duration:g}`, on the data of `prepare.sh` (BPE model `{s.rel(s.bpe_model)}`), everything else "
-        f"train.py's defaults; from scratch, the seeds differ in initialisation and data order.{warm_text} "
-        f"Conditions: {described}. "
+        f"train.py's defaults; the seeds differ in initialisation and data order. Conditions: {conditions}. "
         "Arms: `none` has no control, its GradientFilter only observing (`--grad-filter-threshold inf`: the "
         "statistics, gradients untouched; every arm without the filter observes the same way). Thresholds: "
         f"GradientFilter {t.filter:g} (the recipe's and icefall's stateless3) and the sweep "
@@ -454,10 +376,6 @@ def setup_text(s: Settings, results: Sequence[RunResult]) -> str:
 
 def all_commands(s: Settings, results: Sequence[RunResult]) -> List[str]:
     cmds = []
-    for condition in reported_conditions(results):
-        marker = read_json(s.warm_start_dir(condition) / TRAINED_MARKER)
-        if CONDITIONS[condition].warm_start and marker is not None:
-            cmds.append(marker["command"])
     for r in results:
         cmds.append(shlex.join(train_command(s, r.key)))
         cmds.extend(shlex.join(decode_command(s, r.key, m)) for m in s.methods)
@@ -485,20 +403,18 @@ def run_plan(s: Settings, command: str) -> int:
     returns the number of runs made."""
     runs = s.plan.runs
     start = time.time()
-    ran, run_seconds = 0, 0.0  # the runs' own time (no warm start) gives the estimate
+    ran = 0
     for i, key in enumerate(runs, 1):
         if run_done(s, key):
             logging.info(f"[{i}/{len(runs)}] {key.relpath}: done earlier - skipped")
             continue
-        ensure_warm_start(s, key.condition)
         logging.info(f"[{i}/{len(runs)}] {key.relpath} ({s.arms[key.arm].label}): starting")
-        run_start = time.time()
         run_one(s, key)
         ran += 1
-        run_seconds += time.time() - run_start
+        elapsed = time.time() - start
         left = sum(1 for k in runs[i:] if not run_done(s, k))
-        logging.info(f"[{i}/{len(runs)}] {key.relpath}: done; {(time.time() - start) / 60:.1f} min so far, "
-                     f"about {run_seconds / ran * left / 60:.0f} min left for {left} run(s)")
+        logging.info(f"[{i}/{len(runs)}] {key.relpath}: done; {elapsed / 60:.1f} min so far, "
+                     f"about {elapsed / ran * left / 60:.0f} min left for {left} run(s)")
         write_report(s, command)
     return ran
 
@@ -514,10 +430,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     s = resolve_settings(parser, args)
     if args.list:
-        for condition in s.plan.conditions:
-            if CONDITIONS[condition].warm_start:
-                print(f"{condition + '/' + WARM_START:32s} {'done' if warm_start_done(s, condition) else 'to run'}  "
-                      f"{args.warm_start_steps} steps shared by the arms")
         for key in s.plan.runs:
             print(f"{key.relpath:32s} {'done' if run_done(s, key) else 'to run'}  {s.arms[key.arm].label}")
         return 0
