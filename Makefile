@@ -9,7 +9,10 @@ PYTEST_ARGS ?=
 setup:
 	@VENV=$(VENV) bash scripts/setup.sh
 
+# Lint and format check (ruff, configured in pyproject.toml), then the tests.
 test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 # Synthetic corpus -> training -> decoding -> WER table (timings: egs/librispeech/ASR/RESULTS.md).

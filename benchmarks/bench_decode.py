@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import os
 import sys
 import tempfile
@@ -39,7 +38,6 @@ import kaldialign
 import numpy as np
 import sentencepiece as spm
 import torch
-import torch.nn.functional as F
 from lhotse import load_manifest
 from lhotse.cut import Cut
 
@@ -47,21 +45,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RECIPE, Section, add_common_arguments, markdown_table, setup_threads  # noqa: E402
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL  # noqa: E402
-from icefall_lite.train.checkpoint import load_averaged_weights  # noqa: E402
-from icefall_lite.nn.model import add_model_arguments, build_transducer, model_config_from_args  # noqa: E402
-from icefall_lite.export.onnx_export import build_exportable, export_transducer_onnx, onnx_filenames, write_tokens_file  # noqa: E402
+from icefall_lite.data.features import LOG_EPS, NUM_MEL_BINS, NUM_TAIL_PADDED_FRAMES  # noqa: E402
+from icefall_lite.data.layout import librispeech_cuts_path  # noqa: E402
+from icefall_lite.decoding.decode_run import build_decoding_model  # noqa: E402
 from icefall_lite.decoding.fast_beam_search import fast_beam_search_one_best  # noqa: E402
 from icefall_lite.decoding.greedy_search import greedy_search_batch  # noqa: E402
 from icefall_lite.decoding.modified_beam_search import modified_beam_search  # noqa: E402
+from icefall_lite.export.onnx_export import build_exportable, export_transducer_onnx, onnx_filenames, write_tokens_file  # noqa: E402
+from icefall_lite.export.sherpa import tail_padding  # noqa: E402
+from icefall_lite.nn.model import add_model_arguments  # noqa: E402
+from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS  # noqa: E402
+from icefall_lite.train.averaging import load_averaged_weights  # noqa: E402
 from icefall_lite.utils import script_parser, str2bool  # noqa: E402
-from icefall_lite.data.layout import librispeech_cuts_path  # noqa: E402
 
-sys.path.insert(0, str(RECIPE / "lstm_transducer_stateless"))
-from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS  # noqa: E402  (the recipe's decode defaults)
-
-LOG_EPS = math.log(1e-10)
-TAIL_FRAMES = 35  # decode.py's tail padding (icefall's fix for tail deletions)
-TAIL_SECONDS = 0.35  # its counterpart for the waveforms given to sherpa-onnx
 SAMPLE_RATE = 16000
 
 
@@ -134,7 +130,7 @@ def _load_inputs(cuts: Sequence[Cut]) -> Tuple[List[torch.Tensor], List[np.ndarr
 
 def pad_batch(feats: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     """Padded (N, T + tail, 80) batch with decode.py's tail padding, and lengths."""
-    lens = torch.tensor([f.shape[0] + TAIL_FRAMES for f in feats])
+    lens = torch.tensor([f.shape[0] + NUM_TAIL_PADDED_FRAMES for f in feats])
     batch = torch.full((len(feats), int(lens.max()), feats[0].shape[1]), LOG_EPS)
     for i, f in enumerate(feats):
         batch[i, : f.shape[0]] = f
@@ -161,10 +157,10 @@ def sherpa_decoder(files: Dict[str, Path], tokens: Path, method: str, threads: i
 
     recognizer = sherpa_onnx.OnlineRecognizer.from_transducer(
         tokens=str(tokens), encoder=str(files["encoder"]), decoder=str(files["decoder"]),
-        joiner=str(files["joiner"]), num_threads=threads, sample_rate=SAMPLE_RATE, feature_dim=80,
+        joiner=str(files["joiner"]), num_threads=threads, sample_rate=SAMPLE_RATE, feature_dim=NUM_MEL_BINS,
         decoding_method=method, max_active_paths=beam_size,
     )
-    tail = np.zeros(int(TAIL_SECONDS * SAMPLE_RATE), dtype=np.float32)
+    tail = tail_padding(SAMPLE_RATE)
 
     def decode(_feats: Sequence[torch.Tensor], audio: Sequence[np.ndarray]) -> List[List[str]]:
         streams = []
@@ -213,9 +209,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             parser.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} does not exist")
     sp = spm.SentencePieceProcessor()
     sp.load(str(args.bpe_model))
-    model = build_transducer(**model_config_from_args(args, vocab_size=sp.get_piece_size(),
-                                                      blank_id=sp.piece_to_id("<blk>")))
-    model.unk_id = sp.piece_to_id("<unk>")
+    model = build_decoding_model(args, sp)
     load_averaged_weights(model, args.exp_dir, epoch=args.epoch, avg=args.avg,
                           use_averaged_model=args.use_averaged_model, device=torch.device("cpu"))
     model.eval()

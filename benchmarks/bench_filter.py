@@ -21,8 +21,6 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402

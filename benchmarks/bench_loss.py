@@ -100,7 +100,7 @@ def make_problem(
         targets=targets,
         frame_lens=torch.full((batch_size,), frames, dtype=torch.int64, device=device),
         target_lens=torch.full((batch_size,), symbols, dtype=torch.int64, device=device),
-        joiner=Joiner(dim, dim, dim, vocab_size).to(device),
+        joiner=Joiner(dim, dim, dim, vocab_size, blank_id=0).to(device),
         simple_am_proj=ScaledLinear(dim, vocab_size, initial_speed=0.5).to(device),
         simple_lm_proj=ScaledLinear(dim, vocab_size).to(device),
         prune_range=prune_range,

@@ -31,7 +31,6 @@ if str(REPO) not in sys.path:
 
 from icefall_lite.utils import write_text_atomic  # noqa: E402
 
-
 # --------------------------------------------------------------------------
 # command line
 # --------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Training-step plumbing shared by benchmarks 3 and 4: the default model,
-batches of the shapes ``--max-duration 40`` gives on the synthetic corpus, and
-the recipe's own ``train_step``.
+batches of the shapes train.py's ``--max-duration`` gives on the synthetic corpus, and
+the library's ``train_step`` (the one train.py runs).
 
 The batches are random features and random token ids with the corpus's
 shapes (utterance durations, 100 feature frames per second, tokens per
@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
-from benchmarks.common import RECIPE
-
-sys.path.insert(0, str(RECIPE / "lstm_transducer_stateless"))
-
-import train as recipe_train  # noqa: E402  (the recipe's train.py: train_step, get_parser, get_params)
-
-from icefall_lite.data.bpe import DEFAULT_VOCAB_SIZE  # noqa: E402
-from icefall_lite.nn.model import build_transducer  # noqa: E402
-from icefall_lite.train.optim import Eden  # noqa: E402
+from icefall_lite.data.bpe import DEFAULT_VOCAB_SIZE
+from icefall_lite.nn.model import add_model_arguments, build_transducer
+from icefall_lite.recipe_defaults import TRAIN_MAX_DURATION
+from icefall_lite.train.args import add_training_arguments
+from icefall_lite.train.grad_control import GradientControl
+from icefall_lite.train.loop import filter_stats, train_step
+from icefall_lite.train.optim import Eden
+from icefall_lite.train.setup import make_optimizer, training_model_config
+from icefall_lite.utils import AttributeDict
 
 FRAMES_PER_SECOND = 100  # 10 ms fbank frame shift
 # Tokens per second of audio of the default BPE model on the default synthetic training set
@@ -37,8 +36,8 @@ TOKENS_PER_SECOND = 10.6
 
 def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
     """Shape of the synthetic training batches."""
-    parser.add_argument("--max-duration", type=float, default=40.0,
-                        help="Seconds of audio per batch, as train.py's --max-duration. (default: 40)")
+    parser.add_argument("--max-duration", type=float, default=TRAIN_MAX_DURATION,
+                        help=f"Seconds of audio per batch, as train.py's --max-duration. (default: {TRAIN_MAX_DURATION:g})")
     parser.add_argument("--min-utt-duration", type=float, default=2.3,
                         help="Shortest utterance, seconds. (default: 2.3)")
     parser.add_argument("--max-utt-duration", type=float, default=3.2,
@@ -106,28 +105,30 @@ def batch_shape(batches: Sequence[Batch]) -> str:
 
 
 class Trainer:
-    """The default model of train.py's flags (``extra_flags`` on top of its defaults) with its
-    optimizer, scheduler and parameters; :meth:`step` is one ``train_step`` past warm-up."""
+    """The default model of train.py's step and model flags (``extra_flags`` on top of their defaults)
+    with its optimizer, scheduler and gradient control; :meth:`step` is one ``train_step`` past warm-up."""
 
     def __init__(self, extra_flags: Sequence[str], vocab_size: int, seed: int = 0) -> None:
-        parser = recipe_train.get_parser()
+        parser = argparse.ArgumentParser()
+        add_training_arguments(parser)
+        add_model_arguments(parser)
         self.args = parser.parse_args(list(extra_flags))
-        params = recipe_train.get_params()
-        params.update(vars(self.args))
-        params.blank_id = 0
-        params.vocab_size = vocab_size
-        params.batch_idx_train = 3 * params.model_warm_step  # past warm-up: pruned loss on, no layer bypass ramp
+        params = AttributeDict(vars(self.args))
+        # Past warm-up: pruned loss on, no layer bypass ramp.
+        params.update(batch_idx_train=3 * params.model_warm_step, skipped_steps=0, skipped_utterances=0)
         self.params = params
         torch.manual_seed(seed)
-        self.model: nn.Module = build_transducer(**recipe_train.training_model_config(self.args, vocab_size=vocab_size))
+        self.model: nn.Module = build_transducer(**training_model_config(self.args, vocab_size=vocab_size, blank_id=0))
         self.model.train()
-        self.optimizer = recipe_train.make_optimizer(params, self.model)
+        self.grad_control = GradientControl.from_params(params)
+        self.grad_control.install(self.model)
+        self.optimizer = make_optimizer(params, self.model)
         self.scheduler = Eden(self.optimizer, params.lr_batches, params.lr_epochs)
 
     def step(self, batch: Batch, tokens: TokenTable) -> None:
         """``train_step`` (forward, backward, clipping, optimizer) plus reading the filter statistics."""
-        recipe_train.train_step(self.params, self.model, self.optimizer, self.scheduler, None, tokens, batch.data)
-        recipe_train.log_filter_stats(self.model, None, self.params.batch_idx_train)
+        train_step(self.params, self.model, self.optimizer, self.scheduler, None, self.grad_control, tokens, batch.data)
+        filter_stats(self.model)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,18 +1,20 @@
 """icefall-lite: an LSTM transducer recipe in the icefall tradition, in plain PyTorch.
 
-Subpackages, each importing only from those listed before it (and ``utils``):
+Subpackages, each importing only from those listed before it (and ``utils``
+and ``recipe_defaults``):
 
 * :mod:`icefall_lite.nn`: the model and its losses (gradient control, scaled
   modules, pruned RNN-T loss, encoder, decoder, joiner, transducer);
-* :mod:`icefall_lite.train`: optimizers and schedulers, checkpoints, diagnostics;
 * :mod:`icefall_lite.data`: lhotse datamodule, features, manifests, BPE,
   corruption; the synthetic corpus under :mod:`icefall_lite.data.synthetic`;
+* :mod:`icefall_lite.train`: the training loop (loss, gradient control, step,
+  epochs, resumption, TensorBoard tags), optimizers and schedulers,
+  checkpoints and averaging, diagnostics;
 * :mod:`icefall_lite.decoding`: searches, decoding plumbing, streaming, WER files;
 * :mod:`icefall_lite.export`: scaled-to-plain conversion, ONNX, sherpa-onnx;
 * :mod:`icefall_lite.ablation`: the gradient-control ablation and the
   learning-speed study (results, reports, plots, TensorBoard reader).
 
-``icefall_lite.clip``, ``icefall_lite.rnnt_loss`` and ``icefall_lite.scaling``
-are kept as the library's documented entry points (they re-export
-:mod:`icefall_lite.nn`'s modules of the same names).
+Each public name has one import path, the module that defines it (README,
+"Public API", lists them).
 """

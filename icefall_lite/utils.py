@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO
 import torch
 from tqdm import tqdm
 
+
 class AttributeDict(dict):
     """A dict whose keys are also attributes (icefall's params object)."""
 
@@ -158,6 +159,18 @@ def parse_script_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     setup_logging()
     logging.info(f"{parser.prog}: {vars(args)}")
     return args
+
+
+@contextlib.contextmanager
+def script_errors(prog: str, *errors: type) -> Iterator[None]:
+    """For a script's ``main``: an expected error of ``errors`` (the library raises them with a message naming
+    the file and the fix) is logged and ends the program with ``<prog>: error: <message>`` and exit status 1."""
+    try:
+        yield
+    except errors as e:
+        logging.error(str(e))
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 def temp_name(path: Path) -> Path:

@@ -20,11 +20,11 @@ import pytest
 import torch
 import torch.nn as nn
 
+from icefall_lite.nn.model import Transducer, build_transducer
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "egs" / "librispeech" / "ASR"
-# The recipe's scripts import each other by name (train.TB_TAGS, recipe_defaults), as when they run.
 RECIPE_SCRIPTS = RECIPE / "lstm_transducer_stateless"
-sys.path.insert(0, str(RECIPE_SCRIPTS))
 
 
 def recipe_env() -> dict:
@@ -136,3 +136,17 @@ def reference_streaming_greedy(model: nn.Module, feats: torch.Tensor, unk_id: in
             if y not in (0, unk_id):
                 hyp.append(y)
     return hyp[model.decoder.context_size :]
+
+
+# build_transducer takes every size without a default; the tests' small model gives them all
+# and a test states only what it varies.
+TINY_TRANSDUCER = dict(
+    vocab_size=12, num_features=80, encoder_dim=16, rnn_hidden_size=16, dim_feedforward=32, num_encoder_layers=2,
+    decoder_dim=16, joiner_dim=16, context_size=2, blank_id=0, grad_filter_threshold=25.0, dropout=0.1,
+    layer_dropout=0.075, use_ctc=False,
+)
+
+
+def tiny_transducer(**overrides) -> Transducer:
+    """:func:`build_transducer` with :data:`TINY_TRANSDUCER`'s arguments, ``overrides`` on top."""
+    return build_transducer(**{**TINY_TRANSDUCER, **overrides})

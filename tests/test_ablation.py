@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+from test_train import TINY_MODEL
 
 from conftest import RECIPE, recipe_env
 from icefall_lite.ablation.arms import OBSERVE, Arm, Plan, RunKey, Thresholds, make_arms, seeds_of, select
@@ -30,8 +31,8 @@ from icefall_lite.ablation.report import (
     Spread,
     comparisons,
     diverged,
-    format_table,
     first_outlier_layer,
+    format_table,
     loss_spikes,
     outlier_rows,
     separated,
@@ -39,9 +40,7 @@ from icefall_lite.ablation.report import (
 )
 from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import load_checkpoint_file
-from test_train import TINY_MODEL
-
-from train import TB_TAGS  # noqa: E402  (the recipe's train.py owns these)
+from icefall_lite.train.tb_tags import TB_TAGS  # noqa: E402
 
 ABLATION = RECIPE / "lstm_transducer_stateless" / "ablation.py"
 ARMS = ["none", "filter", "value"]  # the tiny run's arms, in table order
@@ -174,13 +173,13 @@ def test_arms_set_every_control_and_switch_the_others_off():
         f = arms[name].train_flags()
         return dict(zip(f[::2], f[1::2]))
 
-    assert flags("none") == {"--grad-filter-threshold": "inf", "--clip-type": "norm", "--clip-grad-norm": "0",
-                             "--error-clip": "0"}
+    off = {"--grad-filter-threshold": "inf", "--clip-grad-norm": "0", "--clip-grad-value": "0",
+           "--agc-clipping": "0", "--error-clip": "0"}
+    assert flags("none") == off
     assert flags("filter-clip")["--grad-filter-threshold"] == "25" and flags("filter-clip")["--clip-grad-norm"] == "5"
     assert flags("filter-5")["--grad-filter-threshold"] == "5" and flags("filter-5")["--clip-grad-norm"] == "0"
-    assert flags("agc") == {"--grad-filter-threshold": "inf", "--clip-type": "adaptive", "--clip-grad-norm": "0.08",
-                            "--error-clip": "0"}
-    assert flags("value")["--clip-type"] == "value" and flags("value")["--clip-grad-norm"] == "0.1"
+    assert flags("agc") == {**off, "--agc-clipping": "0.08"}
+    assert flags("value") == {**off, "--clip-grad-value": "0.1"}
     assert flags("error-clip")["--error-clip"] == "0.0001" and flags("error-clip")["--clip-grad-norm"] == "0"
     assert [a.name for a in arms.values() if a.filter_on] == ["filter", "filter-clip", "filter-10", "filter-5"]
     plan = Plan(["stress", "default"], [arms["none"], arms["filter"]], seeds_of(42, 2))
@@ -331,13 +330,13 @@ def test_table_rows_are_mean_and_spread_of_their_sources(ablation):
 
 def test_arms_train_what_they_say_and_the_observer_never_filters(ablation):
     out = ablation["out"]
-    expected = {"none": ("inf", "norm", "0.0"), "filter": ("25.0", "norm", "0.0"), "value": ("inf", "value", "0.01")}
-    for arm, (threshold, clip_type, clip) in expected.items():
+    expected = {"none": ("inf", "0.0", "0.0"), "filter": ("25.0", "0.0", "0.0"), "value": ("inf", "0.01", "0.0")}
+    for arm, (threshold, value, clip) in expected.items():
         for seed in SEEDS:
             run_dir = out / "exp" / "default" / arm / f"seed-{seed}"
             log = train_log(run_dir)
             assert re.search(rf"^\s+grad_filter_threshold: {threshold}$", log, re.M), (arm, log[:2000])
-            assert re.search(rf"^\s+clip_type: {clip_type}$", log, re.M)
+            assert re.search(rf"^\s+clip_grad_value: {value}$", log, re.M)
             assert re.search(rf"^\s+clip_grad_norm: {clip}$", log, re.M)
             assert re.search(rf"^\s+seed: {seed}$", log, re.M)
             fractions = raw_scalars(run_dir / "tensorboard", "grad_filter/layer0/fraction_filtered")
@@ -406,7 +405,7 @@ def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
     joined_train, joined_decode = shlex.join(train), shlex.join(decode)
     assert shlex.join(stress) in joined_train and shlex.join(stress) in joined_decode
     assert "--base-lr 0.02" in joined_train and "--base-lr" not in joined_decode
-    assert "--clip-type adaptive --clip-grad-norm 0.05" in joined_train and "--seed 44" in joined_train
+    assert "--clip-grad-norm 0 --clip-grad-value 0 --agc-clipping 0.05" in joined_train and "--seed 44" in joined_train
     assert "--max-batches 300" in joined_train and "--iter 300 --avg 1 --use-averaged-model false" in joined_decode
 
 
@@ -455,8 +454,8 @@ def test_rerun_with_other_settings_is_refused_and_list_shows_the_plan(ablation, 
     args[args.index("--clip-value") + 1] = "0.5"
     assert _load_ablation_script().main(args) == 1
     err = capsys.readouterr().err
-    assert "value/seed-42 was trained with --grad-filter-threshold inf --clip-type value --clip-grad-norm 0.01" in err
-    assert "but arm value is now --grad-filter-threshold inf --clip-type value --clip-grad-norm 0.5" in err
+    assert "value/seed-42 was trained with --grad-filter-threshold inf --clip-grad-norm 0 --clip-grad-value 0.01" in err
+    assert "but arm value is now --grad-filter-threshold inf --clip-grad-norm 0 --clip-grad-value 0.5" in err
     assert len(list((out / "exp").rglob("checkpoint-6.pt"))) == len(ARMS) * len(SEEDS)
     listing = subprocess.run(ablation_args(tiny_data, out, "--num-seeds", "3", "--list"), capture_output=True,
                              text=True, env=recipe_env(), timeout=300)

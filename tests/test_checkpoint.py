@@ -8,19 +8,21 @@ import pytest
 import torch
 import torch.nn as nn
 
-from icefall_lite.train.checkpoint import (
-    CheckpointError,
-    atomic_torch_save,
+from icefall_lite.train.averaging import (
     average_checkpoints,
     average_checkpoints_with_averaged_model,
     checkpoint_suffix,
-    find_checkpoints,
     load_averaged_weights,
+    select_checkpoints,
+    update_averaged_model,
+)
+from icefall_lite.train.checkpoint import (
+    CheckpointError,
+    atomic_torch_save,
+    find_checkpoints,
     load_checkpoint,
     remove_checkpoints,
     save_checkpoint,
-    select_checkpoints,
-    update_averaged_model,
 )
 
 
@@ -272,7 +274,7 @@ def test_demo_trains_and_decodes_the_recipe_defaults() -> None:
     """demo.sh trains NUM_EPOCHS epochs into EXP_DIR and decodes --avg AVG (recipe_defaults.py's facts)."""
     import re
 
-    from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
+    from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
 
     demo = (Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/demo.sh").read_text()
     assert re.search(r"^num_epochs=(\d+)", demo, re.M).group(1) == str(NUM_EPOCHS)

@@ -243,7 +243,7 @@ def test_gradient_filter_with_infinite_threshold_only_observes():
 
 def test_gradient_filter_refuses_nonpositive_threshold():
     with pytest.raises(ValueError, match="threshold"):
-        GradientFilter(threshold=0.0)
+        GradientFilter(batch_dim=1, threshold=0.0)
 
 
 def test_gradient_filter_zero_gradient_is_passed_through():

@@ -15,9 +15,10 @@ from lhotse import load_manifest
 
 from conftest import RECIPE, recipe_env
 from icefall_lite.data.corrupt import CorruptionConfig, CorruptionError, make_corrupted_dir
-from icefall_lite.data.datamodule import encoder_frames
-
-from train import TRAIN_DURATION_RANGE  # noqa: E402  (the recipe's train.py owns it)
+from icefall_lite.data.datamodule import (
+    TRAIN_CUT_DURATION_RANGE,  # noqa: E402
+    encoder_frames,
+)
 
 CORRUPT = RECIPE / "local" / "make_corrupted_cuts.py"
 TRAIN_MANIFEST = "librispeech_cuts_train-clean-100.jsonl.gz"
@@ -40,8 +41,8 @@ def test_corrupted_set_is_deterministic_with_the_exact_fraction(tiny_data, tmp_p
     assert cli.returncode == 0, cli.stderr
     sp = spm.SentencePieceProcessor()
     sp.load(str(tiny_data / BPE))
-    make_corrupted_dir(tiny_data / "data" / "fbank", tmp_path / "lib", CorruptionConfig(fraction=FRACTION, seed=7), sp, TRAIN_DURATION_RANGE)
-    make_corrupted_dir(tiny_data / "data" / "fbank", tmp_path / "seed8", CorruptionConfig(fraction=FRACTION, seed=8), sp, TRAIN_DURATION_RANGE)
+    make_corrupted_dir(tiny_data / "data" / "fbank", tmp_path / "lib", CorruptionConfig(fraction=FRACTION, seed=7), sp, TRAIN_CUT_DURATION_RANGE)
+    make_corrupted_dir(tiny_data / "data" / "fbank", tmp_path / "seed8", CorruptionConfig(fraction=FRACTION, seed=8), sp, TRAIN_CUT_DURATION_RANGE)
 
     source = read_cuts(tiny_data / "data" / "fbank" / TRAIN_MANIFEST)
     corrupted = read_cuts(tmp_path / "cli" / TRAIN_MANIFEST)
@@ -65,7 +66,7 @@ def test_corrupted_set_is_deterministic_with_the_exact_fraction(tiny_data, tmp_p
     for name in ("librispeech_cuts_dev-clean.jsonl.gz", "librispeech_cuts_test-other.jsonl.gz", "noise_cuts.jsonl.gz"):
         assert read_cuts(tmp_path / "cli" / name) == read_cuts(tiny_data / "data" / "fbank" / name)
     # At least one cut for a small fraction.
-    few = make_corrupted_dir(tiny_data / "data" / "fbank", tmp_path / "few", CorruptionConfig(fraction=0.001), sp, TRAIN_DURATION_RANGE)
+    few = make_corrupted_dir(tiny_data / "data" / "fbank", tmp_path / "few", CorruptionConfig(fraction=0.001), sp, TRAIN_CUT_DURATION_RANGE)
     assert few["num_corrupted"] == 1
 
 
@@ -73,14 +74,14 @@ def test_corrupted_set_rerun_and_other_settings(tiny_data, tmp_path):
     sp = spm.SentencePieceProcessor()
     sp.load(str(tiny_data / BPE))
     src = tiny_data / "data" / "fbank"
-    make_corrupted_dir(src, tmp_path / "c", CorruptionConfig(fraction=FRACTION), sp, TRAIN_DURATION_RANGE)
+    make_corrupted_dir(src, tmp_path / "c", CorruptionConfig(fraction=FRACTION), sp, TRAIN_CUT_DURATION_RANGE)
     mtime = (tmp_path / "c" / TRAIN_MANIFEST).stat().st_mtime_ns
-    make_corrupted_dir(src, tmp_path / "c", CorruptionConfig(fraction=FRACTION), sp, TRAIN_DURATION_RANGE)
+    make_corrupted_dir(src, tmp_path / "c", CorruptionConfig(fraction=FRACTION), sp, TRAIN_CUT_DURATION_RANGE)
     assert (tmp_path / "c" / TRAIN_MANIFEST).stat().st_mtime_ns == mtime
     with pytest.raises(CorruptionError, match=r"made with other settings.*remove it or choose another output"):
-        make_corrupted_dir(src, tmp_path / "c", CorruptionConfig(fraction=0.2), sp, TRAIN_DURATION_RANGE)
+        make_corrupted_dir(src, tmp_path / "c", CorruptionConfig(fraction=0.2), sp, TRAIN_CUT_DURATION_RANGE)
     with pytest.raises(CorruptionError, match=r"fraction of corrupted cuts must be in \(0, 1\]"):
-        make_corrupted_dir(src, tmp_path / "d", CorruptionConfig(fraction=0.0), sp, TRAIN_DURATION_RANGE)
+        make_corrupted_dir(src, tmp_path / "d", CorruptionConfig(fraction=0.0), sp, TRAIN_CUT_DURATION_RANGE)
     cli = subprocess.run(
         [sys.executable, str(CORRUPT), "--out-dir", str(tmp_path / "e"), "--bpe-model", "missing.model"],
         cwd=tiny_data, capture_output=True, text=True, env=recipe_env(),
@@ -93,7 +94,7 @@ def test_scale_features_multiplies_only_the_chosen_cuts(tiny_data, tmp_path, mon
     sp = spm.SentencePieceProcessor()
     sp.load(BPE)
     out = tmp_path / "scaled"
-    make_corrupted_dir(Path("data/fbank"), out, CorruptionConfig(method="scale-features", fraction=FRACTION, scale=3.0), sp, TRAIN_DURATION_RANGE)
+    make_corrupted_dir(Path("data/fbank"), out, CorruptionConfig(method="scale-features", fraction=FRACTION, scale=3.0), sp, TRAIN_CUT_DURATION_RANGE)
     chosen = set((out / "corrupted_cut_ids.txt").read_text().split())
     source = {c.id: c for c in load_manifest(Path("data/fbank") / TRAIN_MANIFEST)}
     scaled = {c.id: c for c in load_manifest(out / TRAIN_MANIFEST)}

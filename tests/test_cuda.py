@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import RECIPE_SCRIPTS, recipe_env
+from conftest import RECIPE_SCRIPTS, recipe_env, tiny_transducer
 from icefall_lite.decoding.constants import DECODING_METHODS
 from icefall_lite.decoding.fast_beam_search import fast_beam_search_one_best
 from icefall_lite.decoding.greedy_search import greedy_search_batch
 from icefall_lite.decoding.modified_beam_search import modified_beam_search
-from icefall_lite.nn.model import build_transducer
 from icefall_lite.nn.mutual_information import make_boundary, mutual_information_recursion
 from icefall_lite.train.checkpoint import load_checkpoint_file
 
@@ -66,7 +65,7 @@ def test_recursion_on_cuda_equals_cpu() -> None:
 
 def test_searches_on_cuda_equal_cpu() -> None:
     torch.manual_seed(0)
-    model = build_transducer(vocab_size=30, encoder_dim=32, rnn_hidden_size=32, dim_feedforward=64,
+    model = tiny_transducer(vocab_size=30, encoder_dim=32, rnn_hidden_size=32, dim_feedforward=64,
                              num_encoder_layers=2, decoder_dim=32, joiner_dim=32).eval()
     encoder_out = torch.randn(3, 20, 32) * 3
     lens = torch.tensor([20, 11, 16])

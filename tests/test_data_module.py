@@ -64,7 +64,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _args(data_dir: Path, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    LibriSpeechAsrDataModule.add_arguments(parser)
+    LibriSpeechAsrDataModule.add_arguments(parser, max_duration=100.0)
     return parser.parse_args(
         ["--manifest-dir", str(data_dir / "fbank"), "--num-workers", "0", "--max-duration", "10", *extra]
     )
@@ -72,14 +72,19 @@ def _args(data_dir: Path, *extra: str) -> argparse.Namespace:
 
 def test_flags_and_defaults() -> None:
     parser = argparse.ArgumentParser()
-    LibriSpeechAsrDataModule.add_arguments(parser)
+    LibriSpeechAsrDataModule.add_arguments(parser, max_duration=25.0)
     args = parser.parse_args([])
-    assert args.max_duration == 100.0 and args.bucketing_sampler and args.num_buckets == 10
-    assert args.shuffle and not args.drop_last and args.enable_spec_aug and args.enable_musan
+    # The script gives --max-duration's default; the library has none of its own.
+    assert args.max_duration == 25.0 and args.bucketing_sampler and args.num_buckets == 10
+    assert args.shuffle and not args.drop_last and not args.enable_spec_aug and args.enable_musan
     assert args.num_workers == 1 and args.manifest_dir == Path("data/fbank") and args.return_cuts
     assert args.spec_aug_time_warp_factor == 80 and not args.on_the_fly_feats and not args.full_libri
     assert not parser.parse_args(["--enable-noise", "false"]).enable_musan
     assert not parser.parse_args(["--enable-musan", "no", "--drop-last", "true"]).enable_musan
+    for argv, flag in ((["--max-duration", "0"], "--max-duration"), (["--num-buckets", "0"], "--num-buckets"),
+                       (["--num-workers", "-1"], "--num-workers")):
+        with pytest.raises(SystemExit):
+            LibriSpeechAsrDataModule.check_args(parser, parser.parse_args(argv))
 
 
 def test_encoder_frames_formula() -> None:
@@ -99,8 +104,8 @@ def test_filter_removes_and_counts(data_dir: Path, caplog: pytest.LogCaptureFixt
     assert "1 more tokens than frames after subsampling" in caplog.text
     by_utt = {c.supervisions[0].id: c for c in cuts}
     assert rejection_reason(by_utt["7-70-0025"], None) == ""  # without a BPE model only length counts
-    assert rejection_reason(by_utt["7-70-0001"], sp, max_duration=0.5).startswith("longer than")
-    assert rejection_reason(by_utt["7-70-0001"], sp, min_duration=5.0).startswith("shorter than")
+    assert rejection_reason(by_utt["7-70-0001"], sp, cut_duration_range=(0.0, 0.5)).startswith("longer than")
+    assert rejection_reason(by_utt["7-70-0001"], sp, cut_duration_range=(5.0, 100.0)).startswith("shorter than")
 
 
 def _epoch(dl) -> list:

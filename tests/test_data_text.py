@@ -15,7 +15,6 @@ from icefall_lite.data.synthetic.corpus_text import (
     split_sentences_for_corpus,
 )
 from icefall_lite.data.synthetic.noise import coloured_noise, mix_at_snr, set_peak
-from icefall_lite.utils import atomic_output
 from icefall_lite.data.text_norm import (
     TranscriptError,
     normalize_text,
@@ -24,6 +23,7 @@ from icefall_lite.data.text_norm import (
     split_sentences,
     validate_transcript,
 )
+from icefall_lite.utils import atomic_output
 
 
 @pytest.mark.parametrize(

@@ -19,13 +19,12 @@ import torch
 import torch.nn as nn
 from lhotse import CutSet, load_manifest
 
-from conftest import RECIPE, check_wer_files, recipe_env, with_features
-from icefall_lite.train.checkpoint import save_checkpoint
+from conftest import RECIPE, check_wer_files, recipe_env, tiny_transducer, with_features
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.decode_run import resolve_test_sets, result_key
-from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
-from icefall_lite.nn.model import build_transducer
 from icefall_lite.decoding.greedy_search import greedy_search, greedy_search_batch
+from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
+from icefall_lite.train.checkpoint import save_checkpoint
 from icefall_lite.utils import AttributeDict
 
 DECODE = RECIPE / "lstm_transducer_stateless" / "decode.py"
@@ -67,7 +66,7 @@ decode = _load_decode_module()
 
 def tiny_model(vocab_size: int = VOCAB_SIZE, seed: int = 0, **overrides: int) -> nn.Module:
     torch.manual_seed(seed)
-    return build_transducer(vocab_size=vocab_size, **{**TINY_SIZES, **overrides})
+    return tiny_transducer(vocab_size=vocab_size, **{**TINY_SIZES, **overrides})
 
 
 def running_average(models: Sequence[nn.Module]) -> nn.Module:
@@ -152,7 +151,7 @@ def test_suffix_and_key_follow_icefall(argv, suffix, key):
 
 def test_defaults():
     args = decode.get_parser().parse_args([])
-    # train.py's defaults (one home: the recipe's recipe_defaults.py)
+    # train.py's defaults (one home: icefall_lite/recipe_defaults.py)
     assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (NUM_EPOCHS, 0, AVG, True)
     assert args.exp_dir == EXP_DIR
     assert (args.beam_size, args.beam, args.max_contexts, args.max_states, args.max_sym_per_frame) == (4, 20.0, 8, 64, 1)

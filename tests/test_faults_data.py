@@ -32,7 +32,7 @@ def _in_tiny_data(tiny_data, monkeypatch):
 
 def _datamodule(manifest_dir: Path) -> LibriSpeechAsrDataModule:
     parser = argparse.ArgumentParser()
-    LibriSpeechAsrDataModule.add_arguments(parser)
+    LibriSpeechAsrDataModule.add_arguments(parser, max_duration=100.0)
     args = parser.parse_args(["--manifest-dir", str(manifest_dir), "--num-workers", "0", "--max-duration", "1000"])
     return LibriSpeechAsrDataModule(args)
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from lhotse import CutSet, load_manifest
+from test_train import TINY_MODEL, TRAIN, _batch_losses, _free_port, run_train
 
 from conftest import recipe_env, with_features
-from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.ablation.tb_reader import read_scalars
-from test_train import TRAIN, TINY_MODEL, _batch_losses, _free_port, run_train
+from icefall_lite.train.checkpoint import load_checkpoint_file
 
 
 def _popen_train(work: Path, exp_dir: Path, stderr_path: Path, *extra: str) -> subprocess.Popen:

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from conftest import RECIPE
-from icefall_lite.train.checkpoint import save_checkpoint
 from icefall_lite.ablation.learning_speed import (
     DONE_FILE,
     StudyResult,
@@ -23,6 +22,7 @@ from icefall_lite.ablation.learning_speed import (
     read_curve_csv,
     seed_spread,
 )
+from icefall_lite.train.checkpoint import save_checkpoint
 from icefall_lite.utils import replace_marked_section
 
 # The script imports its sibling train.py, as when run from its folder.

@@ -6,15 +6,22 @@ import itertools
 import pytest
 import torch
 
-from icefall_lite.train.checkpoint import CheckpointError, load_state_dict_checked
-from icefall_lite.nn.model import MODEL_PRESETS, add_model_arguments, build_transducer, count_parameters, model_config_from_args
-from icefall_lite.train.optim import Eve
+from conftest import tiny_transducer
+from icefall_lite.nn.model import (
+    MODEL_PRESETS,
+    add_model_arguments,
+    build_transducer,
+    count_parameters,
+    model_config_from_args,
+)
 from icefall_lite.nn.rnnt_loss import rnnt_loss
+from icefall_lite.train.checkpoint import CheckpointError, load_state_dict_checked
+from icefall_lite.train.optim import Eve
 
 
 def _tiny(threshold: float = 25.0, seed: int = 0, use_ctc: bool = False):
     torch.manual_seed(seed)
-    return build_transducer(
+    return tiny_transducer(
         vocab_size=12, encoder_dim=16, rnn_hidden_size=24, dim_feedforward=32, num_encoder_layers=2,
         decoder_dim=16, joiner_dim=16, grad_filter_threshold=threshold, use_ctc=use_ctc,
     )
@@ -100,20 +107,20 @@ def test_model_presets_and_overrides():
     parser = argparse.ArgumentParser()
     add_model_arguments(parser)
     args = parser.parse_args(["--model-preset", "icefall", "--num-encoder-layers", "3"])
-    config = model_config_from_args(args, vocab_size=500)
+    config = model_config_from_args(args, vocab_size=500, blank_id=0, num_features=80)
     assert config["num_encoder_layers"] == 3
     assert config["rnn_hidden_size"] == MODEL_PRESETS["icefall"]["rnn_hidden_size"]
     with pytest.raises(ValueError, match="--rnn-hidden-size"):
-        model_config_from_args(parser.parse_args(["--encoder-dim", "512", "--rnn-hidden-size", "256"]), 500)
-    icefall = build_transducer(**model_config_from_args(parser.parse_args(["--model-preset", "icefall"]), 500))
+        model_config_from_args(parser.parse_args(["--encoder-dim", "512", "--rnn-hidden-size", "256"]), vocab_size=500, blank_id=0, num_features=80)
+    icefall = build_transducer(**model_config_from_args(parser.parse_args(["--model-preset", "icefall"]), vocab_size=500, blank_id=0, num_features=80))
     # icefall's RESULTS.md gives 84,689,496 parameters for lstm_transducer_stateless3.
     assert count_parameters(icefall) == 84_689_496
 
 
 @pytest.mark.parametrize("context_size", [2, 3])
 def test_decoder_one_step_matches_the_padded_conv_and_a_loop(context_size):
-    from icefall_lite.nn.decoder import Decoder
     from icefall_lite.export.scaling_converter import convert_scaled_to_non_scaled
+    from icefall_lite.nn.decoder import Decoder
 
     torch.manual_seed(0)
     decoder = Decoder(vocab_size=12, decoder_dim=8, blank_id=0, context_size=context_size)
@@ -150,7 +157,7 @@ def _ctc_brute_force(log_probs: torch.Tensor, labels: list, blank: int) -> float
 
 def test_ctc_head_loss_equals_a_sum_over_all_alignments():
     torch.manual_seed(0)
-    model = build_transducer(vocab_size=4, encoder_dim=8, rnn_hidden_size=8, dim_feedforward=16,
+    model = tiny_transducer(vocab_size=4, encoder_dim=8, rnn_hidden_size=8, dim_feedforward=16,
                              num_encoder_layers=1, decoder_dim=8, joiner_dim=8, use_ctc=True).eval()
     encoder_out = torch.randn(3, 5, 8)
     lens = torch.tensor([5, 4, 3])

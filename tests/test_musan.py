@@ -104,7 +104,7 @@ def test_prepare_sh_stage_3_downloads_musan_from_a_mirror_and_prepares_it(tmp_pa
 
 def _datamodule(fbank_dir: Path) -> LibriSpeechAsrDataModule:
     parser = argparse.ArgumentParser()
-    LibriSpeechAsrDataModule.add_arguments(parser)
+    LibriSpeechAsrDataModule.add_arguments(parser, max_duration=100.0)
     return LibriSpeechAsrDataModule(parser.parse_args(["--manifest-dir", str(fbank_dir)]))
 
 

@@ -12,17 +12,10 @@ import sherpa_onnx
 import torch
 import torch.nn as nn
 
-from conftest import reference_streaming_greedy
-from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
+from conftest import reference_streaming_greedy, tiny_transducer
 from icefall_lite.data.bpe import train_bpe_model
-from icefall_lite.train.checkpoint import (
-    average_checkpoints,
-    average_checkpoints_with_averaged_model,
-    save_checkpoint,
-)
-from icefall_lite.nn.clip import GradientFilter
 from icefall_lite.data.features import fbank_extractor
-from icefall_lite.nn.model import build_transducer
+from icefall_lite.decoding.streaming import TorchStreamingModel, chunk_starts, streaming_search
 from icefall_lite.export.onnx_export import (
     build_exportable,
     export_transducer_onnx,
@@ -32,8 +25,11 @@ from icefall_lite.export.onnx_export import (
 )
 from icefall_lite.export.onnx_runtime import OnnxRuntimeTransducer
 from icefall_lite.export.scaling_converter import LSTMP, NonScaledBasicNorm, convert_scaled_to_non_scaled
+from icefall_lite.nn.clip import GradientFilter
 from icefall_lite.nn.scaling import ActivationBalancer, BasicNorm, ScaledLinear, ScaledLSTM
-from icefall_lite.decoding.streaming import TorchStreamingModel, chunk_starts, streaming_search
+from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
+from icefall_lite.train.averaging import average_checkpoints, average_checkpoints_with_averaged_model
+from icefall_lite.train.checkpoint import save_checkpoint
 
 SCRIPT = Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/lstm_transducer_stateless/export_onnx.py"
 TINY = dict(encoder_dim=16, dim_feedforward=32, num_encoder_layers=2, decoder_dim=16, joiner_dim=20)
@@ -64,7 +60,7 @@ def _perturb(model: nn.Module, seed: int) -> nn.Module:
 
 def _tiny(kind: str, vocab_size: int = 30, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    model = build_transducer(vocab_size=vocab_size, rnn_hidden_size=HIDDEN[kind], **TINY)
+    model = tiny_transducer(vocab_size=vocab_size, rnn_hidden_size=HIDDEN[kind], **TINY)
     return _perturb(model, seed + 100).eval()
 
 
@@ -304,7 +300,7 @@ def _emitting_model(kind: str, vocab_size: int = 40) -> nn.Module:
     picked so that the four test waveforms give varied token sequences.
     """
     torch.manual_seed({"no_proj": 2, "proj": 0}[kind])
-    model = build_transducer(vocab_size=vocab_size, encoder_dim=16, rnn_hidden_size=HIDDEN[kind], dim_feedforward=32,
+    model = tiny_transducer(vocab_size=vocab_size, encoder_dim=16, rnn_hidden_size=HIDDEN[kind], dim_feedforward=32,
                              num_encoder_layers=2, decoder_dim=16, joiner_dim=16).eval()
     with torch.no_grad():
         out = model.joiner.output_linear
@@ -420,7 +416,7 @@ def _write_epochs(exp_dir: Path, vocab_size: int) -> None:
 
 def _torch_and_onnx_outputs(state_dict: dict, out_dir: Path, suffix: str) -> tuple:
     """Encoder output of one chunk and decoder output, from ``state_dict`` in PyTorch and from the ONNX files."""
-    model = build_transducer(vocab_size=40, rnn_hidden_size=24, **TINY)
+    model = tiny_transducer(vocab_size=40, rnn_hidden_size=24, **TINY)
     model.load_state_dict(state_dict)
     files = onnx_filenames(out_dir, suffix)
     runners = build_exportable(model.eval()), OnnxRuntimeTransducer(files["encoder"], files["decoder"], files["joiner"])
@@ -464,7 +460,7 @@ def test_export_script_averaging_and_files(export_script, bpe_model, tmp_path):
 
 def test_export_script_defaults_point_at_the_trained_model(export_script):
     args = export_script.get_parser().parse_args([])
-    # train.py's defaults (one home: the recipe's recipe_defaults.py)
+    # train.py's defaults (one home: icefall_lite/recipe_defaults.py)
     assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (NUM_EPOCHS, 0, AVG, True)
     assert args.exp_dir == EXP_DIR
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from icefall_lite.nn.encoder import RNNEncoder, subsampled_length
+from icefall_lite.nn.encoder import RNNEncoder
 from icefall_lite.train.optim import Eden, Eve, ScaledAdam
 
 
@@ -50,7 +50,7 @@ def test_eve_first_step_is_adam_and_weight_decay_rule():
 def test_encoder_shapes_and_filters(threshold):
     torch.manual_seed(0)
     enc = RNNEncoder(num_features=80, d_model=16, dim_feedforward=32, rnn_hidden_size=24, num_layers=2,
-                     grad_filter_threshold=threshold).eval()
+                     grad_filter_threshold=threshold, dropout=0.1, layer_dropout=0.075).eval()
     x = torch.randn(3, 50, 80)
     x_lens = torch.tensor([50, 40, 9])
     out, out_lens, (h, c) = enc(x, x_lens)
@@ -63,7 +63,8 @@ def test_encoder_shapes_and_filters(threshold):
 
 def test_encoder_padding_does_not_change_valid_outputs():
     torch.manual_seed(0)
-    enc = RNNEncoder(num_features=80, d_model=16, dim_feedforward=32, rnn_hidden_size=16, num_layers=2).eval()
+    enc = RNNEncoder(num_features=80, d_model=16, dim_feedforward=32, rnn_hidden_size=16, num_layers=2,
+                     grad_filter_threshold=10.0, dropout=0.1, layer_dropout=0.075).eval()
     x = torch.randn(1, 60, 80)
     out_short, lens_short, _ = enc(x[:, :40], torch.tensor([40]))
     padded = torch.cat([x[:, :40], torch.randn(1, 20, 80) * 100], dim=1)
@@ -78,7 +79,8 @@ def test_encoder_padding_does_not_change_valid_outputs():
 def test_encoder_streaming_states_continue_the_sequence():
     """Running the LSTM stack on two halves, carrying states, equals one pass."""
     torch.manual_seed(0)
-    enc = RNNEncoder(num_features=80, d_model=16, dim_feedforward=32, rnn_hidden_size=16, num_layers=3).eval()
+    enc = RNNEncoder(num_features=80, d_model=16, dim_feedforward=32, rnn_hidden_size=16, num_layers=3,
+                     grad_filter_threshold=10.0, dropout=0.1, layer_dropout=0.075).eval()
     emb = torch.randn(10, 2, 16)
     full = emb
     for layer in enc.layers:

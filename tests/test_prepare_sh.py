@@ -18,9 +18,9 @@ import pytest
 import soundfile as sf
 from lhotse import load_manifest
 
-from icefall_lite.data.synthetic import tts
 from icefall_lite.data.bpe import load_bpe_model
 from icefall_lite.data.datamodule import LibriSpeechAsrDataModule, filter_cuts
+from icefall_lite.data.synthetic import tts
 from icefall_lite.data.synthetic.corpus import EVAL_PARTS, PARTS, SIZES, TRAIN_PART, plan_corpus, render_utterance
 from icefall_lite.data.text_norm import ALLOWED_CHARS
 
@@ -226,7 +226,7 @@ def test_bpe_of_the_tiny_corpus(tiny: Path) -> None:
 def test_training_batch_from_the_tiny_data(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tiny)
     parser = argparse.ArgumentParser()
-    LibriSpeechAsrDataModule.add_arguments(parser)
+    LibriSpeechAsrDataModule.add_arguments(parser, max_duration=100.0)
     args = parser.parse_args(["--manifest-dir", str(tiny / "data" / "fbank"), "--max-duration", "20", "--num-workers", "1"])
     dm = LibriSpeechAsrDataModule(args)
     sp = load_bpe_model(tiny / "data" / "lang_bpe_100" / "bpe.model")

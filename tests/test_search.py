@@ -17,11 +17,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from icefall_lite.nn.decoder import Decoder
-from icefall_lite.nn.joiner import Joiner
 from icefall_lite.decoding.fast_beam_search import fast_beam_search_one_best
 from icefall_lite.decoding.greedy_search import greedy_search, greedy_search_batch
 from icefall_lite.decoding.modified_beam_search import modified_beam_search
+from icefall_lite.nn.decoder import Decoder
+from icefall_lite.nn.joiner import Joiner
 
 ENCODER_DIM, DECODER_DIM, JOINER_DIM = 16, 12, 20
 BLANK = 0
@@ -44,7 +44,7 @@ class TinyTransducer(nn.Module):
         super().__init__()
         torch.manual_seed(seed)
         self.decoder = Decoder(vocab_size, DECODER_DIM, blank_id=BLANK, context_size=context_size)
-        self.joiner = Joiner(ENCODER_DIM, DECODER_DIM, JOINER_DIM, vocab_size)
+        self.joiner = Joiner(ENCODER_DIM, DECODER_DIM, JOINER_DIM, vocab_size, blank_id=BLANK)
 
 
 def shift_output_bias(model: TinyTransducer, token: int, delta: float) -> None:

@@ -15,17 +15,15 @@ import pytest
 import sentencepiece as spm
 import torch
 from lhotse import CutSet, load_manifest
+from test_decode import BPE, TINY_FLAGS, TINY_SIZES, VOCAB_SIZE, write_epoch_checkpoints
 
-from conftest import RECIPE, check_wer_files, recipe_env, reference_streaming_greedy
-from icefall_lite.train.checkpoint import load_averaged_weights
-from icefall_lite.decoding.constants import NUM_TAIL_PADDED_FRAMES, TEST_SETS
-from icefall_lite.decoding.decode_run import LOG_EPS
-from icefall_lite.data.features import fbank_extractor
-from icefall_lite.nn.model import build_transducer
+from conftest import RECIPE, check_wer_files, recipe_env, reference_streaming_greedy, tiny_transducer
+from icefall_lite.data.features import LOG_EPS, NUM_TAIL_PADDED_FRAMES, fbank_extractor
+from icefall_lite.decoding.constants import TEST_SETS
+from icefall_lite.decoding.streaming import streaming_search
 from icefall_lite.export.onnx_export import build_exportable
 from icefall_lite.export.sherpa import tail_padding
-from icefall_lite.decoding.streaming import streaming_search
-from test_decode import BPE, TINY_FLAGS, TINY_SIZES, VOCAB_SIZE, write_epoch_checkpoints
+from icefall_lite.train.averaging import load_averaged_weights
 
 SCRIPTS = RECIPE / "lstm_transducer_stateless"
 STREAMING = SCRIPTS / "streaming_decode.py"
@@ -69,7 +67,7 @@ def exp(tiny_data, tmp_path_factory) -> Dict[str, object]:
     """Three epoch checkpoints of the tiny model, and the model that --epoch 3 --avg 2 selects, loaded here."""
     exp_dir = tmp_path_factory.mktemp("streaming") / "exp"
     write_epoch_checkpoints(exp_dir, 3)
-    model = build_transducer(vocab_size=VOCAB_SIZE, **TINY_SIZES)
+    model = tiny_transducer(vocab_size=VOCAB_SIZE, **TINY_SIZES)
     load_averaged_weights(model, exp_dir, epoch=3, avg=2, use_averaged_model=True, device=torch.device("cpu"))
     sp = spm.SentencePieceProcessor(model_file=str(tiny_data / BPE))
     return {"dir": exp_dir, "model": model.eval(), "sp": sp}

@@ -13,8 +13,15 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from conftest import RECIPE, recipe_env
+from conftest import RECIPE, recipe_env, tiny_transducer
+from icefall_lite.nn.model import build_transducer
 from icefall_lite.train.checkpoint import load_checkpoint_file
+from icefall_lite.train.grad_control import GradientControl
+from icefall_lite.train.loop import train_step
+from icefall_lite.train.loss import compute_loss, loss_scales, pruned_loss_scale
+from icefall_lite.train.optim import Eden, Eve
+from icefall_lite.train.presets import ICEFALL_PRESET
+from icefall_lite.train.setup import training_model_config
 
 TRAIN = RECIPE / "lstm_transducer_stateless" / "train.py"
 TINY_MODEL = [
@@ -157,11 +164,11 @@ def _params_and_model(tiny_data: Path, *extra: str):
     params.update(vars(args))
     sp = spm.SentencePieceProcessor()
     sp.load(params.bpe_model)
-    config = train.training_model_config(args, vocab_size=sp.get_piece_size())
+    config = training_model_config(args, vocab_size=sp.get_piece_size(), blank_id=0)
     torch.manual_seed(0)
-    model = train.build_transducer(**config)
-    optimizer = train.Eve(model.parameters(), lr=params.base_lr)
-    scheduler = train.Eden(optimizer, params.lr_batches, params.lr_epochs)
+    model = build_transducer(**config)
+    optimizer = Eve(model.parameters(), lr=params.base_lr)
+    scheduler = Eden(optimizer, params.lr_batches, params.lr_epochs)
     return params, model, optimizer, scheduler, sp
 
 
@@ -181,7 +188,8 @@ def test_nonfinite_batch_is_skipped_and_weights_stay_finite(tiny_data, nan_rows)
     params, model, optimizer, scheduler, sp = _params_and_model(tiny_data)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     params.batch_idx_train = 1
-    info, grad_norm, _ = train.train_step(params, model, optimizer, scheduler, None, sp, _batch(nan_rows))
+    control = GradientControl.from_params(params)
+    info, grad_norm, _ = train_step(params, model, optimizer, scheduler, None, control, sp, _batch(nan_rows))
     assert params.skipped_steps == 1
     assert params.skipped_utterances == len(nan_rows)
     for n, p in model.named_parameters():
@@ -189,19 +197,21 @@ def test_nonfinite_batch_is_skipped_and_weights_stay_finite(tiny_data, nan_rows)
         assert torch.equal(p, before[n]), n
     # A clean batch afterwards trains normally.
     params.batch_idx_train = 2
-    train.train_step(params, model, optimizer, scheduler, None, sp, _batch())
+    train_step(params, model, optimizer, scheduler, None, control, sp, _batch())
     assert params.skipped_steps == 1
     assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
 @pytest.mark.parametrize("clip_type", ["norm", "value", "adaptive"])
 def test_clip_gradients_reports_preclip_norm(tiny_data, clip_type):
-    params, model, *_ = _params_and_model(tiny_data, "--clip-type", clip_type, "--clip-grad-norm", "0.01")
+    flag = {"norm": "--clip-grad-norm", "value": "--clip-grad-value", "adaptive": "--agc-clipping"}[clip_type]
+    others = [f for f in ("--clip-grad-norm", "--clip-grad-value", "--agc-clipping") if f != flag]
+    params, model, *_ = _params_and_model(tiny_data, flag, "0.01", *(x for f in others for x in (f, "0")))
     s, p, _, _ = model(_batch()["inputs"], torch.tensor([120, 100, 90]), [[5, 6], [7], [8, 9, 10]], warmup=3.0)
     (s.sum() + p.sum()).backward()
     grads = {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
     expected = math.sqrt(sum(float(g.double().square().sum()) for g in grads.values()))
-    norm, scale = train.clip_gradients(params, model)
+    norm, scale = GradientControl.from_params(params).clip(model)
     assert norm == pytest.approx(expected, rel=1e-5)
     after = math.sqrt(sum(float(q.grad.double().square().sum()) for q in model.parameters() if q.grad is not None))
     assert scale == pytest.approx(after / expected, rel=1e-5)
@@ -238,7 +248,11 @@ def test_print_diagnostics_prints_and_exits(tiny_data, tmp_path):
         (["--start-epoch", "5", "--num-epochs", "2"], "--start-epoch"),
         (["--clip-grad-norm", "-1"], "--clip-grad-norm"),
         (["--grad-filter-threshold", "-2"], "--grad-filter-threshold"),
-        (["--clip-type", "sometimes"], "--clip-type"),
+        (["--clip-grad-value", "-1"], "--clip-grad-value"),
+        (["--agc-clipping", "nan"], "--agc-clipping"),
+        (["--error-clip", "-1"], "--error-clip"),
+        (["--max-duration", "0"], "--max-duration"),
+        (["--model-warm-step", "0"], "--model-warm-step"),
         (["--bpe-model", "/nonexistent/bpe.model"], "--bpe-model"),
         (["--dropout", "1.0"], "--dropout"),
         (["--layer-dropout", "-0.1"], "--layer-dropout"),
@@ -292,16 +306,16 @@ def test_training_flags_reach_the_model(tiny_data):
 @pytest.mark.parametrize("warmup, expected", [(0.0, 0.0), (0.99, 0.0), (1.0, 1.0), (1.5, 0.1), (2.0, 1.0), (7.0, 1.0)])
 def test_pruned_loss_scale_is_icefalls_step_schedule(warmup, expected):
     # icefall: 0 if warmup < 1, else 0.1 if 1 < warmup < 2, else 1 (so exactly 1.0 gives 1.0).
-    assert train.pruned_loss_scale(warmup) == expected
+    assert pruned_loss_scale(warmup) == expected
 
 
 def test_linear_loss_ramp_is_zipformers(tiny_data):
     params, *_ = _params_and_model(tiny_data, "--loss-ramp", "linear", "--simple-loss-scale", "0.5")
     # Hand-worked: simple 1 - w * 0.5, pruned 0.1 + 0.9 * w during the warm-up, then (0.5, 1).
     for warmup, expected in [(0.0, (1.0, 0.1)), (0.5, (0.75, 0.55)), (1.0, (0.5, 1.0)), (4.0, (0.5, 1.0))]:
-        assert train.loss_scales(params, warmup) == pytest.approx(expected)
+        assert loss_scales(params, warmup) == pytest.approx(expected)
     params.loss_ramp = "step"
-    assert train.loss_scales(params, 1.5) == (0.5, 0.1)
+    assert loss_scales(params, 1.5) == (0.5, 0.1)
 
 
 def test_compute_loss_with_tail_padding_and_ctc(tiny_data):
@@ -311,7 +325,7 @@ def test_compute_loss_with_tail_padding_and_ctc(tiny_data):
     lens = batch["supervisions"]["num_frames"]
     for i, n in enumerate(lens.tolist()):
         batch["inputs"][i, n:] = math.log(1e-10)  # lhotse's padding value
-    loss, info = train.compute_loss(params, model, sp, batch, is_training=False, warmup=3.0)
+    loss, info = compute_loss(params, model, sp, batch, is_training=False, warmup=3.0)
     # Per-frame normalisation counts the utterances' own frames, not the padding.
     assert info["frames"] == float(sum(((n - 3) // 2 - 1) // 2 for n in lens.tolist()))
     # The same as the model on features padded by hand with 35 frames of log(1e-10) after each utterance
@@ -328,7 +342,7 @@ def test_compute_loss_with_tail_padding_and_ctc(tiny_data):
     assert float(loss) == pytest.approx(info["loss"] + 0.2 * info["ctc_loss"], rel=1e-5)
     # Without the padding the loss is another one.
     params.tail_pad_frames = 0
-    _, unpadded = train.compute_loss(params, model, sp, batch, is_training=False, warmup=3.0)
+    _, unpadded = compute_loss(params, model, sp, batch, is_training=False, warmup=3.0)
     assert abs(unpadded["loss"] - info["loss"]) > 1e-3 * info["loss"]
     assert unpadded["frames"] == info["frames"]
 
@@ -354,14 +368,14 @@ def test_prepare_sh_default_vocabulary_is_train_py_default_bpe_model(tiny_data):
 
 def test_train_py_trains_what_the_decoding_scripts_decode_by_default():
     # decode.py/export_onnx.py default to --epoch NUM_EPOCHS in EXP_DIR (their tests check that side).
-    from recipe_defaults import EXP_DIR, NUM_EPOCHS
+    from icefall_lite.recipe_defaults import EXP_DIR, NUM_EPOCHS
 
     args = train.get_parser().parse_args([])
     assert (args.num_epochs, args.exp_dir) == (NUM_EPOCHS, EXP_DIR)
 
 
 # icefall's lstm_transducer_stateless3 settings, written from its train.py / asr_datamodule.py
-# (shared/reference/icefall-lstm-facts.md), independently of train.py's ICEFALL_PRESET.
+# independently of icefall_lite.train.presets.ICEFALL_PRESET.
 ICEFALL_VALUES = {
     "model_preset": "icefall", "num_epochs": 40, "bpe_model": "data/lang_bpe_500/bpe.model",
     "optimizer_name": "eve", "base_lr": 0.003, "lr_batches": 5000, "lr_epochs": 10, "model_warm_step": 3000,
@@ -376,15 +390,15 @@ ICEFALL_VALUES = {
 def test_icefall_preset_sets_icefall_values_and_explicit_flags_win():
     parser = train.get_parser()
     dests = {action.dest for action in parser._actions}
-    assert set(train.ICEFALL_PRESET) <= dests  # no setting lands on a name train.py does not read
+    assert set(ICEFALL_PRESET) <= dests  # no setting lands on a name train.py does not read
     args = train.parse_args(train.get_parser(), ["--preset", "icefall"])
     assert {k: getattr(args, k) for k in ICEFALL_VALUES} == ICEFALL_VALUES
     assert args.valid_interval == 800  # train-clean-100 only
     assert train.parse_args(train.get_parser(), ["--preset", "icefall", "--full-libri", "true"]).valid_interval == 3000
     # The ablation's gradient-control arms on top of the preset: explicit flags win.
     args = train.parse_args(train.get_parser(), ["--clip-grad-norm", "5", "--preset", "icefall",
-                                                 "--grad-filter-threshold", "0", "--clip-type", "adaptive"])
-    assert (args.clip_grad_norm, args.grad_filter_threshold, args.clip_type, args.num_buckets) == (5.0, 0.0, "adaptive", 30)
+                                                 "--grad-norm-threshold", "0", "--agc-clipping", "0.1"])
+    assert (args.clip_grad_norm, args.grad_filter_threshold, args.agc_clipping, args.num_buckets) == (5.0, 0.0, 0.1, 30)
     # Without the preset, today's defaults.
     args = train.parse_args(train.get_parser(), [])
     assert (args.preset, args.clip_grad_norm, args.valid_interval, args.num_buckets) == ("none", 5.0, 0, 10)
@@ -407,10 +421,8 @@ def test_error_clip_clamps_the_gradient_arriving_at_every_encoder_layer():
     """--error-clip V: the gradient into each encoder layer is the arriving one clamped to [-V, V].
     Reference: the same model without clips, with the clamped gradient fed in by hand at the top layer
     and the lower layers' inputs detached and re-fed the clamped gradients layer by layer."""
-    from icefall_lite.nn.model import build_transducer
-
     torch.manual_seed(0)
-    model = build_transducer(vocab_size=20, encoder_dim=16, rnn_hidden_size=24, dim_feedforward=32,
+    model = tiny_transducer(vocab_size=20, encoder_dim=16, rnn_hidden_size=24, dim_feedforward=32,
                              num_encoder_layers=3, decoder_dim=16, joiner_dim=16, dropout=0.0, layer_dropout=0.0)
     model.eval()  # the balancers act at random in training mode; the gradients flow all the same
     layers = model.encoder.layers
@@ -435,7 +447,7 @@ def test_error_clip_clamps_the_gradient_arriving_at_every_encoder_layer():
         grad = grads[0].clamp(-value, value)
     expected_input_grad = grads[0]
 
-    train.add_layer_error_clips(model, value)
+    GradientControl(clip_grad_norm=0, clip_grad_value=0, agc_clipping=0, error_clip=value).install(model)
     x_in = x.clone().requires_grad_()
     h = x_in
     for layer in layers:

@@ -39,15 +39,16 @@ class Arm:
     """One gradient-control setting.
 
     ``filter_threshold``: ``OBSERVE`` (no filtering) or the GradientFilter
-    threshold; ``clip_type``/``clip_threshold``: train.py's ``--clip-type`` and
-    ``--clip-grad-norm`` (0 = no clipping); ``error_clip``: ``--error-clip``.
+    threshold; the others are train.py's gradient-control flags of the same
+    names (:mod:`icefall_lite.train.grad_control`; 0 = off).
     """
 
     name: str
     label: str
     filter_threshold: float = OBSERVE
-    clip_type: str = "norm"
-    clip_threshold: float = 0.0
+    clip_grad_norm: float = 0.0
+    clip_grad_value: float = 0.0
+    agc_clipping: float = 0.0
     error_clip: float = 0.0
 
     @property
@@ -56,8 +57,11 @@ class Arm:
 
     def train_flags(self) -> List[str]:
         """train.py flags that set this arm's controls (and switch the others off)."""
-        return ["--grad-filter-threshold", flag_value(self.filter_threshold), "--clip-type", self.clip_type,
-                "--clip-grad-norm", flag_value(self.clip_threshold), "--error-clip", flag_value(self.error_clip)]
+        return ["--grad-filter-threshold", flag_value(self.filter_threshold),
+                "--clip-grad-norm", flag_value(self.clip_grad_norm),
+                "--clip-grad-value", flag_value(self.clip_grad_value),
+                "--agc-clipping", flag_value(self.agc_clipping),
+                "--error-clip", flag_value(self.error_clip)]
 
 
 @dataclass(frozen=True)
@@ -77,16 +81,15 @@ def make_arms(t: Thresholds) -> List[Arm]:
     """Every arm, in table order."""
     arms = [
         Arm("none", "no control (filter observing)"),
-        Arm("clip", f"clip_grad_norm {t.clip_norm:g}", clip_threshold=t.clip_norm),
+        Arm("clip", f"clip_grad_norm {t.clip_norm:g}", clip_grad_norm=t.clip_norm),
         Arm("filter", f"GradientFilter {t.filter:g}", filter_threshold=t.filter),
         Arm("filter-clip", f"GradientFilter {t.filter:g} + clip_grad_norm {t.clip_norm:g}",
-            filter_threshold=t.filter, clip_threshold=t.clip_norm),
+            filter_threshold=t.filter, clip_grad_norm=t.clip_norm),
     ]
     arms += [Arm(f"filter-{x:g}", f"GradientFilter {x:g}", filter_threshold=x) for x in t.sweep]
     arms += [
-        Arm("agc", f"adaptive clipping (AGC), lambda {t.agc_lambda:g}", clip_type="adaptive",
-            clip_threshold=t.agc_lambda),
-        Arm("value", f"clip by value {t.clip_value:g}", clip_type="value", clip_threshold=t.clip_value),
+        Arm("agc", f"adaptive clipping (AGC), lambda {t.agc_lambda:g}", agc_clipping=t.agc_lambda),
+        Arm("value", f"clip by value {t.clip_value:g}", clip_grad_value=t.clip_value),
         Arm("error-clip", f"error clip {t.error_clip:g} on layer outputs", error_clip=t.error_clip),
     ]
     return arms

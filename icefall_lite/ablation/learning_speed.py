@@ -16,10 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from icefall_lite.train.checkpoint import find_checkpoints, load_checkpoint_file
+from icefall_lite.ablation.tb_reader import Series, moving_average, read_scalars
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.metrics import load_wer_summary
-from icefall_lite.ablation.tb_reader import Series, TrainingScalarTags, moving_average, read_scalars
+from icefall_lite.train.checkpoint import find_checkpoints, load_checkpoint_file
+from icefall_lite.train.tb_tags import TrainingScalarTags
 
 DONE_FILE = "learning-speed-done.json"
 SIMPLE_LOSS_TARGET = 0.5  # per frame; the landmark of the warm-up

@@ -29,9 +29,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from icefall_lite.ablation.arms import Arm, RunKey
-from icefall_lite.ablation.tb_reader import Series, TrainingScalarTags, read_scalars, values
+from icefall_lite.ablation.tb_reader import Series, read_scalars, values
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.metrics import load_wer_summary
+from icefall_lite.train.tb_tags import TrainingScalarTags
 from icefall_lite.utils import replace_marked_section, write_text_atomic
 
 SECTION = "ablation"

@@ -1,7 +1,7 @@
 """Read the scalars a training script writes to ``<exp-dir>/tensorboard``.
 
-The script owns the tag names; :class:`TrainingScalarTags` is the table of
-them it hands to the readers (the recipe's ``train.py`` defines ``TB_TAGS``).
+The tag names have one home, :data:`icefall_lite.train.tb_tags.TB_TAGS`,
+which the training loop writes with and the readers read with.
 
 A resumed run writes a new event file starting at the resume step (train.py
 opens its SummaryWriter with ``purge_step``); TensorBoard's EventAccumulator
@@ -13,43 +13,12 @@ from __future__ import annotations
 
 import logging
 import math
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 Series = List[Tuple[int, float]]
-
-
-@dataclass(frozen=True)
-class TrainingScalarTags:
-    """The TensorBoard tags of the scalars the reports read, by what they hold.
-
-    ``grad_filter`` is a format string with ``{layer}`` and ``{stat}``
-    (per-layer GradientFilter statistics, e.g. ``stat = "fraction_filtered"``).
-    """
-
-    loss: str
-    simple_loss: str
-    pruned_loss: str
-    grad_norm: str
-    clip_scale: str
-    skipped_steps: str
-    valid_loss: str
-    epoch: str
-    grad_filter: str
-
-    def filter_tag(self, layer: int, stat: str) -> str:
-        """The tag of GradientFilter statistic ``stat`` of encoder layer ``layer``."""
-        return self.grad_filter.format(layer=layer, stat=stat)
-
-    def parse_filter_tag(self, tag: str) -> Optional[Tuple[int, str]]:
-        """``(layer, stat)`` of a GradientFilter tag, None for any other tag."""
-        pattern = re.escape(self.grad_filter).replace(r"\{layer\}", r"(?P<layer>\d+)").replace(r"\{stat\}", r"(?P<stat>\w+)")
-        match = re.fullmatch(pattern, tag)
-        return None if match is None else (int(match.group("layer")), match.group("stat"))
 
 
 def read_scalars(log_dir: Path, tags: Optional[Sequence[str]] = None) -> Dict[str, Series]:

@@ -87,8 +87,7 @@ def num_to_corrupt(num_cuts: int, fraction: float) -> int:
 
 def eligible_cut_ids(cuts: Sequence[Cut], sp: Any, duration_range: Tuple[float, float]) -> List[str]:
     """Ids of the cuts the training keeps (``duration_range`` in seconds, no more tokens than frames), sorted."""
-    min_duration, max_duration = duration_range
-    return sorted(c.id for c in cuts if not rejection_reason(c, sp, min_duration=min_duration, max_duration=max_duration))
+    return sorted(c.id for c in cuts if not rejection_reason(c, sp, cut_duration_range=duration_range))
 
 
 def choose_cut_ids(eligible: Sequence[str], count: int, seed: int) -> List[str]:

@@ -3,12 +3,13 @@
 Usage, as in icefall's ``train.py``::
 
     parser = argparse.ArgumentParser()
-    LibriSpeechAsrDataModule.add_arguments(parser)
+    LibriSpeechAsrDataModule.add_arguments(parser, max_duration=TRAIN_MAX_DURATION)
     args = parser.parse_args()
+    LibriSpeechAsrDataModule.check_args(parser, args)
     librispeech = LibriSpeechAsrDataModule(args)
     sp = load_bpe_model(args.bpe_model)
-    train_cuts = filter_cuts(librispeech.train_cuts(), sp)
-    train_dl = librispeech.train_dataloaders(train_cuts, sampler_state_dict=None)
+    train_cuts = filter_cuts(librispeech.train_cuts(), sp, TRAIN_CUT_DURATION_RANGE)
+    train_dl = librispeech.train_dataloaders(train_cuts)
     valid_dl = librispeech.valid_dataloaders(librispeech.dev_clean_cuts() + librispeech.dev_other_cuts())
     test_dl = librispeech.test_dataloaders(librispeech.test_clean_cuts())
 
@@ -34,7 +35,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, List, Optional
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -51,6 +52,7 @@ from lhotse.dataset.input_strategies import OnTheFlyFeatures, PrecomputedFeature
 from lhotse.utils import compute_num_frames
 from torch.utils.data import DataLoader
 
+from icefall_lite.data.features import NUM_MEL_BINS
 from icefall_lite.data.layout import FULL_TRAIN_PARTS, MUSAN_CUTS_NAME, NOISE_CUTS_NAME, librispeech_cuts_name
 from icefall_lite.nn.encoder import subsampled_length
 from icefall_lite.utils import str2bool
@@ -83,8 +85,9 @@ class LibriSpeechAsrDataModule:
         self.args = args
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add the datamodule's flags (icefall's names) to ``parser``."""
+    def add_arguments(cls, parser: argparse.ArgumentParser, *, max_duration: float) -> None:
+        """Add the datamodule's flags (icefall's names) to ``parser``; ``max_duration`` is the script's
+        default batch size in seconds (:mod:`icefall_lite.recipe_defaults`)."""
         group = parser.add_argument_group(
             title="ASR data related options",
             description="Options for lhotse cuts, sampling, augmentation and data loading.",
@@ -93,8 +96,8 @@ class LibriSpeechAsrDataModule:
                            help="train on all 960 h (real LibriSpeech only); else train-clean-100")
         group.add_argument("--manifest-dir", type=Path, default=Path("data/fbank"),
                            help="folder of librispeech_cuts_<part>.jsonl.gz and musan_cuts.jsonl.gz or noise_cuts.jsonl.gz")
-        group.add_argument("--max-duration", type=float, default=100.0,
-                           help="seconds of audio per batch (icefall: 200 on a GPU; 100 suits a 2-core CPU)")
+        group.add_argument("--max-duration", type=float, default=max_duration,
+                           help="seconds of audio per batch (icefall: 200 on a GPU)")
         group.add_argument("--bucketing-sampler", type=str2bool, default=True,
                            help="DynamicBucketingSampler (cuts of similar duration batched together)")
         group.add_argument("--num-buckets", type=int, default=10,
@@ -110,8 +113,9 @@ class LibriSpeechAsrDataModule:
                            help="put the cuts in batch['supervisions']['cut']")
         group.add_argument("--num-workers", type=int, default=1,
                            help="DataLoader worker processes (icefall: 2)")
-        group.add_argument("--enable-spec-aug", type=str2bool, default=True,
-                           help="SpecAugment: time warp, 2 feature masks of <=27, 10 frame masks of <=100")
+        group.add_argument("--enable-spec-aug", type=str2bool, default=False,
+                           help="SpecAugment: time warp, 2 feature masks of <=27, 10 frame masks of <=100 (icefall: "
+                                "true; off by default here: it slowed learning within the demo's budget)")
         group.add_argument("--spec-aug-time-warp-factor", type=int, default=80,
                            help="SpecAugment time warp factor; < 1 disables time warping")
         group.add_argument("--enable-musan", "--enable-noise", dest="enable_musan", type=str2bool, default=True,
@@ -119,6 +123,16 @@ class LibriSpeechAsrDataModule:
                                 f"training cuts: CutMix p={NOISE_MIX_PROB}, SNR {NOISE_SNR_DB} dB")
         group.add_argument("--on-the-fly-feats", type=str2bool, default=False,
                            help="compute fbank from audio during training instead of loading stored features")
+
+    @staticmethod
+    def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        """argparse errors naming the flag for bad data flags (training and decoding share this check)."""
+        if not args.max_duration > 0:
+            parser.error(f"--max-duration must be positive, got {args.max_duration}")
+        if args.num_buckets < 1:
+            parser.error(f"--num-buckets must be >= 1, got {args.num_buckets}")
+        if args.num_workers < 0:
+            parser.error(f"--num-workers must be >= 0, got {args.num_workers}")
 
     # --- manifests -------------------------------------------------------------
 
@@ -184,7 +198,7 @@ class LibriSpeechAsrDataModule:
 
     def _input_strategy(self) -> Any:
         if self.args.on_the_fly_feats:
-            return OnTheFlyFeatures(Fbank(FbankConfig(num_mel_bins=80)))
+            return OnTheFlyFeatures(Fbank(FbankConfig(num_mel_bins=NUM_MEL_BINS)))
         return PrecomputedFeatures()
 
     def train_dataloaders(
@@ -355,6 +369,10 @@ def set_transform_rng_state(dataloader: DataLoader, states: List[Any]) -> None:
 # --- filtering cuts the encoder cannot handle ----------------------------------
 
 
+# icefall trains on 1-20 s utterances (local/make_corrupted_cuts.py corrupts among the same cuts).
+TRAIN_CUT_DURATION_RANGE = (1.0, 20.0)
+
+
 def encoder_frames(num_frames: int) -> int:
     """Frames after the encoder's Conv2dSubsampling (:func:`icefall_lite.nn.encoder.subsampled_length`)."""
     return int(subsampled_length(num_frames))
@@ -370,23 +388,24 @@ def cut_num_frames(cut: Cut) -> int:
 def rejection_reason(
     cut: Cut,
     sp: Optional[Any] = None,
-    min_duration: Optional[float] = None,
-    max_duration: Optional[float] = None,
+    cut_duration_range: Optional[Tuple[float, float]] = None,
 ) -> str:
     """Why ``cut`` cannot be trained on ("" if it can).
 
-    Reasons: no supervision text; duration outside ``[min_duration,
-    max_duration]``; fewer than one frame after subsampling; more BPE tokens
-    (with ``sp``) than frames after subsampling (the transducer loss needs
-    ``T' >= U``).
+    Reasons: no supervision text; duration outside ``cut_duration_range``
+    (seconds, both ends included); fewer than one frame after subsampling;
+    more BPE tokens (with ``sp``) than frames after subsampling (the
+    transducer loss needs ``T' >= U``).
     """
     text = " ".join(s.text or "" for s in cut.supervisions).strip()
     if not text:
         return "no supervision text"
-    if min_duration is not None and cut.duration < min_duration:
-        return f"shorter than {min_duration} s"
-    if max_duration is not None and cut.duration > max_duration:
-        return f"longer than {max_duration} s"
+    if cut_duration_range is not None:
+        shortest, longest = cut_duration_range
+        if cut.duration < shortest:
+            return f"shorter than {shortest} s"
+        if cut.duration > longest:
+            return f"longer than {longest} s"
     t_out = encoder_frames(cut_num_frames(cut))
     if t_out < 1:
         return "too short for the encoder's subsampling"
@@ -408,8 +427,7 @@ class _KeepIds:
 def filter_cuts(
     cuts: CutSet,
     sp: Optional[Any] = None,
-    min_duration: Optional[float] = None,
-    max_duration: Optional[float] = None,
+    cut_duration_range: Optional[Tuple[float, float]] = None,
     name: str = "cuts",
 ) -> CutSet:
     """Remove the cuts :func:`rejection_reason` rejects; log how many and why.
@@ -421,7 +439,7 @@ def filter_cuts(
     kept = set()
     reasons: Counter = Counter()
     for cut in cuts:
-        reason = rejection_reason(cut, sp, min_duration, max_duration)
+        reason = rejection_reason(cut, sp, cut_duration_range)
         if reason:
             reasons[reason] += 1
             logging.debug(f"removing cut {cut.id} ({cut.duration:.2f} s): {reason}")

@@ -16,9 +16,10 @@ import multiprocessing
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from lhotse import CutSet, Fbank, FbankConfig, LilcomChunkyWriter, load_manifest, load_manifest_lazy
 from lhotse.cut import Cut
 from lhotse.utils import compute_num_frames
@@ -28,6 +29,11 @@ from icefall_lite.data.manifests import manifest_paths
 from icefall_lite.utils import atomic_output, progress_bar, remove_path
 
 NUM_MEL_BINS = 80
+# The value of a padding frame (lhotse pads fbank batches with log(1e-10)).
+LOG_EPS = math.log(1e-10)
+# icefall pads this many frames of LOG_EPS at the end of every utterance
+# before the LSTM encoder when decoding, against deletions at the end of utterances.
+NUM_TAIL_PADDED_FRAMES = 35
 CUTS_PER_CHUNK = 200
 SPEED_FACTORS = (0.9, 1.1)
 TIME_TOLERANCE = 2e-3  # seconds
@@ -213,3 +219,24 @@ def validate_cut_manifest(path: Path, supervised: bool = True, load_features: bo
     if n == 0:
         raise ManifestError(f"{path}: no cuts")
     return n
+
+
+# --- tail padding (decoding always, training with --tail-pad-frames) ------------
+
+
+def pad_tail(feature: torch.Tensor, feature_lens: torch.Tensor, num_frames: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Append ``num_frames`` frames of log(1e-10) to every utterance (icefall's fix for tail deletions).
+
+    As icefall, the frames are appended after the batch's last frame; lhotse
+    pads a shorter utterance with log(1e-10) already, so every utterance is
+    followed by at least ``num_frames`` frames of log(1e-10).
+
+    Args:
+      feature: (N, T, C) padded batch (padding log(1e-10), as lhotse's).
+      feature_lens: (N,) valid frames.
+      num_frames: frames to append (icefall's decode.py: :data:`NUM_TAIL_PADDED_FRAMES`).
+    Returns:
+      feature (N, T + num_frames, C) and feature_lens + num_frames.
+    """
+    feature = F.pad(feature, (0, 0, 0, num_frames), mode="constant", value=LOG_EPS)
+    return feature, feature_lens + num_frames

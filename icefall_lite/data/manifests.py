@@ -33,10 +33,9 @@ from lhotse import (
 from lhotse.recipes.librispeech import download_librispeech as lhotse_download
 from lhotse.recipes.librispeech import parse_utterance
 
-from icefall_lite.data.layout import DEFAULT_PARTS
 from icefall_lite.data.synthetic.corpus_text import oov_counts
-from icefall_lite.utils import atomic_output, parallel_imap
 from icefall_lite.data.text_norm import validate_transcript
+from icefall_lite.utils import atomic_output, parallel_imap
 
 OPENSLR_URL = "http://www.openslr.org/resources"
 

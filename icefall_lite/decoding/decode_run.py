@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,19 +18,14 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Sequence, Tuple
 
 import sentencepiece as spm
 import torch
-import torch.nn.functional as F
 from lhotse.cut import Cut
 from torch import Tensor
 
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
-from icefall_lite.train.checkpoint import (
-    checkpoint_suffix,
-    load_weights_or_exit,
-    validate_checkpoint_args,
-)
-from icefall_lite.data.datamodule import CutDataError, EmptyCutSetError, LibriSpeechAsrDataModule
+from icefall_lite.data.datamodule import EmptyCutSetError, LibriSpeechAsrDataModule
+from icefall_lite.data.features import NUM_MEL_BINS, NUM_TAIL_PADDED_FRAMES, pad_tail
 from icefall_lite.data.layout import CUTS_PREFIX, librispeech_cuts_path
-from icefall_lite.decoding.constants import NUM_TAIL_PADDED_FRAMES, TEST_SETS
+from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.metrics import Result, save_results
 from icefall_lite.nn.model import (
     Transducer,
@@ -41,9 +35,11 @@ from icefall_lite.nn.model import (
     count_parameters,
     model_config_from_args,
 )
+from icefall_lite.recipe_defaults import DECODE_MAX_DURATION
+from icefall_lite.train.averaging import checkpoint_suffix, load_weights_from_flags
+from icefall_lite.train.checkpoint_args import validate_checkpoint_args
 from icefall_lite.utils import AttributeDict, check_positive, progress_bar
 
-LOG_EPS = math.log(1e-10)
 MANIFEST_SUFFIXES = (".jsonl.gz", ".jsonl")
 
 # {result key: hypothesis words of every utterance of a batch}
@@ -68,16 +64,15 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Hypotheses kept per frame by modified_beam_search. (default: 4)")
     add_test_sets_argument(parser)
     add_model_arguments(parser)
-    LibriSpeechAsrDataModule.add_arguments(parser)
+    LibriSpeechAsrDataModule.add_arguments(parser, max_duration=DECODE_MAX_DURATION)
 
 
 def validate_decoding_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """argparse errors naming the flag for bad values of :func:`add_decoding_arguments`' flags;
     also resolves ``args.test_set_paths``."""
     validate_checkpoint_args(parser, args)
-    check_positive(parser, args, ["beam_size", "max_duration"])
-    if args.num_workers < 0:
-        parser.error(f"--num-workers must be >= 0, got {args.num_workers}")
+    check_positive(parser, args, ["beam_size"])
+    LibriSpeechAsrDataModule.check_args(parser, args)
     if not Path(args.bpe_model).is_file():
         parser.error(f"--bpe-model {args.bpe_model} does not exist; run prepare.sh (stage 4) first")
     check_model_args(parser, args)
@@ -193,49 +188,32 @@ def result_key(params: Mapping[str, Any]) -> str:
 
 def build_decoding_model(args: argparse.Namespace, sp: spm.SentencePieceProcessor) -> Transducer:
     """The transducer of the model-size flags for the BPE model's vocabulary, with ``unk_id`` set for the searches."""
-    model = build_transducer(**model_config_from_args(args, vocab_size=sp.get_piece_size(),
-                                                      blank_id=sp.piece_to_id("<blk>")))
+    config = model_config_from_args(
+        args, vocab_size=sp.get_piece_size(), blank_id=sp.piece_to_id("<blk>"), num_features=NUM_MEL_BINS
+    )
+    logging.info(f"Model config: {config}")
+    model = build_transducer(**config)
     model.unk_id = sp.piece_to_id("<unk>")
     return model
 
 
 def load_decoding_model(
-    args: argparse.Namespace, params: AttributeDict, device: torch.device, script: str
+    args: argparse.Namespace, params: AttributeDict, device: torch.device
 ) -> Tuple[Transducer, spm.SentencePieceProcessor]:
     """The sentencepiece model and the transducer with the selected checkpoints' weights, on ``device``.
 
     Logs ``params`` (with ``blank_id`` set) and the parameter count, sets
-    ``params.checkpoints``; a checkpoint problem exits as ``<script>: error: ...``.
+    ``params.checkpoints``; a checkpoint problem raises ``CheckpointError``.
     """
     sp = spm.SentencePieceProcessor()
     sp.load(str(params.bpe_model))
     model = build_decoding_model(args, sp)
     params.blank_id = model.decoder.blank_id
     logging.info(params)
-    plan = load_weights_or_exit(model, params, device, script)
+    plan = load_weights_from_flags(model, params, device)
     params.checkpoints = [str(f) for f in plan.filenames]
     logging.info(f"Number of model parameters: {count_parameters(model)}")
     return model, sp
-
-
-def pad_tail(
-    feature: Tensor, feature_lens: Tensor, num_frames: int = NUM_TAIL_PADDED_FRAMES
-) -> Tuple[Tensor, Tensor]:
-    """Append ``num_frames`` frames of log(1e-10) to every utterance (icefall's fix for tail deletions).
-
-    As icefall, the frames are appended after the batch's last frame; lhotse
-    pads a shorter utterance with log(1e-10) already, so every utterance is
-    followed by at least ``num_frames`` frames of log(1e-10).
-
-    Args:
-      feature: (N, T, C) padded batch (padding log(1e-10), as lhotse's).
-      feature_lens: (N,) valid frames.
-      num_frames: frames to append (icefall's decode.py: 35).
-    Returns:
-      feature (N, T + num_frames, C) and feature_lens + num_frames.
-    """
-    feature = F.pad(feature, (0, 0, 0, num_frames), mode="constant", value=LOG_EPS)
-    return feature, feature_lens + num_frames
 
 
 def batch_features(batch: dict, device: torch.device) -> Tuple[Tensor, Tensor]:
@@ -243,7 +221,7 @@ def batch_features(batch: dict, device: torch.device) -> Tuple[Tensor, Tensor]:
     feature = batch["inputs"]
     if feature.ndim != 3:
         raise ValueError(f"batch['inputs'] must be (N, T, C), got shape {tuple(feature.shape)}")
-    return pad_tail(feature.to(device), batch["supervisions"]["num_frames"].to(device))
+    return pad_tail(feature.to(device), batch["supervisions"]["num_frames"].to(device), NUM_TAIL_PADDED_FRAMES)
 
 
 # --------------------------------------------------------------------------
@@ -328,26 +306,19 @@ def decode_and_save(
     return rows
 
 
-def decode_report_or_exit(
-    parser: argparse.ArgumentParser,
-    script: str,
+def decode_and_report(
     test_set_paths: Sequence[Tuple[str, Path]],
     decode_set: Callable[[str, Path], Tuple[Dict[str, List[Result]], DecodeStats]],
     res_dir: Path,
     suffix: str,
     title: str,
-    data_errors: Tuple[type, ...] = (CutDataError,),
 ) -> None:
     """The end of every decoding script: :func:`decode_and_save`, then :func:`report` under ``title``.
 
-    An error of ``data_errors`` (NaN/unreadable features or audio, an empty
-    test set) is logged and exits with status 1 as ``<script>: error: ...``.
+    Bad data (NaN/unreadable features or audio, an empty test set) raises
+    :class:`CutDataError`; the scripts turn it into an error message and exit status 1.
     """
-    try:
-        rows = decode_and_save(test_set_paths, decode_set, res_dir, suffix)
-    except data_errors as e:
-        logging.error(str(e))
-        parser.exit(1, f"{script}: error: {e}\n")
+    rows = decode_and_save(test_set_paths, decode_set, res_dir, suffix)
     report(rows, title)
     logging.info("Done!")
 
@@ -369,7 +340,6 @@ def report(rows: Sequence[SummaryRow], title: str) -> None:
 
 
 __all__ = [
-    "LOG_EPS",
     "add_decoding_arguments",
     "validate_decoding_args",
     "add_decoding_method_argument",
@@ -383,12 +353,11 @@ __all__ = [
     "result_key",
     "build_decoding_model",
     "load_decoding_model",
-    "pad_tail",
     "batch_features",
     "DecodeStats",
     "decode_batches",
     "decode_and_save",
-    "decode_report_or_exit",
+    "decode_and_report",
     "format_summary_table",
     "report",
 ]

@@ -24,7 +24,8 @@ import numpy as np
 import sherpa_onnx
 from lhotse.cut import Cut
 
-from icefall_lite.decoding.constants import NUM_TAIL_PADDED_FRAMES, STREAMING_METHODS
+from icefall_lite.data.features import NUM_MEL_BINS, NUM_TAIL_PADDED_FRAMES
+from icefall_lite.decoding.constants import STREAMING_METHODS
 
 PathLike = Union[str, Path]
 FRAME_SHIFT_SECONDS = 0.01
@@ -84,7 +85,7 @@ class SherpaOnnxRecognizer:
             )
         self.recognizer = sherpa_onnx.OnlineRecognizer.from_transducer(
             tokens=str(tokens), encoder=str(files["encoder"]), decoder=str(files["decoder"]),
-            joiner=str(files["joiner"]), num_threads=num_threads, sample_rate=16000, feature_dim=80,
+            joiner=str(files["joiner"]), num_threads=num_threads, sample_rate=16000, feature_dim=NUM_MEL_BINS,
             decoding_method=decoding_method, max_active_paths=beam_size,
         )  # fmt: skip
 

@@ -141,7 +141,20 @@ def clip_grad_norm_(
                 "Pass error_if_nonfinite=False to skip such steps instead."
             )
         return total_norm
-    scale = torch.clamp(max_norm / (total_norm + eps), max=1.0)
+    scale_grads_(grads, norm_clip_scale(total_norm, max_norm, eps), foreach)
+    return total_norm
+
+
+def norm_clip_scale(total_norm: Tensor, max_norm: float, eps: float = 1e-6) -> Tensor:
+    """The factor clipping by global norm multiplies every gradient by: ``min(1, max_norm / (total_norm + eps))``.
+
+    A 0-dim tensor on ``total_norm``'s device; never above 1.
+    """
+    return torch.clamp(max_norm / (total_norm + eps), max=1.0)
+
+
+def scale_grads_(grads: Sequence[Tensor], scale: Tensor, foreach: Optional[bool] = None) -> None:
+    """Multiply every tensor of ``grads`` in place by the 0-dim ``scale`` (foreach kernels where supported)."""
     for (device, dtype), group in _group_by_device_and_dtype(grads).items():
         scale_here = scale.to(device=device, dtype=dtype)
         if _use_foreach(device, foreach):
@@ -149,7 +162,6 @@ def clip_grad_norm_(
         else:
             for g in group:
                 g.mul_(scale_here)
-    return total_norm
 
 
 def clip_grad_value_(parameters: ParamsLike, max: float, min: Optional[float] = None) -> None:
@@ -360,7 +372,7 @@ class GradientFilter(nn.Module):
     Statistics of the last backward are in :attr:`stats`.
     """
 
-    def __init__(self, batch_dim: int = 1, threshold: float = 10.0) -> None:
+    def __init__(self, batch_dim: int, threshold: float) -> None:
         super().__init__()
         if not threshold > 0:
             raise ValueError(f"GradientFilter needs threshold > 0, got {threshold}; use no filter instead")

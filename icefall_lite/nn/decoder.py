@@ -23,7 +23,7 @@ class Decoder(nn.Module):
       context_size: 1 = bigram (no conv), 2 = trigram (icefall's default).
     """
 
-    def __init__(self, vocab_size: int, decoder_dim: int, blank_id: int = 0, context_size: int = 2) -> None:
+    def __init__(self, vocab_size: int, decoder_dim: int, blank_id: int, context_size: int) -> None:
         super().__init__()
         if context_size < 1:
             raise ValueError(f"context_size must be >= 1, got {context_size}")

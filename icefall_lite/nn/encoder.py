@@ -110,9 +110,9 @@ class RNNEncoderLayer(nn.Module):
         d_model: int,
         dim_feedforward: int,
         rnn_hidden_size: int,
-        grad_filter_threshold: float = 10.0,
-        dropout: float = 0.1,
-        layer_dropout: float = 0.075,
+        grad_filter_threshold: float,
+        dropout: float,
+        layer_dropout: float,
     ) -> None:
         super().__init__()
         if rnn_hidden_size < d_model:
@@ -166,20 +166,24 @@ class RNNEncoderLayer(nn.Module):
 class RNNEncoder(nn.Module):
     """Conv2dSubsampling + ``num_layers`` RNNEncoderLayers; (N, T, F) -> (N, T', d_model).
 
+    Every size is an argument without a default: the presets of
+    :data:`icefall_lite.nn.model.MODEL_PRESETS` hold the numbers. The
+    layers' arguments are :class:`RNNEncoderLayer`'s.
+
     Padding frames at the end of a sequence do not affect the valid outputs
     (the LSTM is unidirectional), so no packing is needed.
     """
 
     def __init__(
         self,
-        num_features: int = 80,
-        d_model: int = 512,
-        dim_feedforward: int = 2048,
-        rnn_hidden_size: int = 1024,
-        num_layers: int = 12,
-        grad_filter_threshold: float = 10.0,
-        dropout: float = 0.1,
-        layer_dropout: float = 0.075,
+        num_features: int,
+        d_model: int,
+        dim_feedforward: int,
+        rnn_hidden_size: int,
+        num_layers: int,
+        grad_filter_threshold: float,
+        dropout: float,
+        layer_dropout: float,
     ) -> None:
         super().__init__()
         self.num_features = num_features

@@ -21,7 +21,7 @@ class Joiner(nn.Module):
     every search that calls the joiner emits tokens more readily.
     """
 
-    def __init__(self, encoder_dim: int, decoder_dim: int, joiner_dim: int, vocab_size: int, blank_id: int = 0) -> None:
+    def __init__(self, encoder_dim: int, decoder_dim: int, joiner_dim: int, vocab_size: int, blank_id: int) -> None:
         super().__init__()
         self.encoder_proj = ScaledLinear(encoder_dim, joiner_dim)
         self.decoder_proj = ScaledLinear(decoder_dim, joiner_dim)

@@ -59,8 +59,8 @@ class Transducer(nn.Module):
         encoder_dim: int,
         decoder_dim: int,
         vocab_size: int,
-        use_ctc: bool = False,
-        ctc_dropout: float = 0.1,
+        use_ctc: bool,
+        ctc_dropout: float,
     ) -> None:
         super().__init__()
         self.encoder = encoder
@@ -190,22 +190,28 @@ class Transducer(nn.Module):
 
 
 def build_transducer(
+    *,
     vocab_size: int,
-    num_features: int = 80,
-    encoder_dim: int = 512,
-    rnn_hidden_size: int = 1024,
-    dim_feedforward: int = 2048,
-    num_encoder_layers: int = 12,
-    decoder_dim: int = 512,
-    joiner_dim: int = 512,
-    context_size: int = 2,
-    blank_id: int = 0,
-    grad_filter_threshold: float = 25.0,
-    dropout: float = 0.1,
-    layer_dropout: float = 0.075,
-    use_ctc: bool = False,
+    num_features: int,
+    encoder_dim: int,
+    rnn_hidden_size: int,
+    dim_feedforward: int,
+    num_encoder_layers: int,
+    decoder_dim: int,
+    joiner_dim: int,
+    context_size: int,
+    blank_id: int,
+    grad_filter_threshold: float,
+    dropout: float,
+    layer_dropout: float,
+    use_ctc: bool,
 ) -> Transducer:
-    """Build the whole model from sizes (the train/decode/export scripts' flags)."""
+    """Build the whole model; every argument is required, as torchaudio's ``emformer_rnnt_model``.
+
+    The numbers live in :data:`MODEL_PRESETS` and the flags of
+    :func:`add_model_arguments`; :func:`model_config_from_args` turns flags
+    into these arguments and is the one place they are validated.
+    """
     encoder = RNNEncoder(
         num_features=num_features,
         d_model=encoder_dim,
@@ -252,7 +258,7 @@ MODEL_PRESETS: Dict[str, Dict[str, int]] = {
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Model-size flags shared by train.py, decode.py and export_onnx.py."""
+    """Model flags shared by train.py, decode.py and export_onnx.py (their one home, with the presets)."""
     group = parser.add_argument_group("model")
     group.add_argument(
         "--model-preset",
@@ -268,24 +274,33 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--context-size", type=int, default=2, help="Decoder context: 1 = bigram, 2 = trigram.")
     group.add_argument(
         "--grad-filter-threshold",
+        "--grad-norm-threshold",  # icefall's lstm_transducer_stateless3 spelling
+        dest="grad_filter_threshold",
         type=float,
         default=25.0,
-        help="GradientFilter threshold inside every LSTM layer (x median per-sequence gradient RMS); "
-        "0 = no filter anywhere in the graph; inf = observe only (per-layer statistics logged, gradients "
-        "unchanged).",
+        help="GradientFilter threshold inside every LSTM layer (x median per-sequence gradient RMS; "
+        "--grad-norm-threshold is icefall's name for it); 0 = no filter anywhere in the graph; inf = observe "
+        "only (per-layer statistics logged, gradients unchanged).",
     )
 
 
 def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """An argparse error (exit 2, naming the flag) for model flags :func:`model_config_from_args` rejects."""
     try:
-        model_config_from_args(args, vocab_size=2)
+        model_config_from_args(args, vocab_size=2, blank_id=0, num_features=1)  # sizes only
     except ValueError as e:
         parser.error(str(e))
 
 
-def model_config_from_args(args: argparse.Namespace, vocab_size: int, blank_id: int = 0) -> Dict[str, Any]:
-    """Resolve the preset plus overrides into :func:`build_transducer` keyword arguments."""
+def model_config_from_args(
+    args: argparse.Namespace, *, vocab_size: int, blank_id: int, num_features: int
+) -> Dict[str, Any]:
+    """:func:`build_transducer` keyword arguments for a model that decodes or exports: the preset plus
+    the flags' overrides, no dropout and no CTC head (training adds those:
+    :func:`icefall_lite.train.setup.training_model_config`).
+
+    The one place the model flags are validated: ``ValueError`` naming the flag.
+    """
     config: Dict[str, Any] = dict(MODEL_PRESETS[args.model_preset])
     for name in MODEL_PRESETS["cpu"]:
         value = getattr(args, name, None)
@@ -297,12 +312,18 @@ def model_config_from_args(args: argparse.Namespace, vocab_size: int, blank_id: 
         raise ValueError(
             f"--rnn-hidden-size ({config['rnn_hidden_size']}) must be >= --encoder-dim ({config['encoder_dim']})"
         )
-    if args.grad_filter_threshold < 0:
+    if args.context_size < 1:
+        raise ValueError(f"--context-size must be >= 1, got {args.context_size}")
+    if not args.grad_filter_threshold >= 0:
         raise ValueError(f"--grad-filter-threshold must be >= 0, got {args.grad_filter_threshold}")
     config.update(
         vocab_size=vocab_size,
         blank_id=blank_id,
+        num_features=num_features,
         context_size=args.context_size,
         grad_filter_threshold=args.grad_filter_threshold,
+        dropout=0.0,
+        layer_dropout=0.0,
+        use_ctc=False,
     )
     return config

@@ -144,7 +144,7 @@ class ScaledLSTM(nn.LSTM):
         *args,
         initial_scale: float = 1.0,
         initial_speed: float = 1.0,
-        grad_filter_threshold: float = 10.0,
+        grad_filter_threshold: float,
         **kwargs,
     ) -> None:
         if kwargs.get("bidirectional", False):

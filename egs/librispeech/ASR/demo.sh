@@ -7,7 +7,7 @@
 set -eou pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
-# = lstm_transducer_stateless/recipe_defaults.py's EXP_DIR, NUM_EPOCHS, AVG (tests/test_checkpoint.py checks)
+# = icefall_lite/recipe_defaults.py's EXP_DIR, NUM_EPOCHS, AVG (tests/test_checkpoint.py checks)
 exp_dir=lstm_transducer_stateless/exp
 num_epochs=5
 avg=2

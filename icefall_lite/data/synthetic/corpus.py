@@ -40,6 +40,7 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import soundfile as sf
 
+from icefall_lite.data.layout import DEFAULT_PARTS, EVAL_PARTS, TRAIN_PART
 from icefall_lite.data.synthetic import noise as noise_lib
 from icefall_lite.data.synthetic import tts
 from icefall_lite.data.synthetic.corpus_text import (
@@ -51,7 +52,6 @@ from icefall_lite.data.synthetic.corpus_text import (
     sentence_pool,
     split_sentences_for_corpus,
 )
-from icefall_lite.data.layout import DEFAULT_PARTS, EVAL_PARTS, TRAIN_PART
 from icefall_lite.utils import atomic_output, parallel_imap
 
 PARTS = DEFAULT_PARTS

@@ -26,13 +26,13 @@ import numpy as np
 import soundfile as sf
 from lhotse import Recording, RecordingSet
 
+from icefall_lite.data.layout import NOISE_CUTS_NAME
+from icefall_lite.data.musan import noise_window_cuts
 from icefall_lite.data.synthetic import noise as noise_lib
 from icefall_lite.data.synthetic import tts
-from icefall_lite.data.synthetic.corpus_text import babble_sentences, out_of_vocabulary
-from icefall_lite.data.musan import noise_window_cuts
-from icefall_lite.data.layout import NOISE_CUTS_NAME
-from icefall_lite.utils import atomic_output, parallel_imap
 from icefall_lite.data.synthetic.corpus import SIZES, load_sentences
+from icefall_lite.data.synthetic.corpus_text import babble_sentences, out_of_vocabulary
+from icefall_lite.utils import atomic_output, parallel_imap
 
 MARKER = "NOISE.json"
 NOISE_RECORDINGS_NAME = "noise_recordings.jsonl.gz"

@@ -14,9 +14,8 @@ import argparse
 from pathlib import Path
 
 from icefall_lite.data.features import compute_fbank_librispeech
-from icefall_lite.data.manifests import DEFAULT_PARTS
-from icefall_lite.utils import add_nj_argument, parse_script_args, script_parser
-from icefall_lite.utils import str2bool
+from icefall_lite.data.layout import DEFAULT_PARTS
+from icefall_lite.utils import add_nj_argument, parse_script_args, script_parser, str2bool
 
 
 def get_parser() -> argparse.ArgumentParser:

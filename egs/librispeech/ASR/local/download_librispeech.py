@@ -10,7 +10,8 @@ out as OpenSLR's resources: <base-url>/12/<part>.tar.gz.
 import argparse
 from pathlib import Path
 
-from icefall_lite.data.manifests import DEFAULT_PARTS, OPENSLR_URL, download_librispeech
+from icefall_lite.data.layout import DEFAULT_PARTS
+from icefall_lite.data.manifests import OPENSLR_URL, download_librispeech
 from icefall_lite.utils import parse_script_args, script_parser
 
 

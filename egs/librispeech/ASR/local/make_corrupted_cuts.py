@@ -25,10 +25,8 @@ from pathlib import Path
 import sentencepiece as spm
 
 from icefall_lite.data.corrupt import CORRUPTION_METHODS, CorruptionConfig, CorruptionError, make_corrupted_dir
+from icefall_lite.data.datamodule import TRAIN_CUT_DURATION_RANGE
 from icefall_lite.utils import parse_script_args, script_parser
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "lstm_transducer_stateless"))
-from train import TRAIN_DURATION_RANGE  # noqa: E402  (the recipe's train.py owns its duration filter)
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -57,7 +55,7 @@ def main() -> int:
     config = CorruptionConfig(method=args.method, fraction=args.fraction, seed=args.seed,
                               density=args.density, scale=args.scale)
     try:
-        make_corrupted_dir(args.src_dir, args.out_dir, config, sp, TRAIN_DURATION_RANGE)
+        make_corrupted_dir(args.src_dir, args.out_dir, config, sp, TRAIN_CUT_DURATION_RANGE)
     except CorruptionError as e:
         logging.error(str(e))
         return 1

@@ -13,7 +13,8 @@ Logs hours, utterances and the OOV rate of every part.
 import argparse
 from pathlib import Path
 
-from icefall_lite.data.manifests import DEFAULT_PARTS, prepare_librispeech_manifests, report_manifests
+from icefall_lite.data.layout import DEFAULT_PARTS
+from icefall_lite.data.manifests import prepare_librispeech_manifests, report_manifests
 from icefall_lite.utils import add_nj_argument, parse_script_args, script_parser
 
 

@@ -11,8 +11,8 @@ Skips (with a log line) when the same corpus is already there.
 import argparse
 from pathlib import Path
 
-from icefall_lite.utils import add_nj_argument, parse_script_args, script_parser
 from icefall_lite.data.synthetic.corpus import SIZES, build_corpus
+from icefall_lite.utils import add_nj_argument, parse_script_args, script_parser
 
 
 def get_parser() -> argparse.ArgumentParser:

@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 from icefall_lite.data.features import ManifestError, validate_cut_manifest
-from icefall_lite.utils import parse_script_args, script_parser
-from icefall_lite.utils import str2bool
+from icefall_lite.utils import parse_script_args, script_parser, str2bool
 
 
 def get_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from icefall_lite.decoding.constants import DECODING_METHODS as METHODS, TEST_SETS
+from icefall_lite.decoding.constants import DECODING_METHODS as METHODS
+from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.metrics import load_wer_summary
 
 

@@ -27,7 +27,7 @@ Usage (from egs/librispeech/ASR, after prepare.sh; `make ablation` runs both):
   ./lstm_transducer_stateless/ablation.py --arms none filter --list   # what would run
 
 Budget of the default set on 2 idle CPU cores: 9 arms x 3 seeds of the
-stress condition, 300 steps each at --max-duration 40 (RESULTS.md gives the
+stress condition, 300 steps each at train.py's --max-duration (RESULTS.md gives the
 measured time).
 
 Resuming: a finished run has <exp-root>/<condition>/<arm>/seed-<s>/ablation-done.json
@@ -79,8 +79,9 @@ from icefall_lite.ablation.report import (
     write_json_atomic,
 )
 from icefall_lite.decoding.constants import DECODING_METHODS, TEST_SETS
+from icefall_lite.recipe_defaults import TRAIN_MAX_DURATION
+from icefall_lite.train.tb_tags import TB_TAGS
 from icefall_lite.utils import script_parser
-from train import TB_TAGS  # this recipe's train.py (the script's folder is on sys.path, as in icefall)
 
 RECIPE_DIR = Path(__file__).resolve().parents[1]
 CONFIG_FILE = "ablation-config.json"
@@ -109,7 +110,8 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-seeds", type=int, default=3, help="seeds per arm: --seed, --seed + 1, ...")
     parser.add_argument("--seed", type=int, default=42, help="the first seed")
     parser.add_argument("--steps", type=int, default=300, help="training steps of every run (train.py --max-batches)")
-    parser.add_argument("--max-duration", type=float, default=40.0, help="seconds of audio per training batch")
+    parser.add_argument("--max-duration", type=float, default=TRAIN_MAX_DURATION,
+                        help="seconds of audio per training batch")
     parser.add_argument("--grad-filter-threshold", type=float, default=t.filter,
                         help="GradientFilter threshold of the arms filter and filter-clip (the recipe's)")
     parser.add_argument("--filter-sweep", type=float, nargs="*", default=list(t.sweep),

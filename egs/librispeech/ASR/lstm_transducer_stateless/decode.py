@@ -55,29 +55,29 @@ import torch
 import torch.nn as nn
 from lhotse import load_manifest_lazy
 
-from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
+from icefall_lite.data.datamodule import CutDataError, LibriSpeechAsrDataModule
+from icefall_lite.decoding.constants import DECODING_METHODS
 from icefall_lite.decoding.decode_run import (
     DecodeStats,
     add_decoding_arguments,
     add_decoding_method_argument,
     batch_features,
     check_positive,
+    decode_and_report,
     decode_batches,
-    decode_report_or_exit,
     load_decoding_model,
     make_suffix,
     result_key,
     validate_decoding_args,
 )
-from icefall_lite.decoding.constants import DECODING_METHODS
-from icefall_lite.decoding.metrics import Result
 from icefall_lite.decoding.fast_beam_search import fast_beam_search_one_best
 from icefall_lite.decoding.greedy_search import greedy_search, greedy_search_batch
+from icefall_lite.decoding.metrics import Result
 from icefall_lite.decoding.modified_beam_search import modified_beam_search
-from icefall_lite.train.checkpoint import add_checkpoint_arguments
-from icefall_lite.utils import AttributeDict, setup_logger
-from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS  # this recipe's defaults (the script's folder is on sys.path)
-
+from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
+from icefall_lite.train.checkpoint import CheckpointError
+from icefall_lite.train.checkpoint_args import add_checkpoint_arguments
+from icefall_lite.utils import AttributeDict, script_errors, setup_logger
 
 # --------------------------------------------------------------------------
 # Flags
@@ -191,23 +191,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     logging.info("Decoding started")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     logging.info(f"Device: {device}")
-    model, sp = load_decoding_model(args, params, device, "decode.py")
-    model.joiner.blank_penalty = params.blank_penalty
-    model.to(device)
-    model.eval()
-    args.return_cuts = True  # cut ids name the utterances in the result files
-    datamodule = LibriSpeechAsrDataModule(args)
-    decode_report_or_exit(
-        parser,
-        "decode.py",
-        params.test_set_paths,
-        lambda name, path: decode_dataset(
-            datamodule.test_dataloaders(load_manifest_lazy(path)), params, model, sp, name
-        ),
-        params.res_dir,
-        params.suffix,
-        f"{params.decoding_method}, {params.suffix}",
-    )
+    with script_errors("decode.py", CheckpointError, CutDataError):
+        model, sp = load_decoding_model(args, params, device)
+        model.joiner.blank_penalty = params.blank_penalty
+        model.to(device)
+        model.eval()
+        args.return_cuts = True  # cut ids name the utterances in the result files
+        datamodule = LibriSpeechAsrDataModule(args)
+        decode_and_report(
+            params.test_set_paths,
+            lambda name, path: decode_dataset(
+                datamodule.test_dataloaders(load_manifest_lazy(path)), params, model, sp, name
+            ),
+            params.res_dir,
+            params.suffix,
+            f"{params.decoding_method}, {params.suffix}",
+        )
 
 
 if __name__ == "__main__":

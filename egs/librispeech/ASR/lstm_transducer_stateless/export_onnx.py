@@ -43,20 +43,8 @@ from typing import Dict, List, Optional
 import torch
 
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL, load_bpe_model
-from icefall_lite.train.checkpoint import (
-    add_checkpoint_arguments,
-    checkpoint_suffix,
-    load_weights_or_exit,
-    validate_checkpoint_args,
-)
-from icefall_lite.nn.model import (
-    add_model_arguments,
-    build_transducer,
-    check_model_args,
-    count_parameters,
-    model_config_from_args,
-)
 from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN
+from icefall_lite.decoding.decode_run import build_decoding_model
 from icefall_lite.export.onnx_export import (
     ExportableTransducer,
     build_exportable,
@@ -64,8 +52,12 @@ from icefall_lite.export.onnx_export import (
     write_tokens_file,
 )
 from icefall_lite.export.onnx_runtime import OnnxRuntimeTransducer, max_abs_diff
-from icefall_lite.utils import setup_logger, str2bool
-from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS  # this recipe's defaults (the script's folder is on sys.path)
+from icefall_lite.nn.model import add_model_arguments, check_model_args, count_parameters
+from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
+from icefall_lite.train.averaging import checkpoint_suffix, load_weights_from_flags
+from icefall_lite.train.checkpoint import CheckpointError
+from icefall_lite.train.checkpoint_args import add_checkpoint_arguments, validate_checkpoint_args
+from icefall_lite.utils import script_errors, setup_logger, str2bool
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -123,11 +115,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     logging.info(f"Export to ONNX, arguments:\n{vars(args)}")
 
     sp = load_bpe_model(args.bpe_model)
-    config = model_config_from_args(args, vocab_size=sp.get_piece_size(), blank_id=sp.piece_to_id("<blk>"))
-    logging.info(f"Model config: {config}")
-    model = build_transducer(**config)
+    model = build_decoding_model(args, sp)
     device = torch.device("cpu")  # ONNX export is done on the CPU, as in icefall
-    load_weights_or_exit(model, vars(args), device, "export_onnx.py")
+    with script_errors("export_onnx.py", CheckpointError):
+        load_weights_from_flags(model, vars(args), device)
     model.eval()
     logging.info(f"Number of model parameters: {count_parameters(model)}")
 

@@ -57,8 +57,8 @@ from icefall_lite.ablation.learning_speed import (
     simple_loss_landmark,
 )
 from icefall_lite.decoding.constants import TEST_SETS
+from icefall_lite.train.tb_tags import TB_TAGS
 from icefall_lite.utils import replace_marked_section, script_parser, write_text_atomic
-from train import TB_TAGS  # this recipe's train.py (the script's folder is on sys.path, as in icefall)
 
 RECIPE_DIR = Path(__file__).resolve().parents[1]
 SECTION = "learning-speed"
@@ -69,10 +69,11 @@ SECTION = "learning-speed"
 # (--base-vocab-size), --max-duration 40, Eve lr 0.003, Eden 1000/4, dropout
 # 0.1, layer dropout 0.075, SpecAugment and noise mixing on, --model-warm-step
 # 100, step loss ramp, no CTC head, no tail padding, GradientFilter 25,
-# clip_grad_norm 5. An arm's own flags come after these and override them.
+# clip_grad_norm 5, SpecAugment without time warp (train.py's of then). An
+# arm's own flags come after these and override them.
 STUDY_DEFAULTS = (
     "--max-duration", "40", "--optimizer", "eve", "--base-lr", "0.003", "--lr-batches", "1000", "--lr-epochs", "4",
-    "--dropout", "0.1", "--layer-dropout", "0.075", "--enable-spec-aug", "true", "--enable-musan", "true",
+    "--dropout", "0.1", "--layer-dropout", "0.075", "--enable-spec-aug", "true", "--spec-aug-time-warp-factor", "-1", "--enable-musan", "true",
     "--model-warm-step", "100", "--loss-ramp", "step", "--ctc-loss-scale", "0", "--tail-pad-frames", "0",
     "--grad-filter-threshold", "25", "--clip-grad-norm", "5", "--model-preset", "cpu",
 )

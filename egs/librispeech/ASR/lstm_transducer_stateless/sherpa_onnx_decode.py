@@ -39,28 +39,26 @@ from typing import Dict, Iterator, List, Optional, Sequence
 from lhotse import load_manifest_lazy
 from lhotse.cut import Cut
 
-from icefall_lite.train.checkpoint import (
-    checkpoint_suffix,
-    validate_checkpoint_args,
-)
 from icefall_lite.data.datamodule import CutDataError
+from icefall_lite.decoding.constants import STREAMING_METHODS
 from icefall_lite.decoding.decode_run import (
     add_decoding_method_argument,
     add_num_threads_argument,
     add_test_sets_argument,
     check_positive,
+    decode_and_report,
     decode_batches,
-    decode_report_or_exit,
     make_suffix,
     result_key,
     validate_test_sets,
 )
-from icefall_lite.decoding.constants import STREAMING_METHODS
 from icefall_lite.decoding.streaming import StreamingMeta
 from icefall_lite.export.onnx_export import onnx_filenames, read_meta_data
 from icefall_lite.export.sherpa import SherpaOnnxRecognizer, cut_waveform
-from icefall_lite.utils import AttributeDict, setup_logger, str2bool
-from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS  # this recipe's defaults (the script's folder is on sys.path)
+from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
+from icefall_lite.train.averaging import checkpoint_suffix
+from icefall_lite.train.checkpoint_args import validate_checkpoint_args
+from icefall_lite.utils import AttributeDict, script_errors, setup_logger, str2bool
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -144,19 +142,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         num_threads=params.num_threads,
     )
     decode_batch = functools.partial(decode_one_batch, params, recognizer)
-    decode_report_or_exit(
-        parser,
-        "sherpa_onnx_decode.py",
-        params.test_set_paths,
-        lambda name, path: decode_batches(
-            cut_batches(iter(load_manifest_lazy(path)), params.num_streams), decode_batch, name,
-            desc=f"{name} sherpa-onnx {params.decoding_method}",
-        ),
-        params.res_dir,
-        params.suffix,
-        f"sherpa-onnx {params.decoding_method}, {params.suffix}",
-        data_errors=(CutDataError, ValueError),  # a cut without readable audio, an empty test set
-    )
+    # A cut without readable audio raises ValueError, an empty test set CutDataError.
+    with script_errors("sherpa_onnx_decode.py", CutDataError, ValueError):
+        decode_and_report(
+            params.test_set_paths,
+            lambda name, path: decode_batches(
+                cut_batches(iter(load_manifest_lazy(path)), params.num_streams), decode_batch, name,
+                desc=f"{name} sherpa-onnx {params.decoding_method}",
+            ),
+            params.res_dir,
+            params.suffix,
+            f"sherpa-onnx {params.decoding_method}, {params.suffix}",
+        )
 
 
 if __name__ == "__main__":

@@ -45,25 +45,26 @@ import sentencepiece as spm
 import torch
 from lhotse import load_manifest_lazy
 
-from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
+from icefall_lite.data.datamodule import CutDataError, LibriSpeechAsrDataModule
+from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN, STREAMING_METHODS
 from icefall_lite.decoding.decode_run import (
     add_decoding_arguments,
     add_decoding_method_argument,
     add_num_threads_argument,
     batch_features,
     check_positive,
+    decode_and_report,
     decode_batches,
-    decode_report_or_exit,
     load_decoding_model,
     make_suffix,
     result_key,
     validate_decoding_args,
 )
-from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN, STREAMING_METHODS
 from icefall_lite.decoding.streaming import TorchStreamingModel, streaming_search
-from icefall_lite.train.checkpoint import add_checkpoint_arguments
-from icefall_lite.utils import AttributeDict, setup_logger
-from recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS  # this recipe's defaults (the script's folder is on sys.path)
+from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
+from icefall_lite.train.checkpoint import CheckpointError
+from icefall_lite.train.checkpoint_args import add_checkpoint_arguments
+from icefall_lite.utils import AttributeDict, script_errors, setup_logger
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -125,24 +126,23 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     torch.set_num_threads(params.num_threads)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     logging.info(f"Device: {device}, {params.num_threads} CPU thread(s)")
-    model, sp = load_decoding_model(args, params, device, "streaming_decode.py")
-    streaming_model = TorchStreamingModel(model.to(device), decode_chunk_len=params.decode_chunk_len)
-    logging.info(f"Streaming: {streaming_model.meta}")
-    args.return_cuts = True  # cut ids name the utterances in the result files
-    datamodule = LibriSpeechAsrDataModule(args)
-    decode_batch = functools.partial(decode_one_batch, params, streaming_model, sp, model.unk_id)
-    decode_report_or_exit(
-        parser,
-        "streaming_decode.py",
-        params.test_set_paths,
-        lambda name, path: decode_batches(
-            datamodule.test_dataloaders(load_manifest_lazy(path)), decode_batch, name,
-            desc=f"{name} streaming {params.decoding_method}",
-        ),
-        params.res_dir,
-        params.suffix,
-        f"streaming {params.decoding_method}, {params.suffix}",
-    )
+    with script_errors("streaming_decode.py", CheckpointError, CutDataError):
+        model, sp = load_decoding_model(args, params, device)
+        streaming_model = TorchStreamingModel(model.to(device), decode_chunk_len=params.decode_chunk_len)
+        logging.info(f"Streaming: {streaming_model.meta}")
+        args.return_cuts = True  # cut ids name the utterances in the result files
+        datamodule = LibriSpeechAsrDataModule(args)
+        decode_batch = functools.partial(decode_one_batch, params, streaming_model, sp, model.unk_id)
+        decode_and_report(
+            params.test_set_paths,
+            lambda name, path: decode_batches(
+                datamodule.test_dataloaders(load_manifest_lazy(path)), decode_batch, name,
+                desc=f"{name} streaming {params.decoding_method}",
+            ),
+            params.res_dir,
+            params.suffix,
+            f"streaming {params.decoding_method}, {params.suffix}",
+        )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,120 @@
+"""Gradient control during training: each kind named by what it is, one flag each.
+
+=========================  ==================================================  ================================
+flag                       what it does                                        where it acts
+=========================  ==================================================  ================================
+``--grad-filter-threshold``  icefall's GradientFilter in every LSTM layer       in backward (a model flag:
+  (``--grad-norm-threshold``)                                                   :func:`add_model_arguments`)
+``--error-clip``           Paddle's ErrorClipByValue on every encoder layer's  in backward
+                           output gradient
+``--clip-grad-value``      clamp every gradient element to [-v, v]             after backward
+``--agc-clipping``         unit-wise adaptive clipping (AGC), lambda           after backward
+``--clip-grad-norm``       scale all gradients to a global L2 norm <= max      after backward (last)
+=========================  ==================================================  ================================
+
+The flags combine; after backward they apply in the order of the table.
+:meth:`GradientControl.clip` returns the pre-clip global norm and the clip
+scale (post- over pre-clip norm), which the training loop logs for every kind
+alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, List, Mapping, Tuple
+
+import torch.nn as nn
+
+from icefall_lite.nn.clip import (
+    ErrorClipByValue,
+    adaptive_clip_grad_,
+    add_error_clip,
+    clip_grad_value_,
+    get_total_norm,
+    norm_clip_scale,
+    scale_grads_,
+)
+from icefall_lite.train.checkpoint import unwrap
+
+# AGC leaves the final classifier layer unclipped (Brock et al. 2021): the joiner's output layer.
+AGC_EXCLUDED = "output_linear"
+FLAGS = ("clip_grad_norm", "clip_grad_value", "agc_clipping", "error_clip")
+
+
+def add_gradient_control_arguments(parser: argparse.ArgumentParser) -> None:
+    """The clipping flags of train.py (the filter's flag is a model flag)."""
+    group = parser.add_argument_group("gradient control")
+    group.add_argument("--clip-grad-norm", type=float, default=5.0,
+                       help="Scale all gradients together so that their global L2 norm is at most this; 0 = off.")
+    group.add_argument("--clip-grad-value", type=float, default=0.0,
+                       help="Clamp every gradient element to [-VALUE, VALUE]; 0 = off.")
+    group.add_argument("--agc-clipping", type=float, default=0.0,
+                       help="Adaptive gradient clipping (AGC): lambda, the largest allowed unit-wise ratio of "
+                       "gradient norm to weight norm (the joiner's output layer is left unclipped); 0 = off.")
+    group.add_argument("--error-clip", type=float, default=0.0,
+                       help="Per-variable error clip (Paddle's ErrorClipByValue) during backward: the gradient "
+                       "arriving at every encoder layer's output is clamped element-wise to [-VALUE, VALUE] "
+                       "before it flows into the layer; 0 = off.")
+
+
+def check_gradient_control_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """An argparse error naming the flag for a negative (or NaN) threshold."""
+    for name in FLAGS:
+        value = getattr(args, name)
+        if not value >= 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+
+
+@dataclass(frozen=True)
+class GradientControl:
+    """The clipping of a run; 0 switches a kind off (see the module doc)."""
+
+    clip_grad_norm: float
+    clip_grad_value: float
+    agc_clipping: float
+    error_clip: float
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "GradientControl":
+        return cls(**{name: float(params[name]) for name in FLAGS})
+
+    def install(self, model: nn.Module) -> None:
+        """The in-backward kind: the error clip on every encoder layer's output (when on)."""
+        if self.error_clip <= 0:
+            return
+        clip = ErrorClipByValue(self.error_clip)
+        layers = unwrap(model).encoder.layers
+        for layer in layers:
+            add_error_clip(layer, clip)
+        logging.info(f"Error clip {clip} on the outputs of {len(layers)} encoder layers")
+
+    def clip(self, model: nn.Module) -> Tuple[float, float]:
+        """Apply the after-backward kinds to the gradients of ``model``.
+
+        Returns:
+          (pre-clip global L2 norm, clip scale = post- / pre-clip norm). A
+          non-finite norm is returned as is, with nothing clipped (the caller
+          skips the step).
+        """
+        named = [(n, p) for n, p in unwrap(model).named_parameters() if p.grad is not None]
+        grads: List = [p.grad for _, p in named]
+        norm = get_total_norm(grads)
+        if not math.isfinite(float(norm)):
+            return float(norm), 1.0
+        if self.clip_grad_value > 0:
+            clip_grad_value_(named, self.clip_grad_value)
+        if self.agc_clipping > 0:
+            adaptive_clip_grad_(named, self.agc_clipping, exclude=[n for n, _ in named if AGC_EXCLUDED in n])
+        elementwise = self.clip_grad_value > 0 or self.agc_clipping > 0
+        if self.clip_grad_norm > 0:
+            scale = norm_clip_scale(get_total_norm(grads) if elementwise else norm, self.clip_grad_norm)
+            scale_grads_(grads, scale)
+            if not elementwise:
+                return float(norm), float(scale)
+        if not elementwise:
+            return float(norm), 1.0
+        after = float(get_total_norm(grads))
+        return float(norm), after / float(norm) if float(norm) > 0 else 1.0

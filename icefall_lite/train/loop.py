@@ -1,0 +1,354 @@
+"""The training loop: one step, one epoch, the epochs of a run, validation and the checkpoints they save.
+
+A run's objects travel together in :class:`Training`; ``params`` (icefall's
+AttributeDict of flags and progress) is updated in place as batches go by and
+is saved in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import sentencepiece as spm
+import torch
+import torch.nn as nn
+
+from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
+from icefall_lite.train.averaging import update_averaged_model
+from icefall_lite.train.checkpoint import remove_checkpoints, save_checkpoint, unwrap
+from icefall_lite.train.diagnostics import ModelDiagnostics
+from icefall_lite.train.grad_control import GradientControl
+from icefall_lite.train.loss import compute_loss
+from icefall_lite.train.optim import Eden, ScaledAdam
+from icefall_lite.train.resume import Resumption
+from icefall_lite.train.rng import fix_random_seed, get_rng_state, set_rng_state
+from icefall_lite.train.tb_tags import TB_TAGS
+from icefall_lite.utils import AttributeDict, MetricsTracker, progress_bar
+
+DIAGNOSTICS_BATCHES = 5
+
+
+@dataclass
+class Training:
+    """What every epoch of a run uses."""
+
+    params: AttributeDict
+    model: nn.Module
+    model_avg: Optional[nn.Module]
+    optimizer: torch.optim.Optimizer
+    scheduler: Eden
+    scaler: Optional[torch.amp.GradScaler]
+    grad_control: GradientControl
+    sp: spm.SentencePieceProcessor
+    valid_dl: Any
+    tb_writer: Any
+    world_size: int
+    rank: int
+    diagnostics: Optional[ModelDiagnostics]
+
+    def add_scalar(self, tag: str, value: float) -> None:
+        """A TensorBoard scalar at the current global batch (rank 0 with --tensorboard)."""
+        if self.tb_writer is not None:
+            self.tb_writer.add_scalar(tag, value, self.params.batch_idx_train)
+
+    def save(self, filename: Path, train_dl) -> None:
+        """Rank 0 saves model, model_avg, optimizer, scheduler, scaler, sampler position and RNG states."""
+        if self.rank != 0:
+            return
+        save_checkpoint(
+            filename,
+            model=self.model,
+            model_avg=self.model_avg,
+            params=self.params,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            scaler=self.scaler,
+            sampler=None if train_dl is None else train_dl.sampler,
+            extra={"rng_state": get_rng_state(train_dl)},
+        )
+
+
+# --------------------------------------------------------------------------
+# One step
+# --------------------------------------------------------------------------
+
+
+def train_step(
+    params: AttributeDict,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Eden,
+    scaler: Optional[torch.amp.GradScaler],
+    grad_control: GradientControl,
+    sp: spm.SentencePieceProcessor,
+    batch: Dict[str, Any],
+) -> Tuple[MetricsTracker, float, float]:
+    """Forward, backward, clip and update on one batch (``params.batch_idx_train`` already counts it).
+
+    A step whose gradient norm is not finite, or whose batch has no utterance
+    with a finite loss, is skipped: no update, counted in
+    ``params.skipped_steps`` and logged. Returns (info, pre-clip grad norm, clip scale).
+    """
+    warmup = params.batch_idx_train / params.model_warm_step
+    with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=params.use_fp16):
+        loss, info = compute_loss(params, model, sp, batch, is_training=True, warmup=warmup)
+    params.skipped_utterances += int(info["dropped_utterances"])
+    if loss is None:
+        # Keep DDP ranks in step: backward through a zero that touches every parameter.
+        loss = sum(p.sum() * 0.0 for p in model.parameters())
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    else:
+        loss.backward()
+    grad_norm, clip_scale = grad_control.clip(model)
+    # As icefall: the learning rate of update b is Eden's at batch b (set before the step).
+    scheduler.step_batch(params.batch_idx_train)
+    if not math.isfinite(grad_norm) or info["utterances"] == 0:
+        params.skipped_steps += 1
+        reason = "no utterance with a finite loss" if info["utterances"] == 0 else f"gradient norm is {grad_norm}"
+        logging.warning(
+            f"Skipping step at batch {params.batch_idx_train}: {reason} (skipped steps so far: {params.skipped_steps})"
+        )
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.update()
+    else:
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return info, grad_norm, clip_scale
+
+
+def filter_stats(model: nn.Module) -> Dict[str, float]:
+    """Per-layer GradientFilter statistics of the last backward: ``{"layer<i>/<stat>": value}``."""
+    stats: Dict[str, float] = {}
+    for layer, grad_filter in unwrap(model).encoder.gradient_filters():
+        for key, value in grad_filter.stats.as_dict().items():
+            stats[f"layer{layer}/{key}"] = value
+    return stats
+
+
+def log_step(t: Training, info: MetricsTracker, grad_norm: float, clip_scale: float, stats: Dict[str, float]) -> None:
+    """The step's TensorBoard scalars: losses per frame, learning rate, gradient norm and clip scale,
+    skipped steps and the filter statistics."""
+    if t.tb_writer is None:
+        return
+    if info["frames"] > 0:
+        for key in ("loss", "simple_loss", "pruned_loss", "ctc_loss"):
+            if key in info:
+                t.add_scalar(getattr(TB_TAGS, key), info[key] / info["frames"])
+    t.add_scalar(TB_TAGS.learning_rate, t.scheduler.get_last_lr()[0])
+    t.add_scalar(TB_TAGS.grad_norm, grad_norm)
+    t.add_scalar(TB_TAGS.clip_scale, clip_scale)
+    if isinstance(t.optimizer, ScaledAdam):
+        t.add_scalar(TB_TAGS.optimizer_clip_scale, t.optimizer.last_clipping_scale)
+    t.add_scalar(TB_TAGS.skipped_steps, t.params.skipped_steps)
+    for key, value in stats.items():
+        layer, stat = key.split("/", 1)
+        t.add_scalar(TB_TAGS.filter_tag(int(layer[len("layer"):]), stat), value)
+
+
+# --------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------
+
+
+def compute_validation_loss(
+    params: AttributeDict, model: nn.Module, sp: spm.SentencePieceProcessor, valid_dl, world_size: int
+) -> MetricsTracker:
+    """The loss over ``valid_dl`` at full loss weights, summed over every DDP rank."""
+    model.eval()
+    tot = MetricsTracker()
+    with torch.no_grad():
+        for batch in valid_dl:
+            _, info = compute_loss(params, model, sp, batch, is_training=False)
+            tot = tot + info
+    if world_size > 1:
+        tot.reduce(next(model.parameters()).device)
+    model.train()
+    return tot
+
+
+def validate(t: Training) -> MetricsTracker:
+    """The validation loss: logged, written to TensorBoard, kept in ``params.valid_loss`` and, when it is the
+    best so far, in ``params.best_valid_loss``/``best_valid_epoch`` (which epoch-N.pt becomes best-valid-loss.pt)."""
+    params = t.params
+    valid_info = compute_validation_loss(params, t.model, t.sp, t.valid_dl, t.world_size)
+    params.valid_loss = valid_info.per_frame("loss")
+    if params.valid_loss < params.best_valid_loss:
+        params.best_valid_loss = params.valid_loss
+        params.best_valid_epoch = params.cur_epoch
+    t.add_scalar(TB_TAGS.valid_loss, params.valid_loss)
+    return valid_info
+
+
+# --------------------------------------------------------------------------
+# Epochs
+# --------------------------------------------------------------------------
+
+
+def budget_spent(params: AttributeDict) -> bool:
+    """Whether --max-batches or --max-minutes says training is over."""
+    return (params.max_batches > 0 and params.batch_idx_train >= params.max_batches) or (
+        params.max_minutes > 0 and params.train_seconds >= 60.0 * params.max_minutes
+    )
+
+
+def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] = None) -> bool:
+    """Train one epoch; returns False when --max-batches, --max-minutes or --print-diagnostics stopped it.
+
+    ``rng_state``: the generators' states of a run resumed mid-epoch, restored
+    once the loader has drawn its seed (as in the uninterrupted run).
+    ``params.train_loss`` is set to the running training loss per frame at the end.
+    """
+    params = t.params
+    if budget_spent(params):
+        # Resumed at the end of the budget (a run killed between its last checkpoint and the final
+        # validation): no more steps; the caller validates and saves.
+        logging.info(f"Global batch {params.batch_idx_train}: the --max-batches/--max-minutes budget is spent")
+        params.train_loss = params.get("train_loss", float("nan"))
+        return False
+    t.model.train()
+    tot_loss = MetricsTracker()
+    iterator = iter(train_dl)
+    if rng_state is not None:
+        set_rng_state(rng_state, train_dl)
+    progress = progress_bar(iterator, desc=f"epoch {params.cur_epoch}", disable=t.rank != 0, dynamic_ncols=True,
+                            initial=params.batch_idx_in_epoch, unit="batch")
+    last_time = time.time()
+    for batch in progress:
+        params.batch_idx_train += 1
+        params.batch_idx_in_epoch += 1
+        info, grad_norm, clip_scale = train_step(
+            params, t.model, t.optimizer, t.scheduler, t.scaler, t.grad_control, t.sp, batch
+        )
+        stats = filter_stats(t.model)
+        if t.diagnostics is not None and params.batch_idx_in_epoch >= DIAGNOSTICS_BATCHES:
+            t.diagnostics.print_diagnostics()
+            return False
+        if t.model_avg is not None and params.batch_idx_train % params.average_period == 0:
+            update_averaged_model(params.average_period, params.batch_idx_train, t.model, t.model_avg)
+        tot_loss = tot_loss * (1 - 1 / params.reset_interval) + info
+        log_step(t, info, grad_norm, clip_scale, stats)
+        lr = t.scheduler.get_last_lr()[0]
+        if t.rank == 0:
+            progress.set_postfix(loss=f"{tot_loss.per_frame('loss'):.3f}", lr=f"{lr:.2e}", gnorm=f"{grad_norm:.3g}",
+                                 refresh=False)
+        if params.batch_idx_train % params.log_interval == 0:
+            filtered = [v for k, v in stats.items() if k.endswith("fraction_filtered")]
+            logging.info(
+                f"Epoch {params.cur_epoch}, batch {params.batch_idx_in_epoch}, global batch {params.batch_idx_train}, "
+                f"loss[{info.per_frame_str()}], tot_loss[{tot_loss.per_frame_str()}], "
+                f"batch size: {len(batch['supervisions']['text'])}, lr: {lr:.2e}, grad_norm: {grad_norm:.3g}, "
+                f"clip_scale: {clip_scale:.3g}, filtered: {(sum(filtered) / len(filtered)) if filtered else 0.0:.3f}, "
+                f"skipped steps: {params.skipped_steps}"
+            )
+        batch_idx = params.batch_idx_in_epoch - 1  # icefall's 0-based index in the epoch
+        if params.valid_interval > 0 and batch_idx > 0 and batch_idx % params.valid_interval == 0:
+            valid_info = validate(t)
+            logging.info(f"Epoch {params.cur_epoch}, global batch {params.batch_idx_train}, validation: "
+                         f"{valid_info.per_frame_str()}")
+        if params.save_every_n > 0 and params.batch_idx_train % params.save_every_n == 0:
+            t.save(params.exp_dir / f"checkpoint-{params.batch_idx_train}.pt", train_dl)
+            if t.rank == 0:
+                remove_checkpoints(params.exp_dir, params.keep_last_k)
+        now = time.time()
+        params.train_seconds += now - last_time
+        last_time = now
+        if budget_spent(params):
+            progress.close()
+            params.train_loss = tot_loss.per_frame("loss")
+            return False
+    progress.close()
+    params.train_loss = tot_loss.per_frame("loss")
+    if params.train_loss < params.best_train_loss:
+        params.best_train_epoch = params.cur_epoch
+        params.best_train_loss = params.train_loss
+    return True
+
+
+def stop_early(t: Training, train_dl) -> None:
+    """Validate, log and save ``checkpoint-<batch>.pt`` when --max-batches or --max-minutes stopped training.
+
+    The checkpoint keeps the RNG states of the stop, as if no validation had
+    run, so that a run resumed from it continues as the uninterrupted one.
+    """
+    params = t.params
+    rng_at_stop = get_rng_state(train_dl)
+    valid_info = compute_validation_loss(params, t.model, t.sp, t.valid_dl, t.world_size)
+    set_rng_state(rng_at_stop, train_dl)
+    params.valid_loss = valid_info.per_frame("loss")
+    logging.info(
+        f"Stopped by --max-batches {params.max_batches} / --max-minutes {params.max_minutes} at global "
+        f"batch {params.batch_idx_train} after {params.train_seconds:.1f} s of training: train loss "
+        f"{params.train_loss:.4f}, validation: {valid_info.per_frame_str()}; saving and stopping."
+    )
+    t.add_scalar(TB_TAGS.valid_loss, params.valid_loss)
+    t.save(params.exp_dir / f"checkpoint-{params.batch_idx_train}.pt", train_dl)
+
+
+def finish_epoch(t: Training, epoch: int, epoch_start: float) -> None:
+    """Validate, log, save ``epoch-<epoch>.pt`` and copy it to the best-loss checkpoints it beats."""
+    params = t.params
+    if params.valid_interval > 0:
+        # icefall's rule: validation every --valid-interval batches only.
+        valid_text = (f"last validation loss {params.get('valid_loss', float('nan')):.4f} "
+                      f"(every {params.valid_interval} batches)")
+    else:
+        valid_text = f"validation: {validate(t).per_frame_str()}"
+    logging.info(
+        f"Epoch {epoch} done in {time.time() - epoch_start:.1f} s: train loss {params.train_loss:.4f}, "
+        f"{valid_text}, skipped steps {params.skipped_steps}, dropped utterances {params.skipped_utterances}"
+    )
+    t.add_scalar(TB_TAGS.epoch_train_loss, params.train_loss)
+    params.batch_idx_in_epoch = 0
+    filename = params.exp_dir / f"epoch-{epoch}.pt"
+    t.save(filename, None)
+    if t.rank == 0:
+        if params.best_train_epoch == epoch:
+            shutil.copyfile(filename, params.exp_dir / "best-train-loss.pt")
+        if params.best_valid_epoch == epoch:
+            shutil.copyfile(filename, params.exp_dir / "best-valid-loss.pt")
+
+
+def epoch_dataloader(librispeech: LibriSpeechAsrDataModule, train_cuts, epoch: int, sampler_state: Optional[Dict]):
+    """The training dataloader of ``epoch``, at the resumed sampler position if there is one."""
+    train_dl = librispeech.train_dataloaders(train_cuts)
+    train_dl.sampler.set_epoch(epoch - 1)
+    if sampler_state is not None:
+        train_dl.sampler.load_state_dict(sampler_state)
+    return train_dl
+
+
+def train_epochs(t: Training, librispeech: LibriSpeechAsrDataModule, train_cuts, resume: Optional[Resumption]) -> None:
+    """Epochs ``params.cur_epoch .. --num-epochs``, or until --max-batches/--max-minutes/--print-diagnostics stop."""
+    params = t.params
+    for epoch in range(params.cur_epoch, params.num_epochs + 1):
+        params.cur_epoch = epoch
+        t.scheduler.step_epoch(epoch - 1)
+        fix_random_seed(params.seed + epoch - 1)
+        position = resume.take_epoch_position(params) if resume is not None else None
+        if position is None:
+            params.batch_idx_in_epoch = 0
+        sampler_state, rng_state = position if position is not None else (None, None)
+        train_dl = epoch_dataloader(librispeech, train_cuts, epoch, sampler_state)
+        t.add_scalar(TB_TAGS.epoch, epoch)
+        epoch_start = time.time()
+        finished = train_one_epoch(t, train_dl, rng_state=rng_state)
+        if t.diagnostics is not None:
+            logging.info("Diagnostics printed; exiting (--print-diagnostics).")
+            return
+        if not finished:
+            stop_early(t, train_dl)
+            return
+        finish_epoch(t, epoch, epoch_start)

@@ -1,0 +1,113 @@
+"""The training objective: the loss weights' warm-up ramp and the loss of one batch."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import sentencepiece as spm
+import torch
+import torch.nn as nn
+
+from icefall_lite.data.features import pad_tail
+from icefall_lite.nn.encoder import subsampled_length
+from icefall_lite.utils import MetricsTracker
+
+LOSS_RAMPS = ("step", "linear")
+
+
+def pruned_loss_scale(warmup: float) -> float:
+    """icefall's ramp: 0 during the first warm-up, 0.1 during the second, then 1.
+
+    As icefall's, ``warmup == 1.0`` exactly gives 1.0: the validation loss
+    (computed at warmup 1.0) is ``simple_loss_scale * simple + pruned``.
+    """
+    if warmup < 1.0:
+        return 0.0
+    if 1.0 < warmup < 2.0:
+        return 0.1
+    return 1.0
+
+
+def loss_scales(params: Mapping[str, Any], warmup: float) -> Tuple[float, float]:
+    """(simple, pruned) loss weights at ``warmup`` (batches / --model-warm-step) under ``params.loss_ramp``.
+
+    ``step`` is lstm_transducer_stateless3's (:func:`pruned_loss_scale`, simple
+    at ``simple_loss_scale`` throughout); ``linear`` is the zipformer recipes'
+    (simple 1.0 -> ``simple_loss_scale`` and pruned 0.1 -> 1.0 over the warm-up).
+    """
+    if params["loss_ramp"] == "linear":
+        if warmup >= 1.0:
+            return params["simple_loss_scale"], 1.0
+        return 1.0 - warmup * (1.0 - params["simple_loss_scale"]), 0.1 + 0.9 * warmup
+    return params["simple_loss_scale"], pruned_loss_scale(warmup)
+
+
+def compute_loss(
+    params: Mapping[str, Any],
+    model: nn.Module,
+    sp: spm.SentencePieceProcessor,
+    batch: Dict[str, Any],
+    is_training: bool,
+    warmup: float = 1.0,
+) -> Tuple[Optional[torch.Tensor], MetricsTracker]:
+    """Per-utterance summed loss over the batch.
+
+    The objective is ``simple_scale * simple + pruned_scale * pruned +
+    ctc_loss_scale * ctc`` with the first two weights from
+    :func:`loss_scales`; ``info["loss"]`` holds its transducer part (the
+    first two terms) and ``info["ctc_loss"]`` the CTC loss. Loss per frame
+    counts the frames of the utterances, not the tail padding
+    (``tail_pad_frames``). Utterances whose loss is not finite are dropped
+    and counted. Returns ``(None, info)`` when no utterance is left.
+
+    Args:
+      params: ``tail_pad_frames``, ``prune_range``, ``am_scale``, ``lm_scale``,
+        ``loss_ramp``, ``simple_loss_scale``, ``ctc_loss_scale``.
+      batch: a lhotse batch: ``inputs`` (N, T, C) and ``supervisions``.
+      warmup: training progress in units of the model warm-up (1.0 = warmed up).
+    """
+    device = next(model.parameters()).device
+    feature = batch["inputs"].to(device)
+    supervisions = batch["supervisions"]
+    feature_lens = supervisions["num_frames"].to(device)
+    num_frames = feature_lens
+    if params["tail_pad_frames"] > 0:
+        feature, feature_lens = pad_tail(feature, feature_lens, params["tail_pad_frames"])
+    token_ids = sp.encode(list(supervisions["text"]), out_type=int)
+    with torch.set_grad_enabled(is_training):
+        simple_loss, pruned_loss, ctc_loss, _ = model(
+            x=feature,
+            x_lens=feature_lens,
+            y=token_ids,
+            prune_range=params["prune_range"],
+            am_scale=params["am_scale"],
+            lm_scale=params["lm_scale"],
+            warmup=warmup,
+        )
+        is_finite = torch.isfinite(simple_loss) & torch.isfinite(pruned_loss)
+        if ctc_loss is not None:
+            is_finite &= torch.isfinite(ctc_loss)
+        num_dropped = int((~is_finite).sum())
+        info = MetricsTracker()
+        info["utterances"] = float(is_finite.sum())
+        info["dropped_utterances"] = float(num_dropped)
+        if num_dropped:
+            cuts = supervisions.get("cut", [])
+            cut_ids = [c.id for c, ok in zip(cuts, is_finite.tolist()) if not ok]
+            logging.warning(f"Dropping {num_dropped} utterance(s) with non-finite loss: {cut_ids}")
+        if num_dropped == len(token_ids):
+            return None, info
+        simple_loss = simple_loss[is_finite].sum()
+        pruned_loss = pruned_loss[is_finite].sum()
+        simple_scale, pruned_scale = loss_scales(params, warmup)
+        loss = simple_scale * simple_loss + pruned_scale * pruned_loss
+        info["loss"] = float(loss.detach())
+        if ctc_loss is not None:
+            ctc_loss = ctc_loss[is_finite].sum()
+            info["ctc_loss"] = float(ctc_loss.detach())
+            loss = loss + params["ctc_loss_scale"] * ctc_loss
+    info["frames"] = float(subsampled_length(num_frames[is_finite]).sum())
+    info["simple_loss"] = float(simple_loss.detach())
+    info["pruned_loss"] = float(pruned_loss.detach())
+    return loss, info

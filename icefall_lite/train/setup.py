@@ -1,0 +1,125 @@
+"""Building a training run: device, process group, BPE model, model and its average, optimizer, data,
+TensorBoard. Each function is one step of train.py's ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import logging
+import os
+from typing import Any, Dict, Optional, Tuple
+
+import sentencepiece as spm
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from icefall_lite.data.datamodule import (
+    TRAIN_CUT_DURATION_RANGE,
+    LibriSpeechAsrDataModule,
+    filter_cuts,
+    require_nonempty,
+)
+from icefall_lite.data.features import NUM_MEL_BINS
+from icefall_lite.nn.model import build_transducer, count_parameters, model_config_from_args
+from icefall_lite.train.checkpoint import unwrap
+from icefall_lite.train.diagnostics import ModelDiagnostics, register_inf_check_hooks
+from icefall_lite.train.optim import Eve, ScaledAdam
+from icefall_lite.utils import AttributeDict
+
+OPTIMIZERS = ("eve", "scaled-adam")
+
+
+def init_distributed(params: AttributeDict, rank: int, world_size: int) -> None:
+    """Join the DDP process group (nccl on GPUs, gloo on CPUs) when ``world_size > 1``."""
+    if world_size <= 1:
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    os.environ.setdefault("MASTER_ADDR", "localhost")
+    os.environ.setdefault("MASTER_PORT", str(params.master_port))
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+
+
+def training_device(rank: int) -> torch.device:
+    """GPU ``rank`` if there is CUDA, else the CPU."""
+    device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    logging.info(f"Device: {device}")
+    return device
+
+
+def training_model_config(args: argparse.Namespace, vocab_size: int, blank_id: int) -> Dict[str, Any]:
+    """:func:`build_transducer` arguments: the model flags plus the training-only ones
+    (``--dropout``, ``--layer-dropout``, a CTC head when ``--ctc-loss-scale`` > 0)."""
+    config = model_config_from_args(args, vocab_size=vocab_size, blank_id=blank_id, num_features=NUM_MEL_BINS)
+    config.update(dropout=args.dropout, layer_dropout=args.layer_dropout, use_ctc=args.ctc_loss_scale > 0)
+    return config
+
+
+def build_models(
+    params: AttributeDict, args: argparse.Namespace, sp: spm.SentencePieceProcessor, rank: int
+) -> Tuple[nn.Module, Optional[nn.Module]]:
+    """The model of the flags for the BPE model ``sp``, and on rank 0 its float64 running average ``model_avg``.
+
+    Sets ``params.blank_id``, ``params.vocab_size`` and the model's configuration, and logs the params.
+    """
+    params.blank_id = sp.piece_to_id("<blk>")
+    params.vocab_size = sp.get_piece_size()
+    model_config = training_model_config(args, vocab_size=params.vocab_size, blank_id=params.blank_id)
+    params.update({f"model_{k}": v for k, v in model_config.items()})
+    model = build_transducer(**model_config)
+    params.num_parameters = count_parameters(model)
+    logging.info("Training started")
+    logging.info(params)
+    logging.info(f"Number of model parameters: {params.num_parameters}")
+    model_avg = copy.deepcopy(model).to(torch.float64) if rank == 0 else None
+    return model, model_avg
+
+
+def place_model(
+    params: AttributeDict, model: nn.Module, device: torch.device, rank: int, world_size: int
+) -> Tuple[nn.Module, Optional[ModelDiagnostics]]:
+    """``model`` on ``device`` with the --inf-check hooks and --print-diagnostics, DDP-wrapped when distributed."""
+    model.to(device)
+    if params.inf_check:
+        register_inf_check_hooks(model)
+    diagnostics = ModelDiagnostics(model) if params.print_diagnostics else None
+    if world_size > 1:
+        model = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
+    return model, diagnostics
+
+
+def make_optimizer(params: AttributeDict, model: nn.Module) -> torch.optim.Optimizer:
+    """Eve or ScaledAdam (``params.optimizer_name``) at ``params.base_lr``."""
+    if params.optimizer_name == "scaled-adam":
+        return ScaledAdam(model.parameters(), lr=params.base_lr, clipping_scale=2.0)
+    return Eve(model.parameters(), lr=params.base_lr)
+
+
+def load_training_data(librispeech: LibriSpeechAsrDataModule, sp: spm.SentencePieceProcessor):
+    """The filtered training cuts and the validation dataloader (an error if either set is empty)."""
+    train_cuts = filter_cuts(librispeech.train_cuts(), sp, TRAIN_CUT_DURATION_RANGE, name="train")
+    valid_cuts = filter_cuts(librispeech.dev_clean_cuts() + librispeech.dev_other_cuts(), sp, name="valid")
+    require_nonempty(train_cuts, "training")
+    require_nonempty(valid_cuts, "validation")
+    return train_cuts, librispeech.valid_dataloaders(valid_cuts)
+
+
+def open_tensorboard(params: AttributeDict, rank: int):
+    """A SummaryWriter into exp-dir/tensorboard on rank 0 with --tensorboard, else None."""
+    if rank != 0 or not params.tensorboard:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=str(params.exp_dir / "tensorboard"), purge_step=params.batch_idx_train + 1)
+
+
+def model_checksum(model: nn.Module) -> str:
+    """SHA-256 of all parameter bytes: equal on every DDP rank when training is in sync."""
+    digest = hashlib.sha256()
+    for _, p in sorted(unwrap(model).named_parameters()):
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,67 @@
+"""Gradient control as train.py applies it (icefall_lite.train.grad_control), against torch's own clipping."""
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from icefall_lite.train.grad_control import GradientControl
+
+
+def _model_with_grads(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 4))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 3.0
+    return model
+
+
+def _control(**on: float) -> GradientControl:
+    return GradientControl(**{"clip_grad_norm": 0.0, "clip_grad_value": 0.0, "agc_clipping": 0.0,
+                              "error_clip": 0.0, **on})
+
+
+def _norm(model: nn.Module) -> float:
+    return math.sqrt(sum(float(p.grad.double().square().sum()) for p in model.parameters()))
+
+
+def test_norm_clip_is_torchs_and_reports_its_scale():
+    ours, ref = _model_with_grads(), _model_with_grads()
+    pre = _norm(ours)
+    norm, scale = _control(clip_grad_norm=1.0).clip(ours)
+    torch_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+    assert norm == pytest.approx(float(torch_norm), rel=1e-6) and norm == pytest.approx(pre, rel=1e-6)
+    for a, b in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0)
+    assert scale == pytest.approx(1.0 / (pre + 1e-6), rel=1e-6)
+    assert _norm(ours) == pytest.approx(1.0, rel=1e-5)
+
+
+def test_off_leaves_gradients_untouched_and_scale_one():
+    ours, ref = _model_with_grads(), _model_with_grads()
+    norm, scale = _control().clip(ours)
+    assert (norm, scale) == (pytest.approx(_norm(ref), rel=1e-6), 1.0)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours.parameters(), ref.parameters()))
+
+
+def test_value_then_norm_combine_in_order():
+    ours, ref = _model_with_grads(1), _model_with_grads(1)
+    pre = _norm(ref)
+    norm, scale = _control(clip_grad_value=0.5, clip_grad_norm=1.0).clip(ours)
+    torch.nn.utils.clip_grad_value_(ref.parameters(), 0.5)
+    torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+    for a, b in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0)
+    assert norm == pytest.approx(pre, rel=1e-6)
+    assert scale == pytest.approx(_norm(ref) / pre, rel=1e-5)
+
+
+def test_nonfinite_gradient_is_reported_and_not_clipped():
+    model = _model_with_grads()
+    model[0].weight.grad[0, 0] = float("inf")
+    before = copy.deepcopy([p.grad for p in model.parameters()])
+    norm, scale = _control(clip_grad_norm=1.0, clip_grad_value=0.1).clip(model)
+    assert math.isinf(norm) and scale == 1.0
+    assert all(torch.equal(a, b.grad) for a, b in zip(before, model.parameters()))
