@@ -63,27 +63,55 @@ SAMPLE_RATE = 16000
 
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
-    parser.add_argument("--exp-dir", type=Path, default=RECIPE / EXP_DIR,
-                        help=f"Checkpoints (epoch-N.pt). (default: the recipe's {EXP_DIR})")
-    parser.add_argument("--epoch", type=int, default=NUM_EPOCHS,
-                        help=f"Last epoch to average. (default: {NUM_EPOCHS}, train.py's last)")
+    parser.add_argument(
+        "--exp-dir",
+        type=Path,
+        default=RECIPE / EXP_DIR,
+        help=f"Checkpoints (epoch-N.pt). (default: the recipe's {EXP_DIR})",
+    )
+    parser.add_argument(
+        "--epoch", type=int, default=NUM_EPOCHS, help=f"Last epoch to average. (default: {NUM_EPOCHS}, train.py's last)"
+    )
     parser.add_argument("--avg", type=int, default=AVG, help=f"Epochs to average, as decode.py. (default: {AVG})")
-    parser.add_argument("--use-averaged-model", type=str2bool, default=True,
-                        help="Average with model_avg, as decode.py. (default: true)")
-    parser.add_argument("--bpe-model", type=Path, default=RECIPE / DEFAULT_BPE_MODEL,
-                        help=f"sentencepiece model. (default: the recipe's {DEFAULT_BPE_MODEL})")
-    parser.add_argument("--cuts", type=Path,
-                        default=librispeech_cuts_path(RECIPE / "data" / "fbank", "test-clean"),
-                        help="Cut manifest with features and recordings. (default: the recipe's test-clean)")
-    parser.add_argument("--data-root", type=Path, default=None,
-                        help="Folder that the manifest's relative feature/audio paths start from (the recipe "
-                        "folder). (default: the folder holding data/ in --cuts' path)")
-    parser.add_argument("--onnx-dir", type=Path, default=None,
-                        help="Folder with encoder/decoder/joiner-epoch-E-avg-A.onnx and tokens.txt from "
-                        "export_onnx.py; by default the model is exported to a temporary folder.")
+    parser.add_argument(
+        "--use-averaged-model",
+        type=str2bool,
+        default=True,
+        help="Average with model_avg, as decode.py. (default: true)",
+    )
+    parser.add_argument(
+        "--bpe-model",
+        type=Path,
+        default=RECIPE / DEFAULT_BPE_MODEL,
+        help=f"sentencepiece model. (default: the recipe's {DEFAULT_BPE_MODEL})",
+    )
+    parser.add_argument(
+        "--cuts",
+        type=Path,
+        default=librispeech_cuts_path(RECIPE / "data" / "fbank", "test-clean"),
+        help="Cut manifest with features and recordings. (default: the recipe's test-clean)",
+    )
+    parser.add_argument(
+        "--data-root",
+        type=Path,
+        default=None,
+        help="Folder that the manifest's relative feature/audio paths start from (the recipe "
+        "folder). (default: the folder holding data/ in --cuts' path)",
+    )
+    parser.add_argument(
+        "--onnx-dir",
+        type=Path,
+        default=None,
+        help="Folder with encoder/decoder/joiner-epoch-E-avg-A.onnx and tokens.txt from "
+        "export_onnx.py; by default the model is exported to a temporary folder.",
+    )
     parser.add_argument("--max-cuts", type=int, default=0, help="Decode only the first N cuts (0 = all). (default: 0)")
-    parser.add_argument("--chunk-cuts", type=int, default=50,
-                        help="Cuts per interleaving chunk (and per batch / set of streams). (default: 50)")
+    parser.add_argument(
+        "--chunk-cuts",
+        type=int,
+        default=50,
+        help="Cuts per interleaving chunk (and per batch / set of streams). (default: 50)",
+    )
     parser.add_argument("--beam-size", type=int, default=4, help="modified_beam_search beam (both). (default: 4)")
     parser.add_argument("--beam", type=float, default=20.0, help="fast_beam_search beam. (default: 20)")
     parser.add_argument("--max-contexts", type=int, default=8, help="fast_beam_search max contexts. (default: 8)")
@@ -156,9 +184,15 @@ def sherpa_decoder(files: Dict[str, Path], tokens: Path, method: str, threads: i
     import sherpa_onnx
 
     recognizer = sherpa_onnx.OnlineRecognizer.from_transducer(
-        tokens=str(tokens), encoder=str(files["encoder"]), decoder=str(files["decoder"]),
-        joiner=str(files["joiner"]), num_threads=threads, sample_rate=SAMPLE_RATE, feature_dim=NUM_MEL_BINS,
-        decoding_method=method, max_active_paths=beam_size,
+        tokens=str(tokens),
+        encoder=str(files["encoder"]),
+        decoder=str(files["decoder"]),
+        joiner=str(files["joiner"]),
+        num_threads=threads,
+        sample_rate=SAMPLE_RATE,
+        feature_dim=NUM_MEL_BINS,
+        decoding_method=method,
+        max_active_paths=beam_size,
     )
     tail = tail_padding(SAMPLE_RATE)
 
@@ -210,8 +244,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     sp = spm.SentencePieceProcessor()
     sp.load(str(args.bpe_model))
     model = build_decoding_model(args, sp)
-    load_averaged_weights(model, args.exp_dir, epoch=args.epoch, avg=args.avg,
-                          use_averaged_model=args.use_averaged_model, device=torch.device("cpu"))
+    load_averaged_weights(
+        model,
+        args.exp_dir,
+        epoch=args.epoch,
+        avg=args.avg,
+        use_averaged_model=args.use_averaged_model,
+        device=torch.device("cpu"),
+    )
     model.eval()
 
     cuts = list(load_manifest(args.cuts))
@@ -232,13 +272,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         variants: Dict[str, Callable] = {
             "ours greedy_search (batched)": torch_decoder(model, sp, greedy_search_batch),
             f"ours modified_beam_search (beam {args.beam_size})": torch_decoder(
-                model, sp, lambda m, e, n: modified_beam_search(m, e, n, beam=args.beam_size)),
-            f"ours fast_beam_search (beam {args.beam:g}, {args.max_contexts} contexts, {args.max_states} states)":
-                torch_decoder(model, sp, lambda m, e, n: fast_beam_search_one_best(
-                    m, e, n, beam=args.beam, max_states=args.max_states, max_contexts=args.max_contexts)),
+                model, sp, lambda m, e, n: modified_beam_search(m, e, n, beam=args.beam_size)
+            ),
+            f"ours fast_beam_search (beam {args.beam:g}, {args.max_contexts} contexts, "
+            f"{args.max_states} states)": torch_decoder(
+                model,
+                sp,
+                lambda m, e, n: fast_beam_search_one_best(
+                    m, e, n, beam=args.beam, max_states=args.max_states, max_contexts=args.max_contexts
+                ),
+            ),
             "sherpa-onnx greedy_search": sherpa_decoder(files, tokens, "greedy_search", args.threads, args.beam_size),
             f"sherpa-onnx modified_beam_search (beam {args.beam_size})": sherpa_decoder(
-                files, tokens, "modified_beam_search", args.threads, args.beam_size),
+                files, tokens, "modified_beam_search", args.threads, args.beam_size
+            ),
         }
         names = list(variants)
         wall = {n: 0.0 for n in names}
@@ -247,24 +294,37 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         for name in names:  # warm-up (oneDNN kernels, onnxruntime sessions) on the first chunk, untimed
             variants[name]([feats[i] for i in chunks[0]], [audio[i] for i in chunks[0]])
         for k, chunk in enumerate(chunks):
-            order = names[k % len(names):] + names[: k % len(names)]
+            order = names[k % len(names) :] + names[: k % len(names)]
             for name in order:
                 start = time.perf_counter()
                 out = variants[name]([feats[i] for i in chunk], [audio[i] for i in chunk])
                 wall[name] += time.perf_counter() - start
                 hyps[name].extend(out)
-            print(f"chunk {k + 1}/{len(chunks)}: " + ", ".join(f"{n.split(' (')[0]} {wall[n]:.1f} s" for n in names),
-                  flush=True)
+            print(
+                f"chunk {k + 1}/{len(chunks)}: " + ", ".join(f"{n.split(' (')[0]} {wall[n]:.1f} s" for n in names),
+                flush=True,
+            )
 
     rtf = {n: wall[n] / audio_seconds for n in names}
     sherpa_greedy, sherpa_beam = names[3], names[4]
-    reference = {names[0]: sherpa_greedy, names[1]: sherpa_beam, names[2]: sherpa_beam,
-                 sherpa_greedy: sherpa_greedy, sherpa_beam: sherpa_beam}
+    reference = {
+        names[0]: sherpa_greedy,
+        names[1]: sherpa_beam,
+        names[2]: sherpa_beam,
+        sherpa_greedy: sherpa_greedy,
+        sherpa_beam: sherpa_beam,
+    }
     rows = []
     for n in names:
         errors, words = word_errors(refs, hyps[n])
-        rows.append([n, f"{rtf[n]:.4f}", f"{rtf[n] / rtf[reference[n]]:.2f}x ({reference[n].split(' (')[0]})",
-                     f"{100 * errors / max(words, 1):.2f}"])
+        rows.append(
+            [
+                n,
+                f"{rtf[n]:.4f}",
+                f"{rtf[n] / rtf[reference[n]]:.2f}x ({reference[n].split(' (')[0]})",
+                f"{100 * errors / max(words, 1):.2f}",
+            ]
+        )
     greedy_ok = rtf[names[0]] <= rtf[sherpa_greedy]
     beams_ok = {n: rtf[n] <= 2 * rtf[sherpa_beam] for n in names[1:3]}
     section = Section(
@@ -279,13 +339,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             f"{args.chunk_cuts} cuts, decode.py's 35 frames of tail padding. sherpa-onnx: streaming "
             "OnlineRecognizer on the audio (its time includes computing the fbank), 0.35 s of zeros appended, "
             f"up to {args.chunk_cuts} streams per decode_streams call, num_threads {args.threads}.",
-            f"One untimed warm-up pass of every variant over the first chunk, then interleaved per chunk of {args.chunk_cuts} cuts, order rotating; RTF = summed wall time / audio "
+            "One untimed warm-up pass of every variant over the first chunk, then interleaved per chunk of "
+            f"{args.chunk_cuts} cuts, order rotating; RTF = summed wall time / audio "
             "duration. Beam searches are compared with sherpa-onnx's modified_beam_search (it has no fast beam "
             "search for this model type).",
             f"Goal batched greedy no slower than sherpa-onnx greedy: {'met' if greedy_ok else 'missed'}; beam "
             "searches within 2x of sherpa-onnx modified_beam_search: "
-            + ", ".join(f"{n.split(' (')[0].replace('ours ', '')} {'met' if ok else 'missed'}"
-                        for n, ok in beams_ok.items()) + ".",
+            + ", ".join(
+                f"{n.split(' (')[0].replace('ours ', '')} {'met' if ok else 'missed'}" for n, ok in beams_ok.items()
+            )
+            + ".",
         ],
     )
     section.emit(args.markdown_out)

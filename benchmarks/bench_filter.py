@@ -47,11 +47,21 @@ GOAL = 0.03
 
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
-    parser.add_argument("--threshold", type=float, default=25.0, help="Filter threshold of the filtered arm. (default: 25)")
-    parser.add_argument("--reps", type=int, default=24,
-                        help="Timed training steps per arm, alternating arms (and batches). (default: 24)")
-    parser.add_argument("--profile-steps", type=int, default=2,
-                        help="Steps of the filtered arm under torch.profiler for the filter's share. (default: 2)")
+    parser.add_argument(
+        "--threshold", type=float, default=25.0, help="Filter threshold of the filtered arm. (default: 25)"
+    )
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=24,
+        help="Timed training steps per arm, alternating arms (and batches). (default: 24)",
+    )
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=2,
+        help="Steps of the filtered arm under torch.profiler for the filter's share. (default: 2)",
+    )
     add_batch_arguments(parser)
     add_common_arguments(parser)
     return parser
@@ -66,8 +76,9 @@ def filter_share(trainer: Trainer, batches, tokens: TokenTable, steps: int) -> f
             trainer.step(batches[i % len(batches)], tokens)
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
-    in_filter = sum(e.cpu_time_total for e in events if e.key in ("_GradientFilterFunction",
-                                                                    "_GradientFilterFunctionBackward"))
+    in_filter = sum(
+        e.cpu_time_total for e in events if e.key in ("_GradientFilterFunction", "_GradientFilterFunctionBackward")
+    )
     return in_filter / total if total > 0 else float("nan")
 
 
@@ -92,7 +103,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         for name in order:
             times[name].append(timed(lambda: arms[name].step(batch, tokens)))
     ratio = paired_ratio(times[names[0]], times[names[1]])
-    share = filter_share(arms[names[0]], batches, tokens, args.profile_steps) if args.profile_steps > 0 else float("nan")
+    share = (
+        filter_share(arms[names[0]], batches, tokens, args.profile_steps) if args.profile_steps > 0 else float("nan")
+    )
     overhead = ratio - 1.0
     rows = [[name, fmt_ms(median(times[name]))] for name in names]
     rows.append(["filtered / unfiltered", f"{ratio:.4f} ({overhead * 100:+.1f}%)"])

@@ -85,7 +85,13 @@ class LossProblem:
 
 
 def make_problem(
-    batch_size: int, frames: int, symbols: int, vocab_size: int, dim: int, prune_range: int, device: torch.device,
+    batch_size: int,
+    frames: int,
+    symbols: int,
+    vocab_size: int,
+    dim: int,
+    prune_range: int,
+    device: torch.device,
     seed: int = 0,
 ) -> LossProblem:
     """Random encoder/decoder outputs and weights; every sequence has the full T frames and U symbols."""
@@ -113,8 +119,15 @@ def pruned_loss(p: LossProblem) -> torch.Tensor:
     lm = p.simple_lm_proj(p.decoder_out)
     am = p.simple_am_proj(p.encoder_out)
     simple_loss, (px_grad, py_grad) = rnnt_loss_smoothed(
-        lm=lm, am=am, symbols=p.targets, termination_symbol=BLANK, lm_only_scale=0.25, am_only_scale=0.0,
-        boundary=boundary, reduction="sum", return_grad=True,
+        lm=lm,
+        am=am,
+        symbols=p.targets,
+        termination_symbol=BLANK,
+        lm_only_scale=0.25,
+        am_only_scale=0.0,
+        boundary=boundary,
+        reduction="sum",
+        return_grad=True,
     )
     ranges = get_rnnt_prune_ranges(px_grad=px_grad, py_grad=py_grad, boundary=boundary, s_range=p.prune_range)
     am_pruned, lm_pruned = do_rnnt_pruning(
@@ -179,8 +192,9 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--frames", type=int, default=200, help="T, encoder frames. (default: 200)")
     parser.add_argument("--symbols", type=int, default=40, help="U, target symbols. (default: 40)")
     parser.add_argument("--vocab-size", type=int, default=500, help="V. (default: 500)")
-    parser.add_argument("--joiner-dim", type=int, default=512,
-                        help="Joiner dim (also the encoder/decoder output dim). (default: 512)")
+    parser.add_argument(
+        "--joiner-dim", type=int, default=512, help="Joiner dim (also the encoder/decoder output dim). (default: 512)"
+    )
     parser.add_argument("--prune-range", type=int, default=5, help="s_range of the pruned loss. (default: 5)")
     parser.add_argument("--reps", type=int, default=7, help="Timed repetitions of each path. (default: 7)")
     add_common_arguments(parser)
@@ -191,14 +205,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = get_parser().parse_args(argv)
     setup_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    problem = make_problem(args.batch_size, args.frames, args.symbols, args.vocab_size, args.joiner_dim,
-                           args.prune_range, device)
+    problem = make_problem(
+        args.batch_size, args.frames, args.symbols, args.vocab_size, args.joiner_dim, args.prune_range, device
+    )
     result = compare(problem, args.reps)
     speed_ok = result.time_ratio >= 5.0
     memory_ok = result.memory_ratio >= 8.0
-    rows = [
-        [name, fmt_ms(result.times[name]), fmt_mb(result.memory[name])] for name in ("pruned", "full")
-    ]
+    rows = [[name, fmt_ms(result.times[name]), fmt_mb(result.memory[name])] for name in ("pruned", "full")]
     rows.append(["full / pruned", f"{result.time_ratio:.2f}x", f"{result.memory_ratio:.2f}x"])
     table = markdown_table(["path", "median time fwd+bwd (ms)", "peak memory (MiB)"], rows)
     section = Section(

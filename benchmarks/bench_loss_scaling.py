@@ -40,12 +40,15 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=8, help="B when B is not the varied size. (default: 8)")
     parser.add_argument("--frames", type=int, default=200, help="T when T is not varied. (default: 200)")
     parser.add_argument("--symbols", type=int, default=40, help="U when U is not varied. (default: 40)")
-    parser.add_argument("--vary-frames", type=int, nargs="+", default=[100, 400],
-                        help="T values besides the base. (default: 100 400)")
-    parser.add_argument("--vary-symbols", type=int, nargs="+", default=[20, 80],
-                        help="U values besides the base. (default: 20 80)")
-    parser.add_argument("--vary-batch", type=int, nargs="+", default=[4, 16],
-                        help="B values besides the base. (default: 4 16)")
+    parser.add_argument(
+        "--vary-frames", type=int, nargs="+", default=[100, 400], help="T values besides the base. (default: 100 400)"
+    )
+    parser.add_argument(
+        "--vary-symbols", type=int, nargs="+", default=[20, 80], help="U values besides the base. (default: 20 80)"
+    )
+    parser.add_argument(
+        "--vary-batch", type=int, nargs="+", default=[4, 16], help="B values besides the base. (default: 4 16)"
+    )
     parser.add_argument("--vocab-size", type=int, default=500, help="V. (default: 500)")
     parser.add_argument("--joiner-dim", type=int, default=512, help="Joiner dim. (default: 512)")
     parser.add_argument("--prune-range", type=int, default=5, help="s_range. (default: 5)")
@@ -72,16 +75,35 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for varied, b, t, u in sizes(args):
         problem = make_problem(b, t, u, args.vocab_size, args.joiner_dim, args.prune_range, device)
         result = compare(problem, args.reps)
-        rows.append([
-            varied, b, t, u,
-            fmt_ms(result.times["pruned"]), fmt_ms(result.times["full"]), f"{result.time_ratio:.2f}x",
-            fmt_mb(result.memory["pruned"]), fmt_mb(result.memory["full"]), f"{result.memory_ratio:.2f}x",
-        ])
+        rows.append(
+            [
+                varied,
+                b,
+                t,
+                u,
+                fmt_ms(result.times["pruned"]),
+                fmt_ms(result.times["full"]),
+                f"{result.time_ratio:.2f}x",
+                fmt_mb(result.memory["pruned"]),
+                fmt_mb(result.memory["full"]),
+                f"{result.memory_ratio:.2f}x",
+            ]
+        )
         print(rows[-1], flush=True)
         del problem
     table = markdown_table(
-        ["varied", "B", "T", "U", "pruned (ms)", "full (ms)", "time full/pruned",
-         "pruned peak (MiB)", "full peak (MiB)", "memory full/pruned"],
+        [
+            "varied",
+            "B",
+            "T",
+            "U",
+            "pruned (ms)",
+            "full (ms)",
+            "time full/pruned",
+            "pruned peak (MiB)",
+            "full peak (MiB)",
+            "memory full/pruned",
+        ],
         rows,
     )
     section = Section(

@@ -54,8 +54,24 @@ BASELINE_COMMIT = "3dd81744b60386c9b29ec468cac9fcb6a32a1c01"
 MODULE_PATH = "icefall_lite/nn/mutual_information.py"
 # Ops that only make views (no kernel on a GPU).
 VIEW_OPS = {
-    "as_strided", "select", "slice", "unbind", "view", "_unsafe_view", "permute", "expand", "unsqueeze",
-    "squeeze", "reshape", "t", "transpose", "detach", "alias", "split", "unfold", "lift_fresh",
+    "as_strided",
+    "select",
+    "slice",
+    "unbind",
+    "view",
+    "_unsafe_view",
+    "permute",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "reshape",
+    "t",
+    "transpose",
+    "detach",
+    "alias",
+    "split",
+    "unfold",
+    "lift_fresh",
 }
 
 
@@ -68,7 +84,8 @@ def load_baseline(commit: str) -> types.ModuleType:
     except (OSError, subprocess.CalledProcessError) as err:
         detail = getattr(err, "stderr", "") or str(err)
         raise SystemExit(
-            f"bench_recursion.py: cannot read the baseline {MODULE_PATH} at commit {commit} with git ({detail.strip()}); "
+            f"bench_recursion.py: cannot read the baseline {MODULE_PATH} at commit {commit} with git "
+            f"({detail.strip()}); "
             "run it in a git clone of the repository with its history (not a shallow clone or an archive)."
         ) from err
     module = types.ModuleType("mutual_information_baseline")
@@ -139,11 +156,19 @@ def parse_size(text: str) -> Tuple[int, int, int]:
 
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
-    parser.add_argument("--sizes", type=parse_size, nargs="+", default=[(8, 40, 200), (8, 20, 100), (32, 80, 400)],
-                        help="Lattices BxSxT (batch, symbols, frames). (default: 8x40x200 8x20x100 32x80x400)")
+    parser.add_argument(
+        "--sizes",
+        type=parse_size,
+        nargs="+",
+        default=[(8, 40, 200), (8, 20, 100), (32, 80, 400)],
+        help="Lattices BxSxT (batch, symbols, frames). (default: 8x40x200 8x20x100 32x80x400)",
+    )
     parser.add_argument("--reps", type=int, default=9, help="Timed repetitions of each version. (default: 9)")
-    parser.add_argument("--baseline-commit", default=BASELINE_COMMIT,
-                        help=f"The commit whose {MODULE_PATH} is the baseline. (default: {BASELINE_COMMIT[:7]})")
+    parser.add_argument(
+        "--baseline-commit",
+        default=BASELINE_COMMIT,
+        help=f"The commit whose {MODULE_PATH} is the baseline. (default: {BASELINE_COMMIT[:7]})",
+    )
     add_common_arguments(parser)
     return parser
 
@@ -167,11 +192,23 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         times = interleaved_times(calls, reps=args.reps)
         ratio = paired_ratio(times[base_name], times[new_name])
         size = f"B={batch} S={symbols} T={frames} ({symbols + frames + 1} diagonals)"
-        rows.append([size, f"{ops[base_name]} -> {ops[new_name]}", fmt_ms(median(times[base_name])),
-                     fmt_ms(median(times[new_name])), f"{ratio:.2f}x"])
+        rows.append(
+            [
+                size,
+                f"{ops[base_name]} -> {ops[new_name]}",
+                fmt_ms(median(times[base_name])),
+                fmt_ms(median(times[new_name])),
+                f"{ratio:.2f}x",
+            ]
+        )
     table = markdown_table(
-        ["lattice", "tensor ops per call (per-op -> fused)", f"{base_name} fwd+bwd (ms)", f"{new_name} fwd+bwd (ms)",
-         "speed-up"],
+        [
+            "lattice",
+            "tensor ops per call (per-op -> fused)",
+            f"{base_name} fwd+bwd (ms)",
+            f"{new_name} fwd+bwd (ms)",
+            "speed-up",
+        ],
         rows,
     )
     Section(

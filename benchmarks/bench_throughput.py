@@ -55,8 +55,12 @@ def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
     parser.add_argument("--reps", type=int, default=12, help="Timed training steps. (default: 12)")
     parser.add_argument("--gemm-size", type=int, default=1024, help="n of the n x n sgemm. (default: 1024)")
-    parser.add_argument("--gemm-reps", type=int, default=5,
-                        help="sgemm calls after each training step; the peak is the best of all. (default: 5)")
+    parser.add_argument(
+        "--gemm-reps",
+        type=int,
+        default=5,
+        help="sgemm calls after each training step; the peak is the best of all. (default: 5)",
+    )
     parser.add_argument("--profile-steps", type=int, default=3, help="Steps under torch.profiler. (default: 3)")
     parser.add_argument("--top", type=int, default=12, help="Operators listed in the profile table. (default: 12)")
     add_batch_arguments(parser)
@@ -93,8 +97,12 @@ def profile_table(trainer: Trainer, batches: Sequence[Batch], tokens: TokenTable
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events)
     rows = [
-        [f"`{e.key}`", e.count // steps, f"{e.self_cpu_time_total / steps / 1e3:.1f}",
-         f"{100 * e.self_cpu_time_total / total:.1f}%"]
+        [
+            f"`{e.key}`",
+            e.count // steps,
+            f"{e.self_cpu_time_total / steps / 1e3:.1f}",
+            f"{100 * e.self_cpu_time_total / total:.1f}%",
+        ]
         for e in events[:top]
     ]
     return markdown_table(["operator", "calls per step", "self CPU per step (ms)", "share"], rows)
@@ -127,8 +135,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ["seconds of audio per wall second", f"{median(audio_rates):.1f}"],
         ["FLOPs per step (forward + backward)", f"{sum(flops) / len(flops) / 1e9:.1f} GFLOP"],
         ["achieved", f"{achieved:.1f} GFLOP/s"],
-        [f"sgemm peak ({args.gemm_size}^3 torch.mm, best of {len(gemm)})", f"{peak:.1f} GFLOP/s "
-         f"(median {median(gemm):.1f})"],
+        [
+            f"sgemm peak ({args.gemm_size}^3 torch.mm, best of {len(gemm)})",
+            f"{peak:.1f} GFLOP/s (median {median(gemm):.1f})",
+        ],
         ["achieved / sgemm peak", f"{achieved / peak * 100:.1f}%"],
     ]
     section = Section(
@@ -146,8 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             f"--max-duration {args.max_duration:g}); data loading is not included.",
             "FLOPs: FlopCounterMode (aten matmuls/convolutions, forward and backward) plus 3x the analytic "
             "forward FLOPs of every LSTM call; element-wise work is not counted.",
-            "Second table: torch.profiler, top operators by self CPU time, "
-            f"averaged over {args.profile_steps} steps.",
+            f"Second table: torch.profiler, top operators by self CPU time, averaged over {args.profile_steps} steps.",
         ],
     )
     section.emit(args.markdown_out)

@@ -131,9 +131,7 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def interleaved_times(
-    variants: Dict[str, Callable[[], object]], reps: int, warmup: int = 1
-) -> Dict[str, List[float]]:
+def interleaved_times(variants: Dict[str, Callable[[], object]], reps: int, warmup: int = 1) -> Dict[str, List[float]]:
     """Time the variants side by side: each repetition runs every variant once,
     in an order that alternates between repetitions (so drifting load hits
     all of them alike).

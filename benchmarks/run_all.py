@@ -55,19 +55,36 @@ is given).
 
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
-    parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=None,
-                        help="Run only these benchmarks and print them; RESULTS.md is not rewritten.")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(BENCHMARKS),
+        default=None,
+        help="Run only these benchmarks and print them; RESULTS.md is not rewritten.",
+    )
     parser.add_argument("--threads", type=int, default=2, help="Threads for every benchmark. (default: 2)")
-    parser.add_argument("--results", type=Path, default=RESULTS,
-                        help="Where to write the results. (default: benchmarks/RESULTS.md)")
-    parser.add_argument("--decode-args", nargs=argparse.REMAINDER, default=[],
-                        help="Extra arguments of bench_decode.py (model, checkpoints, cuts); must come last.")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="Where to write the results. (default: benchmarks/RESULTS.md)"
+    )
+    parser.add_argument(
+        "--decode-args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="Extra arguments of bench_decode.py (model, checkpoints, cuts); must come last.",
+    )
     return parser
 
 
 def run_one(name: str, threads: int, extra: Sequence[str], out: Path) -> None:
-    command = [sys.executable, str(BENCH_DIR / BENCHMARKS[name]), "--threads", str(threads),
-               "--markdown-out", str(out), *extra]
+    command = [
+        sys.executable,
+        str(BENCH_DIR / BENCHMARKS[name]),
+        "--threads",
+        str(threads),
+        "--markdown-out",
+        str(out),
+        *extra,
+    ]
     print(f"== {name}: {' '.join(command)}", flush=True)
     subprocess.run(command, cwd=REPO, check=True)
 
@@ -82,8 +99,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             try:
                 run_one(name, args.threads, args.decode_args if name == "decode" else [], out)
             except subprocess.CalledProcessError as e:
-                raise SystemExit(f"run_all.py: benchmark {name} failed (exit status {e.returncode}); "
-                                 f"{args.results} left as it was")
+                raise SystemExit(
+                    f"run_all.py: benchmark {name} failed (exit status {e.returncode}); {args.results} left as it was"
+                )
             sections.append(out.read_text())
     if args.only:
         return

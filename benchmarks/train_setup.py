@@ -36,20 +36,36 @@ TOKENS_PER_SECOND = 10.6
 
 def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
     """Shape of the synthetic training batches."""
-    parser.add_argument("--max-duration", type=float, default=TRAIN_MAX_DURATION,
-                        help=f"Seconds of audio per batch, as train.py's --max-duration. (default: {TRAIN_MAX_DURATION:g})")
-    parser.add_argument("--min-utt-duration", type=float, default=2.3,
-                        help="Shortest utterance, seconds. (default: 2.3)")
-    parser.add_argument("--max-utt-duration", type=float, default=3.2,
-                        help="Longest utterance, seconds (the synthetic corpus averages 2.7 s; a bucketing "
-                        "sampler puts similar lengths together). (default: 3.2)")
-    parser.add_argument("--tokens-per-second", type=float, default=TOKENS_PER_SECOND,
-                        help=f"BPE tokens per second of audio ({TOKENS_PER_SECOND} with the default BPE-"
-                        f"{DEFAULT_VOCAB_SIZE} model on the synthetic training set). (default: {TOKENS_PER_SECOND})")
-    parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE,
-                        help=f"BPE vocabulary size. (default: {DEFAULT_VOCAB_SIZE})")
-    parser.add_argument("--num-batches", type=int, default=4,
-                        help="Distinct batches, cycled through. (default: 4)")
+    parser.add_argument(
+        "--max-duration",
+        type=float,
+        default=TRAIN_MAX_DURATION,
+        help=f"Seconds of audio per batch, as train.py's --max-duration. (default: {TRAIN_MAX_DURATION:g})",
+    )
+    parser.add_argument(
+        "--min-utt-duration", type=float, default=2.3, help="Shortest utterance, seconds. (default: 2.3)"
+    )
+    parser.add_argument(
+        "--max-utt-duration",
+        type=float,
+        default=3.2,
+        help="Longest utterance, seconds (the synthetic corpus averages 2.7 s; a bucketing "
+        "sampler puts similar lengths together). (default: 3.2)",
+    )
+    parser.add_argument(
+        "--tokens-per-second",
+        type=float,
+        default=TOKENS_PER_SECOND,
+        help=f"BPE tokens per second of audio ({TOKENS_PER_SECOND} with the default BPE-"
+        f"{DEFAULT_VOCAB_SIZE} model on the synthetic training set). (default: {TOKENS_PER_SECOND})",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=DEFAULT_VOCAB_SIZE,
+        help=f"BPE vocabulary size. (default: {DEFAULT_VOCAB_SIZE})",
+    )
+    parser.add_argument("--num-batches", type=int, default=4, help="Distinct batches, cycled through. (default: 4)")
 
 
 class TokenTable:
@@ -100,8 +116,10 @@ def batch_shape(batches: Sequence[Batch]) -> str:
     sizes = [len(b.data["supervisions"]["text"]) for b in batches]
     frames = [int(b.data["inputs"].shape[1]) for b in batches]
     audio = [b.audio_seconds for b in batches]
-    return (f"{len(batches)} batches of {min(sizes)}-{max(sizes)} utterances, {min(frames)}-{max(frames)} padded "
-            f"feature frames, {min(audio):.1f}-{max(audio):.1f} s of audio each")
+    return (
+        f"{len(batches)} batches of {min(sizes)}-{max(sizes)} utterances, {min(frames)}-{max(frames)} padded "
+        f"feature frames, {min(audio):.1f}-{max(audio):.1f} s of audio each"
+    )
 
 
 class Trainer:

@@ -107,7 +107,11 @@ def setup_logger(log_prefix: Union[str, Path], rank: int = 0, world_size: int = 
     date = datetime.now().strftime("%Y-%m-%d-%H-%M-%S")
     log_file = Path(f"{log_prefix}-{date}" + (f"-{rank}" if world_size > 1 else ""))
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    fmt = "%(asctime)s %(levelname)s [%(filename)s:%(lineno)d]" + (f" ({rank}/{world_size})" if world_size > 1 else "") + " %(message)s"
+    fmt = (
+        "%(asctime)s %(levelname)s [%(filename)s:%(lineno)d]"
+        + (f" ({rank}/{world_size})" if world_size > 1 else "")
+        + " %(message)s"
+    )
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)

@@ -141,9 +141,20 @@ def reference_streaming_greedy(model: nn.Module, feats: torch.Tensor, unk_id: in
 # build_transducer takes every size without a default; the tests' small model gives them all
 # and a test states only what it varies.
 TINY_TRANSDUCER = dict(
-    vocab_size=12, num_features=80, encoder_dim=16, rnn_hidden_size=16, dim_feedforward=32, num_encoder_layers=2,
-    decoder_dim=16, joiner_dim=16, context_size=2, blank_id=0, grad_filter_threshold=25.0, dropout=0.1,
-    layer_dropout=0.075, use_ctc=False,
+    vocab_size=12,
+    num_features=80,
+    encoder_dim=16,
+    rnn_hidden_size=16,
+    dim_feedforward=32,
+    num_encoder_layers=2,
+    decoder_dim=16,
+    joiner_dim=16,
+    context_size=2,
+    blank_id=0,
+    grad_filter_threshold=25.0,
+    dropout=0.1,
+    layer_dropout=0.075,
+    use_ctc=False,
 )
 
 

@@ -95,16 +95,21 @@ def _run(arm: str, seed: int, wer_clean: float, ratios: Dict[int, List[float]], 
         filters[(layer, "max_over_median")] = list(enumerate(xs, 1))
         filters[(layer, "fraction_filtered")] = list(enumerate((fractions or {}).get(layer, [0.0] * len(xs)), 1))
     steps = len(next(iter(ratios.values())))
-    scalars = {"grad_norm": [(i, 1.0) for i in range(1, steps + 1)],
-               "simple_loss": [(i, 1.2) for i in range(1, steps + 1)], "pruned_loss": [(i, 0.4) for i in range(1, steps + 1)],
-               "valid_loss": [(steps, 0.5 + wer_clean / 1000)]}
+    scalars = {
+        "grad_norm": [(i, 1.0) for i in range(1, steps + 1)],
+        "simple_loss": [(i, 1.2) for i in range(1, steps + 1)],
+        "pruned_loss": [(i, 0.4) for i in range(1, steps + 1)],
+        "valid_loss": [(steps, 0.5 + wer_clean / 1000)],
+    }
     wer = {("greedy_search", "test-clean"): wer_clean, ("greedy_search", "test-other"): wer_clean + 10}
     return RunResult(RunKey("stress", arm, seed), wer, scalars, filters)
 
 
 def test_outlier_rows_per_layer_top_first():
-    runs = [_run("none", 1, 50.0, {0: [1, 30, 2, 2], 1: [1, 6, 1, 1]}),
-            _run("none", 2, 50.0, {0: [2, 2, 11, 2], 1: [12, 1, 1, 1]})]
+    runs = [
+        _run("none", 1, 50.0, {0: [1, 30, 2, 2], 1: [1, 6, 1, 1]}),
+        _run("none", 2, 50.0, {0: [2, 2, 11, 2], 1: [12, 1, 1, 1]}),
+    ]
     rows = outlier_rows(runs, [5, 10, 25])
     assert [r["layer"] for r in rows] == [1, 0]
     top, bottom = rows
@@ -120,17 +125,24 @@ def test_outlier_rows_per_layer_top_first():
 
 
 def test_steps_filtered_counts_steps_where_any_layer_filtered():
-    r = _run("filter", 1, 50.0, {0: [1, 1, 1, 1], 1: [1, 1, 1, 1]},
-             fractions={0: [0.0, 0.1, 0.0, 0.0], 1: [0.0, 0.2, 0.3, 0.0]})
+    r = _run(
+        "filter",
+        1,
+        50.0,
+        {0: [1, 1, 1, 1], 1: [1, 1, 1, 1]},
+        fractions={0: [0.0, 0.1, 0.0, 0.0], 1: [0.0, 0.2, 0.3, 0.0]},
+    )
     assert steps_filtered(r) == 0.5
 
 
 def test_comparisons_call_real_only_separated_ranges():
     arms = {a.name: a for a in make_arms(Thresholds())}
     flat = {0: [1.0] * 4}
-    runs = ([_run("none", s, w, flat) for s, w in ((1, 60.0), (2, 62.0), (3, 61.0))]
-            + [_run("filter", s, w, flat) for s, w in ((1, 50.0), (2, 52.0), (3, 51.0))]
-            + [_run("clip", s, w, flat) for s, w in ((1, 59.0), (2, 63.0), (3, 61.5))])
+    runs = (
+        [_run("none", s, w, flat) for s, w in ((1, 60.0), (2, 62.0), (3, 61.0))]
+        + [_run("filter", s, w, flat) for s, w in ((1, 50.0), (2, 52.0), (3, 51.0))]
+        + [_run("clip", s, w, flat) for s, w in ((1, 59.0), (2, 63.0), (3, 61.5))]
+    )
     lines = comparisons(runs, arms, ["greedy_search"])
     (filter_line,) = [line for line in lines if "GradientFilter 25 vs" in line]
     assert "greedy test-clean -10.00" in filter_line and "greedy test-other -10.00" in filter_line
@@ -166,15 +178,29 @@ def test_format_table_cells():
 def test_arms_set_every_control_and_switch_the_others_off():
     t = Thresholds(filter=25, sweep=(10, 5), clip_norm=5, agc_lambda=0.08, clip_value=0.1, error_clip=1e-4)
     arms = {a.name: a for a in make_arms(t)}
-    assert list(arms) == ["none", "clip", "filter", "filter-clip", "filter-10", "filter-5", "agc", "value",
-                          "error-clip"]
+    assert list(arms) == [
+        "none",
+        "clip",
+        "filter",
+        "filter-clip",
+        "filter-10",
+        "filter-5",
+        "agc",
+        "value",
+        "error-clip",
+    ]
 
     def flags(name):
         f = arms[name].train_flags()
         return dict(zip(f[::2], f[1::2]))
 
-    off = {"--grad-filter-threshold": "inf", "--clip-grad-norm": "0", "--clip-grad-value": "0",
-           "--agc-clipping": "0", "--error-clip": "0"}
+    off = {
+        "--grad-filter-threshold": "inf",
+        "--clip-grad-norm": "0",
+        "--clip-grad-value": "0",
+        "--agc-clipping": "0",
+        "--error-clip": "0",
+    }
     assert flags("none") == off
     assert flags("filter-clip")["--grad-filter-threshold"] == "25" and flags("filter-clip")["--clip-grad-norm"] == "5"
     assert flags("filter-5")["--grad-filter-threshold"] == "5" and flags("filter-5")["--clip-grad-norm"] == "0"
@@ -184,8 +210,15 @@ def test_arms_set_every_control_and_switch_the_others_off():
     assert [a.name for a in arms.values() if a.filter_on] == ["filter", "filter-clip", "filter-10", "filter-5"]
     plan = Plan(["stress", "default"], [arms["none"], arms["filter"]], seeds_of(42, 2))
     assert [k.relpath for k in plan.runs] == [
-        "stress/none/seed-42", "stress/filter/seed-42", "default/none/seed-42", "default/filter/seed-42",
-        "stress/none/seed-43", "stress/filter/seed-43", "default/none/seed-43", "default/filter/seed-43"]
+        "stress/none/seed-42",
+        "stress/filter/seed-42",
+        "default/none/seed-42",
+        "default/filter/seed-42",
+        "stress/none/seed-43",
+        "stress/filter/seed-43",
+        "default/none/seed-43",
+        "default/filter/seed-43",
+    ]
     with pytest.raises(ValueError, match="unknown arm.s. nope; known: none, clip"):
         select(["nope"], list(arms), "arm(s)")
 
@@ -219,8 +252,12 @@ def raw_scalars(tb_dir: Path, tag: str) -> Dict[int, float]:
     replaces the points from its own first point of ``tag`` on."""
     out: Dict[int, float] = {}
     for path in sorted(tb_dir.glob("events.out.tfevents.*"), key=lambda p: int(p.name.split(".")[3])):
-        points = [(e.step, v.simple_value) for e in LegacyEventFileLoader(str(path)).Load()
-                  for v in e.summary.value if v.tag == tag]
+        points = [
+            (e.step, v.simple_value)
+            for e in LegacyEventFileLoader(str(path)).Load()
+            for v in e.summary.value
+            if v.tag == tag
+        ]
         if points:
             out = {step: value for step, value in out.items() if step < points[0][0]}
             out.update(points)
@@ -254,10 +291,31 @@ def png_size(path: Path) -> Tuple[int, int]:
 
 def ablation_args(work: Path, out: Path, *extra: str) -> List[str]:
     return [
-        sys.executable, str(ABLATION), "--work-dir", str(work), "--exp-root", str(out / "exp"),
-        "--results-dir", str(out / "results"), "--conditions", "default", "--arms", *ARMS, "--num-seeds", "2",
-        "--steps", str(STEPS), "--max-duration", "30", "--save-every-n", "3", "--clip-value", "0.01",
-        "--model-args", shlex.join(TINY_MODEL), *extra,
+        sys.executable,
+        str(ABLATION),
+        "--work-dir",
+        str(work),
+        "--exp-root",
+        str(out / "exp"),
+        "--results-dir",
+        str(out / "results"),
+        "--conditions",
+        "default",
+        "--arms",
+        *ARMS,
+        "--num-seeds",
+        "2",
+        "--steps",
+        str(STEPS),
+        "--max-duration",
+        "30",
+        "--save-every-n",
+        "3",
+        "--clip-value",
+        "0.01",
+        "--model-args",
+        shlex.join(TINY_MODEL),
+        *extra,
     ]
 
 
@@ -284,11 +342,36 @@ def ablation(tiny_data, tmp_path_factory):
     # The state of the run killed after its checkpoint at step 3: that checkpoint (made again by the same
     # command, stopped at step 3), its logs and TensorBoard events, nothing from later.
     partial = subprocess.run(
-        [sys.executable, str(RECIPE / "lstm_transducer_stateless" / "train.py"), "--exp-dir", str(out / "partial"),
-         "--bpe-model", "data/lang_bpe_100/bpe.model", "--num-epochs", "100", "--max-batches", "3", "--seed", "43",
-         "--max-duration", "30", "--num-workers", "0", "--save-every-n", "3", "--keep-last-k", "1",
-         *Arm("filter", "", filter_threshold=25).train_flags(), *TINY_MODEL],
-        cwd=tiny_data, capture_output=True, text=True, env={**recipe_env(), "OMP_NUM_THREADS": "1"}, timeout=300)
+        [
+            sys.executable,
+            str(RECIPE / "lstm_transducer_stateless" / "train.py"),
+            "--exp-dir",
+            str(out / "partial"),
+            "--bpe-model",
+            "data/lang_bpe_100/bpe.model",
+            "--num-epochs",
+            "100",
+            "--max-batches",
+            "3",
+            "--seed",
+            "43",
+            "--max-duration",
+            "30",
+            "--num-workers",
+            "0",
+            "--save-every-n",
+            "3",
+            "--keep-last-k",
+            "1",
+            *Arm("filter", "", filter_threshold=25).train_flags(),
+            *TINY_MODEL,
+        ],
+        cwd=tiny_data,
+        capture_output=True,
+        text=True,
+        env={**recipe_env(), "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
     assert partial.returncode == 0, partial.stderr[-3000:]
     for name in (f"checkpoint-{STEPS}.pt", "ablation-trained.json", "ablation-done.json"):
         (cut_off / name).unlink()
@@ -297,8 +380,15 @@ def ablation(tiny_data, tmp_path_factory):
     before = file_state(out / "exp")
     second = run_ablation(ablation_args(tiny_data, out))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    return {"out": out, "first": first, "second": second, "first_md": first_md, "before": before,
-            "finished_model": finished_model, "elapsed": time.time() - start}
+    return {
+        "out": out,
+        "first": first,
+        "second": second,
+        "first_md": first_md,
+        "before": before,
+        "finished_model": finished_model,
+        "elapsed": time.time() - start,
+    }
 
 
 def test_table_rows_are_mean_and_spread_of_their_sources(ablation):
@@ -347,8 +437,11 @@ def test_arms_train_what_they_say_and_the_observer_never_filters(ablation):
                 scales = raw_scalars(run_dir / "tensorboard", "grad_filter/layer0/param_scale")
                 assert set(scales.values()) == {1.0}
     # Seeds differ; arms with the same seed start from the same weights and the same first batch.
-    first_loss = {(arm, s): raw_scalars(out / "exp" / "default" / arm / f"seed-{s}" / "tensorboard", "train/loss")[1]
-                  for arm in ARMS for s in SEEDS}
+    first_loss = {
+        (arm, s): raw_scalars(out / "exp" / "default" / arm / f"seed-{s}" / "tensorboard", "train/loss")[1]
+        for arm in ARMS
+        for s in SEEDS
+    }
     assert first_loss[("none", 42)] == first_loss[("filter", 42)] == first_loss[("value", 42)]
     assert first_loss[("none", 42)] != first_loss[("none", 43)]
 
@@ -359,15 +452,20 @@ def test_results_md_sections_commands_and_plots(ablation):
     assert re.search(r"Date: \d{4}-\d{2}-\d{2}\.", text)
     assert "./lstm_transducer_stateless/ablation.py --work-dir" in text
     assert "### Where the outliers arise (default, arm `none`" in text
-    assert "| layer | max/median: median | 99th percentile | max | % steps over 5 | % steps over 10 | % steps over 25 |" in text
+    assert (
+        "| layer | max/median: median | 99th percentile | max | % steps over 5 | % steps over 10 | % steps over 25 |"
+        in text
+    )
     assert "icefall's own ablation" in text and "3.79 / 9.71" in text
     assert re.search(r"- default: GradientFilter 25 vs no control \(filter observing\): greedy test-clean [+-]", text)
     commands = text.split("<summary>Every command")[1]
     assert commands.count("lstm_transducer_stateless/train.py") == len(ARMS) * len(SEEDS)
     assert commands.count("--iter 6 --avg 1 --use-averaged-model false") == len(ARMS) * len(SEEDS)
     images = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text)
-    assert images == [f"ablation-default-{k}.png" for k in
-                      ("grad-norm", "max-over-median", "over-threshold", "filter-fraction", "train-loss")]
+    assert images == [
+        f"ablation-default-{k}.png"
+        for k in ("grad-norm", "max-over-median", "over-threshold", "filter-fraction", "train-loss")
+    ]
     for name in images:
         width, height = png_size(results / name)
         assert width >= 400 and height >= 250, name
@@ -382,8 +480,14 @@ def test_outlier_table_from_the_observing_runs_raw_events(ablation):
     rows = {int(r.strip("|").split("|")[0]): [c.strip() for c in r.strip("|").split("|")] for r in table}
     assert sorted(rows, reverse=True) == [int(r.strip("|").split("|")[0]) for r in table] == [1, 0], "top layer first"
     for layer, cells in rows.items():
-        ratios = [v for s in SEEDS for v in raw_scalars(out / "exp" / "default" / "none" / f"seed-{s}" / "tensorboard",
-                                                        f"grad_filter/layer{layer}/max_over_median").values()]
+        ratios = [
+            v
+            for s in SEEDS
+            for v in raw_scalars(
+                out / "exp" / "default" / "none" / f"seed-{s}" / "tensorboard",
+                f"grad_filter/layer{layer}/max_over_median",
+            ).values()
+        ]
         assert len(ratios) == STEPS * len(SEEDS)
         assert float(cells[3]) == pytest.approx(max(ratios), abs=0.051)
         for threshold, cell in zip((5, 10, 25), cells[4:]):
@@ -393,15 +497,25 @@ def test_outlier_table_from_the_observing_runs_raw_events(ablation):
 def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
     module = _load_ablation_script()
     parser = module.get_parser()
-    args = parser.parse_args(["--work-dir", str(tiny_data), "--exp-root", str(tmp_path), "--conditions", "stress",
-                              "--agc-lambda", "0.05"])
+    args = parser.parse_args(
+        ["--work-dir", str(tiny_data), "--exp-root", str(tmp_path), "--conditions", "stress", "--agc-lambda", "0.05"]
+    )
     s = module.resolve_settings(parser, args)
     assert [k.relpath for k in s.plan.runs[:2]] == ["stress/none/seed-42", "stress/clip/seed-42"]
     assert len(s.plan.runs) == 9 * 3
     key = RunKey("stress", "agc", 44)
     train = module.train_command(s, key)
     decode = module.decode_command(s, key, "greedy_search")
-    stress = ["--num-encoder-layers", "8", "--encoder-dim", "128", "--rnn-hidden-size", "384", "--dim-feedforward", "512"]
+    stress = [
+        "--num-encoder-layers",
+        "8",
+        "--encoder-dim",
+        "128",
+        "--rnn-hidden-size",
+        "384",
+        "--dim-feedforward",
+        "512",
+    ]
     joined_train, joined_decode = shlex.join(train), shlex.join(decode)
     assert shlex.join(stress) in joined_train and shlex.join(stress) in joined_decode
     assert "--base-lr 0.02" in joined_train and "--base-lr" not in joined_decode
@@ -457,8 +571,13 @@ def test_rerun_with_other_settings_is_refused_and_list_shows_the_plan(ablation, 
     assert "value/seed-42 was trained with --grad-filter-threshold inf --clip-grad-norm 0 --clip-grad-value 0.01" in err
     assert "but arm value is now --grad-filter-threshold inf --clip-grad-norm 0 --clip-grad-value 0.5" in err
     assert len(list((out / "exp").rglob("checkpoint-6.pt"))) == len(ARMS) * len(SEEDS)
-    listing = subprocess.run(ablation_args(tiny_data, out, "--num-seeds", "3", "--list"), capture_output=True,
-                             text=True, env=recipe_env(), timeout=300)
+    listing = subprocess.run(
+        ablation_args(tiny_data, out, "--num-seeds", "3", "--list"),
+        capture_output=True,
+        text=True,
+        env=recipe_env(),
+        timeout=300,
+    )
     assert listing.returncode == 0, listing.stderr
     lines = listing.stdout.splitlines()
     assert len(lines) == 3 * len(ARMS)
@@ -467,11 +586,13 @@ def test_rerun_with_other_settings_is_refused_and_list_shows_the_plan(ablation, 
 
 
 def test_bad_thresholds_and_arms_are_refused(tiny_data, tmp_path):
-    for extra, message in ((["--error-clip", "0"], "--error-clip: thresholds must be positive and finite"),
-                           (["--filter-sweep", "inf"], "--filter-sweep inf: thresholds must be positive"),
-                           (["--arms", "nope"], "unknown arm(s) nope")):
+    for extra, message in (
+        (["--error-clip", "0"], "--error-clip: thresholds must be positive and finite"),
+        (["--filter-sweep", "inf"], "--filter-sweep inf: thresholds must be positive"),
+        (["--arms", "nope"], "unknown arm(s) nope"),
+    ):
         args = ablation_args(tiny_data, tmp_path)
-        args = args[:args.index("--arms")] + args[args.index("--num-seeds"):] + extra
+        args = args[: args.index("--arms")] + args[args.index("--num-seeds") :] + extra
         proc = run_ablation(args)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "exp").exists()

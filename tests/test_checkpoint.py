@@ -150,8 +150,10 @@ def constant_exp(tmp_path_factory) -> Path:
     model = _model(0)
     for name, (value, avg_value, batch) in CONSTANT_CKPTS.items():
         save_checkpoint(
-            exp_dir / name, _constant_copy(model, value, torch.float32),
-            model_avg=_constant_copy(model, avg_value, torch.float64), params={"batch_idx_train": batch},
+            exp_dir / name,
+            _constant_copy(model, value, torch.float32),
+            model_avg=_constant_copy(model, avg_value, torch.float64),
+            params={"batch_idx_train": batch},
         )
     return exp_dir
 
@@ -174,10 +176,22 @@ def _averaged_formula(start: str, end: str) -> float:
         (4, 0, 4, False, ["epoch-1.pt", "epoch-2.pt", "epoch-3.pt", "epoch-4.pt"], (1.0 + 2.0 + 4.0 + 8.0) / 4),
         (2, 0, 1, False, ["epoch-2.pt"], 2.0),
         # --iter: checkpoints with batch <= iter, newest first; --epoch is ignored
-        (99, 350, 2, True, ["checkpoint-100.pt", "checkpoint-300.pt"],
-         _averaged_formula("checkpoint-100.pt", "checkpoint-300.pt")),
-        (99, 400, 1, True, ["checkpoint-300.pt", "checkpoint-400.pt"],
-         _averaged_formula("checkpoint-300.pt", "checkpoint-400.pt")),
+        (
+            99,
+            350,
+            2,
+            True,
+            ["checkpoint-100.pt", "checkpoint-300.pt"],
+            _averaged_formula("checkpoint-100.pt", "checkpoint-300.pt"),
+        ),
+        (
+            99,
+            400,
+            1,
+            True,
+            ["checkpoint-300.pt", "checkpoint-400.pt"],
+            _averaged_formula("checkpoint-300.pt", "checkpoint-400.pt"),
+        ),
         (99, 350, 2, False, ["checkpoint-300.pt", "checkpoint-200.pt"], (-4.0 - 2.0) / 2),
         (0, 400, 2, False, ["checkpoint-400.pt", "checkpoint-300.pt"], (-8.0 - 4.0) / 2),
     ],
@@ -185,12 +199,19 @@ def _averaged_formula(start: str, end: str) -> float:
 def test_checkpoint_selection_and_averaging(constant_exp, epoch, iteration, avg, use_averaged, files, expected):
     model = _model(123)
     plan = load_averaged_weights(
-        model, constant_exp, epoch=epoch, iter=iteration, avg=avg, use_averaged_model=use_averaged,
+        model,
+        constant_exp,
+        epoch=epoch,
+        iter=iteration,
+        avg=avg,
+        use_averaged_model=use_averaged,
         device=torch.device("cpu"),
     )
     assert [f.name for f in plan.filenames] == files
     assert plan.averaged_model == use_averaged
-    assert plan == select_checkpoints(constant_exp, epoch=epoch, iter=iteration, avg=avg, use_averaged_model=use_averaged)
+    assert plan == select_checkpoints(
+        constant_exp, epoch=epoch, iter=iteration, avg=avg, use_averaged_model=use_averaged
+    )
     values = _floating_values(model)
     assert torch.allclose(values, torch.full_like(values, expected), rtol=1e-6, atol=0), (values.min(), values.max())
 
@@ -198,19 +219,43 @@ def test_checkpoint_selection_and_averaging(constant_exp, epoch, iteration, avg,
 @pytest.mark.parametrize(
     "epoch, iteration, avg, use_averaged, message",
     [
-        (4, 0, 4, True, "--avg 4 is too large for --epoch 4: --use-averaged-model true averages the model between "
-                        "epoch-(EPOCH-AVG).pt (excluded) and epoch-4.pt, so --avg must be below --epoch; use --avg 3 "
-                        "or less, or --use-averaged-model false. Found in {exp}: "
-                        "epoch-1.pt, epoch-2.pt, epoch-3.pt, epoch-4.pt."),
+        (
+            4,
+            0,
+            4,
+            True,
+            "--avg 4 is too large for --epoch 4: --use-averaged-model true averages the model between "
+            "epoch-(EPOCH-AVG).pt (excluded) and epoch-4.pt, so --avg must be below --epoch; use --avg 3 "
+            "or less, or --use-averaged-model false. Found in {exp}: "
+            "epoch-1.pt, epoch-2.pt, epoch-3.pt, epoch-4.pt.",
+        ),
         (1, 0, 1, True, "so --avg must be below --epoch; use --use-averaged-model false. Found in"),
-        (3, 0, 5, False, "--avg 5 is too large for --epoch 3: --use-averaged-model false averages "
-                         "epoch-(EPOCH-AVG+1).pt .. epoch-3.pt, so --avg must be at most --epoch; use --avg 3 or less."),
-        (6, 0, 3, False, "--epoch 6 --avg 3 --use-averaged-model false needs epoch-4.pt, epoch-5.pt, epoch-6.pt in "
-                         "{exp}; missing: epoch-5.pt, epoch-6.pt. Found: epoch-1.pt, epoch-2.pt, epoch-3.pt, epoch-4.pt."),
+        (
+            3,
+            0,
+            5,
+            False,
+            "--avg 5 is too large for --epoch 3: --use-averaged-model false averages "
+            "epoch-(EPOCH-AVG+1).pt .. epoch-3.pt, so --avg must be at most --epoch; use --avg 3 or less.",
+        ),
+        (
+            6,
+            0,
+            3,
+            False,
+            "--epoch 6 --avg 3 --use-averaged-model false needs epoch-4.pt, epoch-5.pt, epoch-6.pt in "
+            "{exp}; missing: epoch-5.pt, epoch-6.pt. Found: epoch-1.pt, epoch-2.pt, epoch-3.pt, epoch-4.pt.",
+        ),
         (5, 0, 2, True, "missing: epoch-5.pt."),
-        (99, 350, 3, True, "Not enough checkpoints (3) found for --iter 350, --avg 3: --use-averaged-model true needs "
-                           "4 checkpoint-<batch>.pt files with batch <= 350 in {exp}. Found: checkpoint-400.pt, "
-                           "checkpoint-300.pt, checkpoint-200.pt, checkpoint-100.pt."),
+        (
+            99,
+            350,
+            3,
+            True,
+            "Not enough checkpoints (3) found for --iter 350, --avg 3: --use-averaged-model true needs "
+            "4 checkpoint-<batch>.pt files with batch <= 350 in {exp}. Found: checkpoint-400.pt, "
+            "checkpoint-300.pt, checkpoint-200.pt, checkpoint-100.pt.",
+        ),
         (99, 50, 1, False, "Not enough checkpoints (0) found for --iter 50, --avg 1"),
     ],
 )
@@ -256,11 +301,12 @@ def test_loading_into_another_model_size_lists_mismatched_shapes(constant_exp):
 def test_averaging_checkpoints_of_different_models_is_a_clear_error(tmp_path):
     save_checkpoint(tmp_path / "epoch-1.pt", _model(0, hidden=3))
     save_checkpoint(tmp_path / "epoch-2.pt", _model(0, hidden=4))
-    with pytest.raises(CheckpointError, match=r"Cannot average .*epoch-1\.pt, .*epoch-2\.pt: they do not come from the "
-                                              r"same model \(RuntimeError"):
-        load_averaged_weights(
-            _model(0), tmp_path, epoch=2, avg=2, use_averaged_model=False, device=torch.device("cpu")
-        )
+    with pytest.raises(
+        CheckpointError,
+        match=r"Cannot average .*epoch-1\.pt, .*epoch-2\.pt: they do not come from the "
+        r"same model \(RuntimeError",
+    ):
+        load_averaged_weights(_model(0), tmp_path, epoch=2, avg=2, use_averaged_model=False, device=torch.device("cpu"))
 
 
 def test_checkpoint_suffix_and_describe(constant_exp):

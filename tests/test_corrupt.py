@@ -34,15 +34,42 @@ def read_cuts(path: Path) -> Dict[str, dict]:
 
 def test_corrupted_set_is_deterministic_with_the_exact_fraction(tiny_data, tmp_path):
     cli = subprocess.run(
-        [sys.executable, str(CORRUPT), "--src-dir", "data/fbank", "--out-dir", str(tmp_path / "cli"),
-         "--bpe-model", BPE, "--fraction", str(FRACTION), "--seed", "7"],
-        cwd=tiny_data, capture_output=True, text=True, env=recipe_env(),
+        [
+            sys.executable,
+            str(CORRUPT),
+            "--src-dir",
+            "data/fbank",
+            "--out-dir",
+            str(tmp_path / "cli"),
+            "--bpe-model",
+            BPE,
+            "--fraction",
+            str(FRACTION),
+            "--seed",
+            "7",
+        ],
+        cwd=tiny_data,
+        capture_output=True,
+        text=True,
+        env=recipe_env(),
     )
     assert cli.returncode == 0, cli.stderr
     sp = spm.SentencePieceProcessor()
     sp.load(str(tiny_data / BPE))
-    make_corrupted_dir(tiny_data / "data" / "fbank", tmp_path / "lib", CorruptionConfig(fraction=FRACTION, seed=7), sp, TRAIN_CUT_DURATION_RANGE)
-    make_corrupted_dir(tiny_data / "data" / "fbank", tmp_path / "seed8", CorruptionConfig(fraction=FRACTION, seed=8), sp, TRAIN_CUT_DURATION_RANGE)
+    make_corrupted_dir(
+        tiny_data / "data" / "fbank",
+        tmp_path / "lib",
+        CorruptionConfig(fraction=FRACTION, seed=7),
+        sp,
+        TRAIN_CUT_DURATION_RANGE,
+    )
+    make_corrupted_dir(
+        tiny_data / "data" / "fbank",
+        tmp_path / "seed8",
+        CorruptionConfig(fraction=FRACTION, seed=8),
+        sp,
+        TRAIN_CUT_DURATION_RANGE,
+    )
 
     source = read_cuts(tiny_data / "data" / "fbank" / TRAIN_MANIFEST)
     corrupted = read_cuts(tmp_path / "cli" / TRAIN_MANIFEST)
@@ -56,7 +83,9 @@ def test_corrupted_set_is_deterministic_with_the_exact_fraction(tiny_data, tmp_p
     for cut_id in changed:
         old, new = source[cut_id], corrupted[cut_id]
         assert 1.0 <= old["duration"] <= 20.0, "only cuts that train.py trains on"
-        assert {k: v for k, v in new.items() if k != "supervisions"} == {k: v for k, v in old.items() if k != "supervisions"}
+        assert {k: v for k, v in new.items() if k != "supervisions"} == {
+            k: v for k, v in old.items() if k != "supervisions"
+        }
         old_text, new_text = old["supervisions"][0]["text"], new["supervisions"][0]["text"]
         assert new_text != old_text
         frames = encoder_frames(old["features"]["num_frames"])
@@ -66,7 +95,9 @@ def test_corrupted_set_is_deterministic_with_the_exact_fraction(tiny_data, tmp_p
     for name in ("librispeech_cuts_dev-clean.jsonl.gz", "librispeech_cuts_test-other.jsonl.gz", "noise_cuts.jsonl.gz"):
         assert read_cuts(tmp_path / "cli" / name) == read_cuts(tiny_data / "data" / "fbank" / name)
     # At least one cut for a small fraction.
-    few = make_corrupted_dir(tiny_data / "data" / "fbank", tmp_path / "few", CorruptionConfig(fraction=0.001), sp, TRAIN_CUT_DURATION_RANGE)
+    few = make_corrupted_dir(
+        tiny_data / "data" / "fbank", tmp_path / "few", CorruptionConfig(fraction=0.001), sp, TRAIN_CUT_DURATION_RANGE
+    )
     assert few["num_corrupted"] == 1
 
 
@@ -84,7 +115,10 @@ def test_corrupted_set_rerun_and_other_settings(tiny_data, tmp_path):
         make_corrupted_dir(src, tmp_path / "d", CorruptionConfig(fraction=0.0), sp, TRAIN_CUT_DURATION_RANGE)
     cli = subprocess.run(
         [sys.executable, str(CORRUPT), "--out-dir", str(tmp_path / "e"), "--bpe-model", "missing.model"],
-        cwd=tiny_data, capture_output=True, text=True, env=recipe_env(),
+        cwd=tiny_data,
+        capture_output=True,
+        text=True,
+        env=recipe_env(),
     )
     assert cli.returncode == 1 and "--bpe-model missing.model does not exist" in cli.stderr
 
@@ -94,7 +128,13 @@ def test_scale_features_multiplies_only_the_chosen_cuts(tiny_data, tmp_path, mon
     sp = spm.SentencePieceProcessor()
     sp.load(BPE)
     out = tmp_path / "scaled"
-    make_corrupted_dir(Path("data/fbank"), out, CorruptionConfig(method="scale-features", fraction=FRACTION, scale=3.0), sp, TRAIN_CUT_DURATION_RANGE)
+    make_corrupted_dir(
+        Path("data/fbank"),
+        out,
+        CorruptionConfig(method="scale-features", fraction=FRACTION, scale=3.0),
+        sp,
+        TRAIN_CUT_DURATION_RANGE,
+    )
     chosen = set((out / "corrupted_cut_ids.txt").read_text().split())
     source = {c.id: c for c in load_manifest(Path("data/fbank") / TRAIN_MANIFEST)}
     scaled = {c.id: c for c in load_manifest(out / TRAIN_MANIFEST)}

@@ -22,8 +22,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 TINY_MODEL = [
-    "--encoder-dim", "32", "--rnn-hidden-size", "32", "--dim-feedforward", "64",
-    "--num-encoder-layers", "2", "--decoder-dim", "32", "--joiner-dim", "32",
+    "--encoder-dim",
+    "32",
+    "--rnn-hidden-size",
+    "32",
+    "--dim-feedforward",
+    "64",
+    "--num-encoder-layers",
+    "2",
+    "--decoder-dim",
+    "32",
+    "--joiner-dim",
+    "32",
 ]
 COMMON = ["--bpe-model", "data/lang_bpe_100/bpe.model", "--max-duration", "30", "--num-workers", "0", *TINY_MODEL]
 
@@ -31,9 +41,26 @@ COMMON = ["--bpe-model", "data/lang_bpe_100/bpe.model", "--max-duration", "30", 
 def test_train_steps_and_decode_on_cuda(tiny_data: Path, tmp_path: Path) -> None:
     exp_dir = tmp_path / "exp"
     train = subprocess.run(
-        [sys.executable, str(RECIPE_SCRIPTS / "train.py"), "--exp-dir", str(exp_dir), "--num-epochs", "1",
-         "--max-batches", "4", "--log-interval", "1", "--tensorboard", "false", *COMMON],
-        cwd=tiny_data, capture_output=True, text=True, env=recipe_env(), timeout=600,
+        [
+            sys.executable,
+            str(RECIPE_SCRIPTS / "train.py"),
+            "--exp-dir",
+            str(exp_dir),
+            "--num-epochs",
+            "1",
+            "--max-batches",
+            "4",
+            "--log-interval",
+            "1",
+            "--tensorboard",
+            "false",
+            *COMMON,
+        ],
+        cwd=tiny_data,
+        capture_output=True,
+        text=True,
+        env=recipe_env(),
+        timeout=600,
     )
     assert train.returncode == 0, train.stderr
     assert "Device: cuda:0" in train.stderr
@@ -42,9 +69,26 @@ def test_train_steps_and_decode_on_cuda(tiny_data: Path, tmp_path: Path) -> None
     assert all(torch.isfinite(v).all() for v in checkpoint["model"].values() if v.is_floating_point())
     for method in DECODING_METHODS:
         decode = subprocess.run(
-            [sys.executable, str(RECIPE_SCRIPTS / "decode.py"), "--exp-dir", str(exp_dir), "--epoch", "1",
-             "--avg", "1", "--use-averaged-model", "false", "--decoding-method", method, *COMMON],
-            cwd=tiny_data, capture_output=True, text=True, env=recipe_env(), timeout=600,
+            [
+                sys.executable,
+                str(RECIPE_SCRIPTS / "decode.py"),
+                "--exp-dir",
+                str(exp_dir),
+                "--epoch",
+                "1",
+                "--avg",
+                "1",
+                "--use-averaged-model",
+                "false",
+                "--decoding-method",
+                method,
+                *COMMON,
+            ],
+            cwd=tiny_data,
+            capture_output=True,
+            text=True,
+            env=recipe_env(),
+            timeout=600,
         )
         assert decode.returncode == 0, decode.stderr
         assert list((exp_dir / method).glob("wer-summary-test-clean-*.txt")), method
@@ -65,8 +109,15 @@ def test_recursion_on_cuda_equals_cpu() -> None:
 
 def test_searches_on_cuda_equal_cpu() -> None:
     torch.manual_seed(0)
-    model = tiny_transducer(vocab_size=30, encoder_dim=32, rnn_hidden_size=32, dim_feedforward=64,
-                             num_encoder_layers=2, decoder_dim=32, joiner_dim=32).eval()
+    model = tiny_transducer(
+        vocab_size=30,
+        encoder_dim=32,
+        rnn_hidden_size=32,
+        dim_feedforward=64,
+        num_encoder_layers=2,
+        decoder_dim=32,
+        joiner_dim=32,
+    ).eval()
     encoder_out = torch.randn(3, 20, 32) * 3
     lens = torch.tensor([20, 11, 16])
     searches = {

@@ -144,7 +144,9 @@ def fbank_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     stale = root / "fbank" / "librispeech_feats_dev-clean"
     stale.mkdir(parents=True)
     (stale / "junk-from-a-killed-run.lca").write_bytes(b"x")
-    compute_fbank_librispeech(root / "manifests", root / "fbank", ["train-clean-100", "dev-clean"], 1, perturb_speed=True)
+    compute_fbank_librispeech(
+        root / "manifests", root / "fbank", ["train-clean-100", "dev-clean"], 1, perturb_speed=True
+    )
     return root / "fbank"
 
 
@@ -200,6 +202,7 @@ def test_validate_manifest_script_fails_on_a_bad_manifest(fbank_dir: Path, tmp_p
     assert f"cut {cuts[0].id}" in proc.stderr and "is missing" in proc.stderr
     good = subprocess.run(
         [sys.executable, str(script), str(librispeech_cuts_path(fbank_dir, "dev-clean"))],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert good.returncode == 0, good.stderr

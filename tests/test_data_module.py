@@ -81,8 +81,11 @@ def test_flags_and_defaults() -> None:
     assert args.spec_aug_time_warp_factor == 80 and not args.on_the_fly_feats and not args.full_libri
     assert not parser.parse_args(["--enable-noise", "false"]).enable_musan
     assert not parser.parse_args(["--enable-musan", "no", "--drop-last", "true"]).enable_musan
-    for argv, flag in ((["--max-duration", "0"], "--max-duration"), (["--num-buckets", "0"], "--num-buckets"),
-                       (["--num-workers", "-1"], "--num-workers")):
+    for argv, flag in (
+        (["--max-duration", "0"], "--max-duration"),
+        (["--num-buckets", "0"], "--num-buckets"),
+        (["--num-workers", "-1"], "--num-workers"),
+    ):
         with pytest.raises(SystemExit):
             LibriSpeechAsrDataModule.check_args(parser, parser.parse_args(argv))
 
@@ -134,7 +137,10 @@ def test_train_batch_keys_and_shapes(data_dir: Path) -> None:
 
 
 def test_augmentation_switches(data_dir: Path) -> None:
-    stored = {c.id: torch.from_numpy(c.load_features()) for c in load_manifest(librispeech_cuts_path(data_dir / "fbank", "train-clean-100"))}
+    stored = {
+        c.id: torch.from_numpy(c.load_features())
+        for c in load_manifest(librispeech_cuts_path(data_dir / "fbank", "train-clean-100"))
+    }
 
     def differences(*flags: str) -> int:
         torch.manual_seed(0)

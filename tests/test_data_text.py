@@ -55,9 +55,12 @@ def test_ordinals() -> None:
     [
         ("A day for firm decisions!!!!!  Or is it?", "A DAY FOR FIRM DECISIONS OR IS IT"),
         ("Mr. Smith's long-forgotten café", "MISTER SMITH'S LONG FORGOTTEN CAFE"),
-        ("He was born on the 3rd of May, 1,200 years ago.", "HE WAS BORN ON THE THIRD OF MAY ONE THOUSAND TWO HUNDRED YEARS AGO"),
+        (
+            "He was born on the 3rd of May, 1,200 years ago.",
+            "HE WAS BORN ON THE THIRD OF MAY ONE THOUSAND TWO HUNDRED YEARS AGO",
+        ),
         ("Pi is 3.14 & $5 is 100%", "PI IS THREE POINT ONE FOUR AND FIVE DOLLARS IS ONE HUNDRED PERCENT"),
-        ("\u2018Don\u2019t\u2019 \"quote\" me", "DON'T QUOTE ME"),
+        ('\u2018Don\u2019t\u2019 "quote" me', "DON'T QUOTE ME"),
     ],
 )
 def test_normalize_text(raw: str, norm: str) -> None:
@@ -127,7 +130,9 @@ def test_corpus_splits_are_disjoint_and_eval_words_seen_in_training() -> None:
 
 def test_corpus_split_too_small_is_refused() -> None:
     with pytest.raises(ValueError, match="not enough sentences"):
-        split_sentences_for_corpus(_toy_sentences()[:10], {f"W{i}" for i in range(30)}, ("a", "b"), 20, np.random.default_rng(0))
+        split_sentences_for_corpus(
+            _toy_sentences()[:10], {f"W{i}" for i in range(30)}, ("a", "b"), 20, np.random.default_rng(0)
+        )
 
 
 def test_babble_halves_do_not_share_sentences() -> None:

@@ -95,7 +95,9 @@ def write_epoch_checkpoints(exp_dir: Path, num_epochs: int, **sizes: int) -> Non
     for epoch in range(1, num_epochs + 1):
         models.append(lean_to_blank(tiny_model(seed=epoch, **sizes)))
         save_checkpoint(
-            exp_dir / f"epoch-{epoch}.pt", models[-1], model_avg=running_average(models),
+            exp_dir / f"epoch-{epoch}.pt",
+            models[-1],
+            model_avg=running_average(models),
             params={"batch_idx_train": 10 * epoch},
         )
 
@@ -127,19 +129,44 @@ def one_thread() -> Iterator[None]:
     "argv, suffix, key",
     [
         ([], "epoch-5-avg-2-context-2-max-sym-per-frame-1-use-averaged-model", "greedy_search"),
-        (["--decoding-method", "modified_beam_search"],
-         "epoch-5-avg-2-modified_beam_search-beam-size-4-use-averaged-model", "beam_size_4"),
-        (["--decoding-method", "fast_beam_search"],
-         "epoch-5-avg-2-beam-20.0-max-contexts-8-max-states-64-use-averaged-model",
-         "beam_20.0_max_contexts_8_max_states_64"),
-        (["--iter", "1000", "--avg", "2", "--use-averaged-model", "false", "--max-sym-per-frame", "3"],
-         "iter-1000-avg-2-context-2-max-sym-per-frame-3", "greedy_search"),
-        (["--blank-penalty", "1.5"],
-         "epoch-5-avg-2-context-2-max-sym-per-frame-1-use-averaged-model-blank-penalty-1.5", "greedy_search"),
-        (["--epoch", "30", "--avg", "15", "--decoding-method", "fast_beam_search", "--beam", "4",
-          "--max-contexts", "4", "--max-states", "8"],
-         "epoch-30-avg-15-beam-4.0-max-contexts-4-max-states-8-use-averaged-model",
-         "beam_4.0_max_contexts_4_max_states_8"),
+        (
+            ["--decoding-method", "modified_beam_search"],
+            "epoch-5-avg-2-modified_beam_search-beam-size-4-use-averaged-model",
+            "beam_size_4",
+        ),
+        (
+            ["--decoding-method", "fast_beam_search"],
+            "epoch-5-avg-2-beam-20.0-max-contexts-8-max-states-64-use-averaged-model",
+            "beam_20.0_max_contexts_8_max_states_64",
+        ),
+        (
+            ["--iter", "1000", "--avg", "2", "--use-averaged-model", "false", "--max-sym-per-frame", "3"],
+            "iter-1000-avg-2-context-2-max-sym-per-frame-3",
+            "greedy_search",
+        ),
+        (
+            ["--blank-penalty", "1.5"],
+            "epoch-5-avg-2-context-2-max-sym-per-frame-1-use-averaged-model-blank-penalty-1.5",
+            "greedy_search",
+        ),
+        (
+            [
+                "--epoch",
+                "30",
+                "--avg",
+                "15",
+                "--decoding-method",
+                "fast_beam_search",
+                "--beam",
+                "4",
+                "--max-contexts",
+                "4",
+                "--max-states",
+                "8",
+            ],
+            "epoch-30-avg-15-beam-4.0-max-contexts-4-max-states-8-use-averaged-model",
+            "beam_4.0_max_contexts_4_max_states_8",
+        ),
     ],
 )
 def test_suffix_and_key_follow_icefall(argv, suffix, key):
@@ -154,7 +181,13 @@ def test_defaults():
     # train.py's defaults (one home: icefall_lite/recipe_defaults.py)
     assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (NUM_EPOCHS, 0, AVG, True)
     assert args.exp_dir == EXP_DIR
-    assert (args.beam_size, args.beam, args.max_contexts, args.max_states, args.max_sym_per_frame) == (4, 20.0, 8, 64, 1)
+    assert (args.beam_size, args.beam, args.max_contexts, args.max_states, args.max_sym_per_frame) == (
+        4,
+        20.0,
+        8,
+        64,
+        1,
+    )
     assert args.test_sets == ["test-clean", "test-other"]
     assert args.decoding_method == "greedy_search"
 
@@ -242,10 +275,16 @@ def test_search_dispatch_greedy_batch_and_max_sym_per_frame():
     torch.manual_seed(5)
     encoder_out = torch.randn(3, 12, TINY_SIZES["encoder_dim"]) * 3
     lens = torch.tensor([12, 7, 9])
-    one = decode.search_tokens(AttributeDict(decoding_method="greedy_search", max_sym_per_frame=1), model, encoder_out, lens)
+    one = decode.search_tokens(
+        AttributeDict(decoding_method="greedy_search", max_sym_per_frame=1), model, encoder_out, lens
+    )
     assert one == greedy_search_batch(model, encoder_out, lens)
-    three = decode.search_tokens(AttributeDict(decoding_method="greedy_search", max_sym_per_frame=3), model, encoder_out, lens)
-    assert three == [greedy_search(model, encoder_out[i : i + 1, :n], max_sym_per_frame=3) for i, n in enumerate([12, 7, 9])]
+    three = decode.search_tokens(
+        AttributeDict(decoding_method="greedy_search", max_sym_per_frame=3), model, encoder_out, lens
+    )
+    assert three == [
+        greedy_search(model, encoder_out[i : i + 1, :n], max_sym_per_frame=3) for i, n in enumerate([12, 7, 9])
+    ]
 
 
 # --------------------------------------------------------------------------
@@ -263,8 +302,19 @@ def decoded(tiny_data, tmp_path_factory) -> Dict[str, object]:
     shutil.copy(tiny_data / "data/fbank/librispeech_cuts_test-clean.jsonl.gz", extra)
     runs = {
         method: run_decode(
-            tiny_data, "--exp-dir", str(exp_dir), "--epoch", "3", "--avg", "2", "--decoding-method", method,
-            "--test-sets", "test-clean", "test-other", str(extra),
+            tiny_data,
+            "--exp-dir",
+            str(exp_dir),
+            "--epoch",
+            "3",
+            "--avg",
+            "2",
+            "--decoding-method",
+            method,
+            "--test-sets",
+            "test-clean",
+            "test-other",
+            str(extra),
         )
         for method in SUFFIXES
     }
@@ -358,8 +408,9 @@ def test_main_other_model_size_exits_with_mismatched_shapes(tiny_data, small_exp
     assert "Traceback" not in err
 
 
-def test_main_nan_features_exit_naming_the_cut_without_result_files(tiny_data, small_exp, tmp_path, capsys,
-                                                                    isolated_logging, monkeypatch):
+def test_main_nan_features_exit_naming_the_cut_without_result_files(
+    tiny_data, small_exp, tmp_path, capsys, isolated_logging, monkeypatch
+):
     monkeypatch.chdir(tiny_data)  # feature paths in the tiny manifests are relative to its work dir
     cuts = list(load_manifest(tiny_data / "data/fbank/librispeech_cuts_test-clean.jsonl.gz"))[:3]
     victim = cuts[1]
@@ -370,8 +421,19 @@ def test_main_nan_features_exit_naming_the_cut_without_result_files(tiny_data, s
     CutSet.from_cuts(cuts).to_file(manifest)
     exp_dir = tmp_path / "exp"
     shutil.copytree(small_exp, exp_dir)
-    err = _main_error(tiny_data, capsys, "--exp-dir", str(exp_dir), "--epoch", "2", "--avg", "1",
-                      "--test-sets", str(manifest), *TINY_FLAGS)
+    err = _main_error(
+        tiny_data,
+        capsys,
+        "--exp-dir",
+        str(exp_dir),
+        "--epoch",
+        "2",
+        "--avg",
+        "1",
+        "--test-sets",
+        str(manifest),
+        *TINY_FLAGS,
+    )
     assert f"decode.py: error: NaN/inf in the features of cut(s) [{victim.id!r}]" in err, err
     assert "Traceback" not in err
     assert not list((exp_dir / "greedy_search").glob("recogs-*")), "no result files from a failed test set"

@@ -22,12 +22,33 @@ from icefall_lite.train.checkpoint import load_checkpoint_file
 def _popen_train(work: Path, exp_dir: Path, stderr_path: Path, *extra: str) -> subprocess.Popen:
     """Start train.py; stderr goes to a file (a pipe nobody reads would fill up and block it)."""
     args = [
-        sys.executable, str(TRAIN), "--exp-dir", str(exp_dir), "--bpe-model", "data/lang_bpe_100/bpe.model",
-        "--max-duration", "30", "--num-workers", "0", "--num-epochs", "1", "--log-interval", "1",
-        "--tensorboard", "false", *TINY_MODEL, *extra,
+        sys.executable,
+        str(TRAIN),
+        "--exp-dir",
+        str(exp_dir),
+        "--bpe-model",
+        "data/lang_bpe_100/bpe.model",
+        "--max-duration",
+        "30",
+        "--num-workers",
+        "0",
+        "--num-epochs",
+        "1",
+        "--log-interval",
+        "1",
+        "--tensorboard",
+        "false",
+        *TINY_MODEL,
+        *extra,
     ]
-    return subprocess.Popen(args, cwd=work, env=recipe_env(), stdout=subprocess.DEVNULL,
-                            stderr=stderr_path.open("w"), start_new_session=True)
+    return subprocess.Popen(
+        args,
+        cwd=work,
+        env=recipe_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=stderr_path.open("w"),
+        start_new_session=True,
+    )
 
 
 def test_kill_9_during_checkpointing_then_resume_matches_uninterrupted(tiny_data, tmp_path):
@@ -60,8 +81,19 @@ def test_kill_9_during_checkpointing_then_resume_matches_uninterrupted(tiny_data
 def test_ddp_rank_death_stops_the_others(tiny_data, tmp_path):
     exp = tmp_path / "ddp"
     stderr_path = tmp_path / "ddp.stderr"
-    proc = _popen_train(tiny_data, exp, stderr_path, "--world-size", "2", "--num-epochs", "50", "--save-every-n", "0",
-                        "--master-port", str(_free_port()))
+    proc = _popen_train(
+        tiny_data,
+        exp,
+        stderr_path,
+        "--world-size",
+        "2",
+        "--num-epochs",
+        "50",
+        "--save-every-n",
+        "0",
+        "--master-port",
+        str(_free_port()),
+    )
     deadline = time.time() + 300
     log1 = None
     while time.time() < deadline and proc.poll() is None:
@@ -111,8 +143,9 @@ def test_nan_training_features_skip_the_step_counted_in_log_and_tensorboard(tiny
         os.chdir(cwd)
     CutSet.from_cuts(cuts).to_file(manifests / "librispeech_cuts_train-clean-100.jsonl.gz")
     exp = tmp_path / "exp"
-    proc = run_train(tiny_data, exp, "--manifest-dir", str(manifests), "--tensorboard", "true",
-                     "--enable-musan", "false")
+    proc = run_train(
+        tiny_data, exp, "--manifest-dir", str(manifests), "--tensorboard", "true", "--enable-musan", "false"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = "".join(p.read_text() for p in (exp / "log").glob("log-train-*"))
     skips = re.findall(r"Skipping step at batch (\d+): (.*?) \(skipped steps so far: (\d+)\)", log)

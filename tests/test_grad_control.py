@@ -19,8 +19,9 @@ def _model_with_grads(seed: int = 0) -> nn.Module:
 
 
 def _control(**on: float) -> GradientControl:
-    return GradientControl(**{"clip_grad_norm": 0.0, "clip_grad_value": 0.0, "agc_clipping": 0.0,
-                              "error_clip": 0.0, **on})
+    return GradientControl(
+        **{"clip_grad_norm": 0.0, "clip_grad_value": 0.0, "agc_clipping": 0.0, "error_clip": 0.0, **on}
+    )
 
 
 def _norm(model: nn.Module) -> float:

@@ -31,9 +31,18 @@ SCRIPT = RECIPE / "lstm_transducer_stateless" / "learning_speed.py"
 
 
 def _result(name, clean, other, steps=100):
-    return StudyResult(name=name, change=f"change of {name}", steps=steps, train_seconds=300.0, wall_seconds=345.0,
-                       train_loss=0.5, valid_loss=0.4, num_parameters=5_482_756,
-                       wers={"test-clean": clean, "test-other": other}, simple_below_target_step=40)
+    return StudyResult(
+        name=name,
+        change=f"change of {name}",
+        steps=steps,
+        train_seconds=300.0,
+        wall_seconds=345.0,
+        train_loss=0.5,
+        valid_loss=0.4,
+        num_parameters=5_482_756,
+        wers={"test-clean": clean, "test-other": other},
+        simple_below_target_step=40,
+    )
 
 
 def test_seed_spread_and_comparison_with_the_baseline():
@@ -112,8 +121,20 @@ def test_study_runs_arms_resumes_and_writes_the_section(tiny_data, tmp_path, iso
     study = _load_script()
     results_md = tmp_path / "RESULTS.md"
     exp_root = tmp_path / "exp"
-    argv = ["--work-dir", str(tiny_data), "--exp-root", str(exp_root), "--results-md", str(results_md),
-            "--base-vocab-size", "120", "--minutes", "0.002", "--decode-max-duration", "60"]
+    argv = [
+        "--work-dir",
+        str(tiny_data),
+        "--exp-root",
+        str(exp_root),
+        "--results-md",
+        str(results_md),
+        "--base-vocab-size",
+        "120",
+        "--minutes",
+        "0.002",
+        "--decode-max-duration",
+        "60",
+    ]
     # An arm cut off before (no done file) is started again from scratch.
     (exp_root / "baseline").mkdir(parents=True)
     (exp_root / "baseline" / "checkpoint-7.pt").write_bytes(b"left over")
@@ -136,7 +157,10 @@ def test_study_runs_arms_resumes_and_writes_the_section(tiny_data, tmp_path, iso
 
 def test_learning_curve_refuses_a_label_its_csv_could_not_hold(tmp_path: Path) -> None:
     script = Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/lstm_transducer_stateless/learning_curve.py"
-    out = subprocess.run([sys.executable, str(script), "--run", f"10 h, 288 voices={tmp_path}",
-                          "--output", str(tmp_path / "curve.png")], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(script), "--run", f"10 h, 288 voices={tmp_path}", "--output", str(tmp_path / "curve.png")],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2 and "must not contain a comma" in out.stderr
     assert not (tmp_path / "curve.png").exists() and not (tmp_path / "curve.csv").exists()

@@ -90,11 +90,21 @@ def test_write_error_stats_format_parsed_back(tmp_path):
     wer = write_error_stats(path, "test-clean-greedy_search", RESULTS, enable_log=False)
     assert wer == 61.54
     sections = parse_errs(path.read_text())
-    assert list(sections) == ["header", "PER-UTT DETAILS:", "SUBSTITUTIONS:", "DELETIONS:", "INSERTIONS:", "PER-WORD STATS:"]
+    assert list(sections) == [
+        "header",
+        "PER-UTT DETAILS:",
+        "SUBSTITUTIONS:",
+        "DELETIONS:",
+        "INSERTIONS:",
+        "PER-WORD STATS:",
+    ]
 
     header = sections["header"]
     assert header[0] == "%WER = 61.54"
-    m = re.fullmatch(r"Errors: (\d+) insertions, (\d+) deletions, (\d+) substitutions, over (\d+) reference words \((\d+) correct\)", header[1])
+    m = re.fullmatch(
+        r"Errors: (\d+) insertions, (\d+) deletions, (\d+) substitutions, over (\d+) reference words \((\d+) correct\)",
+        header[1],
+    )
     assert m is not None and tuple(map(int, m.groups())) == (2, 3, 3, 13, 7)
 
     assert sections["PER-UTT DETAILS:"] == [
@@ -125,7 +135,9 @@ def test_write_error_stats_into_open_stream_and_logs(caplog):
     with caplog.at_level(logging.INFO):
         wer = write_error_stats(buf, "dev-greedy_search", RESULTS[:1])
     assert wer == 50.0  # 3 errors over 6 words
-    assert buf.getvalue().startswith("%WER = 50.00\nErrors: 1 insertions, 1 deletions, 1 substitutions, over 6 reference words (4 correct)\n")
+    assert buf.getvalue().startswith(
+        "%WER = 50.00\nErrors: 1 insertions, 1 deletions, 1 substitutions, over 6 reference words (4 correct)\n"
+    )
     assert "[dev-greedy_search] %WER 50.00% [3 / 6, 1 ins, 1 del, 1 sub ]" in caplog.text
 
 

@@ -22,8 +22,15 @@ from icefall_lite.train.optim import Eve
 def _tiny(threshold: float = 25.0, seed: int = 0, use_ctc: bool = False):
     torch.manual_seed(seed)
     return tiny_transducer(
-        vocab_size=12, encoder_dim=16, rnn_hidden_size=24, dim_feedforward=32, num_encoder_layers=2,
-        decoder_dim=16, joiner_dim=16, grad_filter_threshold=threshold, use_ctc=use_ctc,
+        vocab_size=12,
+        encoder_dim=16,
+        rnn_hidden_size=24,
+        dim_feedforward=32,
+        num_encoder_layers=2,
+        decoder_dim=16,
+        joiner_dim=16,
+        grad_filter_threshold=threshold,
+        use_ctc=use_ctc,
     )
 
 
@@ -111,8 +118,17 @@ def test_model_presets_and_overrides():
     assert config["num_encoder_layers"] == 3
     assert config["rnn_hidden_size"] == MODEL_PRESETS["icefall"]["rnn_hidden_size"]
     with pytest.raises(ValueError, match="--rnn-hidden-size"):
-        model_config_from_args(parser.parse_args(["--encoder-dim", "512", "--rnn-hidden-size", "256"]), vocab_size=500, blank_id=0, num_features=80)
-    icefall = build_transducer(**model_config_from_args(parser.parse_args(["--model-preset", "icefall"]), vocab_size=500, blank_id=0, num_features=80))
+        model_config_from_args(
+            parser.parse_args(["--encoder-dim", "512", "--rnn-hidden-size", "256"]),
+            vocab_size=500,
+            blank_id=0,
+            num_features=80,
+        )
+    icefall = build_transducer(
+        **model_config_from_args(
+            parser.parse_args(["--model-preset", "icefall"]), vocab_size=500, blank_id=0, num_features=80
+        )
+    )
     # icefall's RESULTS.md gives 84,689,496 parameters for lstm_transducer_stateless3.
     assert count_parameters(icefall) == 84_689_496
 
@@ -157,8 +173,16 @@ def _ctc_brute_force(log_probs: torch.Tensor, labels: list, blank: int) -> float
 
 def test_ctc_head_loss_equals_a_sum_over_all_alignments():
     torch.manual_seed(0)
-    model = tiny_transducer(vocab_size=4, encoder_dim=8, rnn_hidden_size=8, dim_feedforward=16,
-                             num_encoder_layers=1, decoder_dim=8, joiner_dim=8, use_ctc=True).eval()
+    model = tiny_transducer(
+        vocab_size=4,
+        encoder_dim=8,
+        rnn_hidden_size=8,
+        dim_feedforward=16,
+        num_encoder_layers=1,
+        decoder_dim=8,
+        joiner_dim=8,
+        use_ctc=True,
+    ).eval()
     encoder_out = torch.randn(3, 5, 8)
     lens = torch.tensor([5, 4, 3])
     y = [[1, 2], [3, 3], [2, 3, 1]]  # a repeat needs a blank between; 3 labels in 3 frames fit exactly

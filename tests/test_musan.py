@@ -59,8 +59,21 @@ def check_musan_cuts(fbank_dir: Path) -> None:
 
 def test_compute_fbank_musan_windows_filters_and_stores_features(tmp_path: Path) -> None:
     musan = build_musan_tree(tmp_path)
-    proc = run([sys.executable, COMPUTE, "--musan-dir", musan, "--manifest-dir", tmp_path / "manifests",
-                "--fbank-dir", tmp_path / "fbank", "--nj", "1"], cwd=tmp_path)
+    proc = run(
+        [
+            sys.executable,
+            COMPUTE,
+            "--musan-dir",
+            musan,
+            "--manifest-dir",
+            tmp_path / "manifests",
+            "--fbank-dir",
+            tmp_path / "fbank",
+            "--nj",
+            "1",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     check_musan_cuts(tmp_path / "fbank")
     for part in ("music", "speech", "noise"):
@@ -71,7 +84,9 @@ def test_compute_fbank_musan_windows_filters_and_stores_features(tmp_path: Path)
 def test_missing_or_incomplete_musan_folder_is_a_clear_error(tmp_path: Path) -> None:
     proc = run([sys.executable, COMPUTE, "--musan-dir", tmp_path / "nowhere", "--nj", "1"], cwd=tmp_path)
     assert proc.returncode != 0
-    assert f"no MUSAN folder at {tmp_path / 'nowhere'}" in proc.stderr and "prepare.sh --corpus librispeech" in proc.stderr
+    assert (
+        f"no MUSAN folder at {tmp_path / 'nowhere'}" in proc.stderr and "prepare.sh --corpus librispeech" in proc.stderr
+    )
     assert "Traceback" not in proc.stderr
     musan = build_musan_tree(tmp_path)
     for wav in (musan / "speech").rglob("*.wav"):
@@ -90,8 +105,22 @@ def test_prepare_sh_stage_3_downloads_musan_from_a_mirror_and_prepares_it(tmp_pa
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(musan, arcname="musan")
     work = tmp_path / "work"
-    cmd = ["bash", RECIPE / "prepare.sh", "--corpus", "librispeech", "--stage", "3", "--stop-stage", "3",
-           "--work-dir", work, "--nj", "1", "--musan-url", archive.as_uri()]
+    cmd = [
+        "bash",
+        RECIPE / "prepare.sh",
+        "--corpus",
+        "librispeech",
+        "--stage",
+        "3",
+        "--stop-stage",
+        "3",
+        "--work-dir",
+        work,
+        "--nj",
+        "1",
+        "--musan-url",
+        archive.as_uri(),
+    ]
     proc = run(cmd, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (work / "download" / "musan" / "noise" / "free-sound" / "noise-free-sound-0000.wav").is_file()
@@ -113,8 +142,24 @@ def test_training_mixes_musan_when_prepared_else_the_noise_corpus(tmp_path: Path
     with pytest.raises(FileNotFoundError, match=f"neither {MUSAN_CUTS_NAME} nor {NOISE_CUTS_NAME}"):
         _datamodule(fbank).noise_cuts()
     musan = build_musan_tree(tmp_path)
-    assert run([sys.executable, COMPUTE, "--musan-dir", musan, "--manifest-dir", tmp_path / "manifests",
-                "--fbank-dir", fbank, "--nj", "1"], cwd=tmp_path).returncode == 0
+    assert (
+        run(
+            [
+                sys.executable,
+                COMPUTE,
+                "--musan-dir",
+                musan,
+                "--manifest-dir",
+                tmp_path / "manifests",
+                "--fbank-dir",
+                fbank,
+                "--nj",
+                "1",
+            ],
+            cwd=tmp_path,
+        ).returncode
+        == 0
+    )
     musan_ids = sorted(c.id for c in _datamodule(fbank).noise_cuts())
     assert musan_ids == sorted(c.id for c in load_manifest(fbank / MUSAN_CUTS_NAME)) and len(musan_ids) == 4
     # A noise-corpus manifest next to MUSAN's is not used; alone, it is.

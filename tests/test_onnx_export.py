@@ -300,8 +300,15 @@ def _emitting_model(kind: str, vocab_size: int = 40) -> nn.Module:
     picked so that the four test waveforms give varied token sequences.
     """
     torch.manual_seed({"no_proj": 2, "proj": 0}[kind])
-    model = tiny_transducer(vocab_size=vocab_size, encoder_dim=16, rnn_hidden_size=HIDDEN[kind], dim_feedforward=32,
-                             num_encoder_layers=2, decoder_dim=16, joiner_dim=16).eval()
+    model = tiny_transducer(
+        vocab_size=vocab_size,
+        encoder_dim=16,
+        rnn_hidden_size=HIDDEN[kind],
+        dim_feedforward=32,
+        num_encoder_layers=2,
+        decoder_dim=16,
+        joiner_dim=16,
+    ).eval()
     with torch.no_grad():
         out = model.joiner.output_linear
         out.weight_scale.add_(math.log(8.0))
@@ -330,7 +337,7 @@ def _features(wav: np.ndarray) -> torch.Tensor:
 
 
 def _streaming_models(kind: str, tmp_path: Path):
-    """(model, its exportable wrappers, its fp32 ONNX files in onnxruntime, fbank of 4 waveforms of different lengths)."""
+    """(model, its exportable wrappers, its fp32 ONNX files in onnxruntime, fbank of 4 waveforms of other lengths)."""
     model = _emitting_model(kind)
     ex = build_exportable(model)
     files = export_transducer_onnx(ex, tmp_path, "x", int8=False)
@@ -360,7 +367,9 @@ def test_streaming_modified_beam_torch_equals_onnxruntime(kind, tmp_path):
     assert streaming_search(ort_model, feats, decoding_method="modified_beam_search", beam_size=4) == beam4
     assert [streaming_search(ex, [f], "modified_beam_search", 4)[0] for f in feats] == beam4  # batching
     # one hypothesis per frame is greedy search
-    assert streaming_search(ex, feats, decoding_method="modified_beam_search", beam_size=1) == streaming_search(ex, feats)
+    assert streaming_search(ex, feats, decoding_method="modified_beam_search", beam_size=1) == streaming_search(
+        ex, feats
+    )
     assert all(beam4)
 
 
@@ -447,7 +456,11 @@ def test_export_script_averaging_and_files(export_script, bpe_model, tmp_path):
     flags = ["--epoch", "3", "--avg", "2", "--use-averaged-model", "false", "--int8", "false", "--output-dir", str(out)]
     export_script.main(base + flags)
     assert sorted(p.name for p in out.iterdir()) == [
-        "decoder-epoch-3-avg-2.onnx", "encoder-epoch-3-avg-2.onnx", "joiner-epoch-3-avg-2.onnx", "log", "tokens.txt"
+        "decoder-epoch-3-avg-2.onnx",
+        "encoder-epoch-3-avg-2.onnx",
+        "joiner-epoch-3-avg-2.onnx",
+        "log",
+        "tokens.txt",
     ]
     assert any((out / "log").glob("log-export-onnx-*"))
     averaged = average_checkpoints([exp / "epoch-2.pt", exp / "epoch-3.pt"])

@@ -33,9 +33,11 @@ def test_eve_first_step_is_adam_and_weight_decay_rule():
         p.grad = g.clone()
     lr, wd = 0.01, 1e-3
     Eve([big, small, scalar], lr=lr, weight_decay=wd).step()
+
     # Adam's first step: m_hat = g, v_hat = g^2 -> update = lr * g / (|g| + eps)
     def adam_step(g):
         return lr * g / (g.abs() + 1e-8)
+
     torch.testing.assert_close(big.detach(), torch.full((4,), 1.0) * (1 - wd) - adam_step(grads[0]))
     torch.testing.assert_close(small.detach(), torch.full((4,), 0.01) - adam_step(grads[1]))
     # Scalars are clamped to [-10, 2] (1.9 + 0.01 -> 1.91; then push past 2).
@@ -49,8 +51,16 @@ def test_eve_first_step_is_adam_and_weight_decay_rule():
 @pytest.mark.parametrize("threshold", [0.0, 25.0])
 def test_encoder_shapes_and_filters(threshold):
     torch.manual_seed(0)
-    enc = RNNEncoder(num_features=80, d_model=16, dim_feedforward=32, rnn_hidden_size=24, num_layers=2,
-                     grad_filter_threshold=threshold, dropout=0.1, layer_dropout=0.075).eval()
+    enc = RNNEncoder(
+        num_features=80,
+        d_model=16,
+        dim_feedforward=32,
+        rnn_hidden_size=24,
+        num_layers=2,
+        grad_filter_threshold=threshold,
+        dropout=0.1,
+        layer_dropout=0.075,
+    ).eval()
     x = torch.randn(3, 50, 80)
     x_lens = torch.tensor([50, 40, 9])
     out, out_lens, (h, c) = enc(x, x_lens)
@@ -63,8 +73,16 @@ def test_encoder_shapes_and_filters(threshold):
 
 def test_encoder_padding_does_not_change_valid_outputs():
     torch.manual_seed(0)
-    enc = RNNEncoder(num_features=80, d_model=16, dim_feedforward=32, rnn_hidden_size=16, num_layers=2,
-                     grad_filter_threshold=10.0, dropout=0.1, layer_dropout=0.075).eval()
+    enc = RNNEncoder(
+        num_features=80,
+        d_model=16,
+        dim_feedforward=32,
+        rnn_hidden_size=16,
+        num_layers=2,
+        grad_filter_threshold=10.0,
+        dropout=0.1,
+        layer_dropout=0.075,
+    ).eval()
     x = torch.randn(1, 60, 80)
     out_short, lens_short, _ = enc(x[:, :40], torch.tensor([40]))
     padded = torch.cat([x[:, :40], torch.randn(1, 20, 80) * 100], dim=1)
@@ -79,8 +97,16 @@ def test_encoder_padding_does_not_change_valid_outputs():
 def test_encoder_streaming_states_continue_the_sequence():
     """Running the LSTM stack on two halves, carrying states, equals one pass."""
     torch.manual_seed(0)
-    enc = RNNEncoder(num_features=80, d_model=16, dim_feedforward=32, rnn_hidden_size=16, num_layers=3,
-                     grad_filter_threshold=10.0, dropout=0.1, layer_dropout=0.075).eval()
+    enc = RNNEncoder(
+        num_features=80,
+        d_model=16,
+        dim_feedforward=32,
+        rnn_hidden_size=16,
+        num_layers=3,
+        grad_filter_threshold=10.0,
+        dropout=0.1,
+        layer_dropout=0.075,
+    ).eval()
     emb = torch.randn(10, 2, 16)
     full = emb
     for layer in enc.layers:

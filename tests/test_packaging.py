@@ -26,8 +26,11 @@ def _name(requirement: str) -> str:
 def test_requirements_txt_agrees_with_pyproject():
     pyproject = (REPO / "pyproject.toml").read_text()
     declared = _toml_list(pyproject, "dependencies") + _toml_list(pyproject, "test")
-    listed = [line.strip() for line in (REPO / "requirements.txt").read_text().splitlines()
-              if line.strip() and not line.startswith("#")]
+    listed = [
+        line.strip()
+        for line in (REPO / "requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert sorted(listed) == sorted(declared)
 
 
@@ -53,12 +56,19 @@ def test_every_library_import_comes_from_a_declared_distribution():
     assert modules, "the scan found no imports"
     for module in sorted(modules):
         dists = {_name(d) for d in providers.get(module, [])}
-        assert dists & declared, f"icefall_lite imports {module} (from {dists or 'nowhere'}), not declared in pyproject.toml"
+        assert dists & declared, (
+            f"icefall_lite imports {module} (from {dists or 'nowhere'}), not declared in pyproject.toml"
+        )
 
 
 def test_no_tracked_file_refers_to_documents_outside_the_repository():
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     outside = re.compile(r"DESIGN\.md|shared/reference")
-    offenders = [f for f in tracked if f.endswith((".py", ".md", ".sh", ".toml", ".txt"))
-                 and f != "tests/test_packaging.py" and outside.search((REPO / f).read_text(errors="replace"))]
+    offenders = [
+        f
+        for f in tracked
+        if f.endswith((".py", ".md", ".sh", ".toml", ".txt"))
+        and f != "tests/test_packaging.py"
+        and outside.search((REPO / f).read_text(errors="replace"))
+    ]
     assert not offenders

@@ -227,7 +227,9 @@ def test_training_batch_from_the_tiny_data(tiny: Path, monkeypatch: pytest.Monke
     monkeypatch.chdir(tiny)
     parser = argparse.ArgumentParser()
     LibriSpeechAsrDataModule.add_arguments(parser, max_duration=100.0)
-    args = parser.parse_args(["--manifest-dir", str(tiny / "data" / "fbank"), "--max-duration", "20", "--num-workers", "1"])
+    args = parser.parse_args(
+        ["--manifest-dir", str(tiny / "data" / "fbank"), "--max-duration", "20", "--num-workers", "1"]
+    )
     dm = LibriSpeechAsrDataModule(args)
     sp = load_bpe_model(tiny / "data" / "lang_bpe_100" / "bpe.model")
     batch = next(iter(dm.train_dataloaders(filter_cuts(dm.train_cuts(), sp))))
@@ -290,15 +292,25 @@ def _mirror(corpus: Path, parts: List[str], mirror: Path) -> None:
     (mirror / "12").mkdir(parents=True)
     for part in parts:
         with tarfile.open(mirror / "12" / f"{part}.tar.gz", "w:gz") as tar:
-            tar.add(corpus / part, arcname=f"LibriSpeech/{part}", filter=lambda t: None if t.name.endswith(".completed") else t)
+            tar.add(
+                corpus / part,
+                arcname=f"LibriSpeech/{part}",
+                filter=lambda t: None if t.name.endswith(".completed") else t,
+            )
 
 
 def test_librispeech_corpus_from_a_local_mirror(tiny: Path, tmp_path: Path) -> None:
     _mirror(tiny / "download" / "LibriSpeech", list(PARTS), tmp_path / "mirror")
     work = tmp_path / "real"
     proc = run_prepare(
-        "--corpus", "librispeech", "--work-dir", str(work), "--stop-stage", "1",
-        "--librispeech-url", (tmp_path / "mirror").as_uri(),
+        "--corpus",
+        "librispeech",
+        "--work-dir",
+        str(work),
+        "--stop-stage",
+        "1",
+        "--librispeech-url",
+        (tmp_path / "mirror").as_uri(),
     )
     assert proc.returncode == 0, proc.stdout[-5000:]
     # Speed perturbation (stage 2) is on by default for real LibriSpeech; it is
@@ -319,16 +331,27 @@ def _cuts_and_features(fbank: Path, part: str) -> Dict[str, tuple]:
     return out
 
 
-def test_killed_fbank_stage_rerun_gives_the_uninterrupted_outputs(tiny_data: Path, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_killed_fbank_stage_rerun_gives_the_uninterrupted_outputs(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     work = tmp_path / "work"
     shutil.copytree(tiny_data, work, symlinks=True)
     fbank = work / "data" / "fbank"
     (fbank / ".librispeech.done").unlink()
     for path in fbank.glob("librispeech_*"):
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    cmd = ["bash", str(RECIPE / "prepare.sh"), "--size", "tiny", "--work-dir", str(work), "--stage", "2",
-           "--stop-stage", "2"]
+    cmd = [
+        "bash",
+        str(RECIPE / "prepare.sh"),
+        "--size",
+        "tiny",
+        "--work-dir",
+        str(work),
+        "--stage",
+        "2",
+        "--stop-stage",
+        "2",
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     # Kill the whole stage (bash and its python) once the first part's manifest is out: half-way.

@@ -186,9 +186,7 @@ def test_mi_gradcheck():
     px = torch.randn(B, S, T + 1, generator=g, dtype=F64, requires_grad=True)
     py = torch.randn(B, S + 1, T, generator=g, dtype=F64, requires_grad=True)
     boundary = torch.tensor([[0, 0, 3, 4], [0, 0, 2, 3]])
-    assert torch.autograd.gradcheck(
-        lambda a, b: mutual_information_recursion(a, b, boundary), (px, py)
-    )
+    assert torch.autograd.gradcheck(lambda a, b: mutual_information_recursion(a, b, boundary), (px, py))
     assert torch.autograd.gradcheck(lambda a, b: mutual_information_recursion(a, b), (px, py))
 
 
@@ -364,6 +362,7 @@ def _ref_smoothed(lm: Tensor, am: Tensor, symbols: Tensor, lm_scale: float, am_s
     c = 1.0 - lm_scale - am_scale
     refs = []
     for b, (T_b, U_b) in enumerate(LENGTHS):
+
         def lp(t, u, b=b):
             joint = (lm[b, u] + am[b, t]).log_softmax(-1)
             lm_only = lm[b, u].log_softmax(-1)

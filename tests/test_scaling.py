@@ -61,11 +61,13 @@ def test_scaled_lstm_filter_changes_only_backward():
     upstream[:, 1] *= 1e4  # one exploding sequence
     (out1 * upstream).sum().backward()
     (out2 * upstream).sum().backward()
+
     # Unfiltered: sequence 1's input gradient dominates; filtered: it is damped
     # relative to the others, and the weight gradients shrink.
     def ratio(g):
         norms = g.square().mean(dim=(0, 2)).sqrt()
         return float(norms[1] / norms[[0, 2, 3]].median())
+
     assert ratio(x1.grad) < ratio(x2.grad) / 2
     assert filtered.weight_ih_l0.grad.norm() < unfiltered.weight_ih_l0.grad.norm()
     stats = filtered.grad_filter.stats.as_dict()
@@ -139,9 +141,7 @@ def test_activation_balancer_backward_formula():
     torch.manual_seed(0)
     # channel 0: all positive (too many positives); channel 1: balanced, tiny |x|;
     # channel 2: balanced, |x| within range.
-    x = torch.stack(
-        [torch.rand(50) + 0.5, (torch.rand(50) - 0.5) * 0.01, torch.randn(50)], dim=-1
-    ).requires_grad_()
+    x = torch.stack([torch.rand(50) + 0.5, (torch.rand(50) - 0.5) * 0.01, torch.randn(50)], dim=-1).requires_grad_()
     max_factor = 0.04
     bal = ActivationBalancer(3, channel_dim=-1, max_factor=max_factor, prob=1.0).train()
     y = bal(x)

@@ -135,7 +135,9 @@ def modified_beam_loop(model: TinyTransducer, enc: torch.Tensor, beam: int) -> L
         merged: Dict[Tuple[int, ...], float] = {}
         for score, y, v in sorted(candidates, reverse=True)[:beam]:
             key = y if v == BLANK else y + (v,)
-            merged[key] = float(torch.logaddexp(torch.tensor(merged[key]), torch.tensor(score))) if key in merged else score
+            merged[key] = (
+                float(torch.logaddexp(torch.tensor(merged[key]), torch.tensor(score))) if key in merged else score
+            )
         hyps = merged
     return list(max(hyps, key=lambda y: hyps[y] / (len(y) + c)))
 
@@ -170,7 +172,9 @@ def fast_beam_loop(
         for st, row in zip(live, step_log_probs(model, enc[t], [list(st[0]) for st in live]).tolist()):
             ctx, score = st[0], states[st]
             arcs.append((st, (ctx, 0), BLANK, row[BLANK]))  # kept by the first pass
-            arcs += [(st, (ctx[1:] + (v,), 0), v, row[v]) for v in range(1, vocab) if score + row[v] >= prev_best - beam]
+            arcs += [
+                (st, (ctx[1:] + (v,), 0), v, row[v]) for v in range(1, vocab) if score + row[v] >= prev_best - beam
+            ]
             if score >= prev_best - beam:  # the final arc's log-prob counts as 0 in the first pass
                 arcs.append((st, (ctx, 1), -1, row[BLANK]))
         dest: Dict[Tuple[Tuple[int, ...], int], float] = {}
@@ -340,7 +344,9 @@ def test_fast_beam_wide_returns_best_single_alignment_of_all_but_the_last_frame(
     for seed in LATTICE_SEEDS:
         model, enc = lattice_case(seed)
         expected = best_alignment(lattice_alignments(seed))
-        assert fast_beam_search_one_best(model, with_tail_frame(enc), torch.tensor([LATTICE_FRAMES + 1]), **WIDE) == [expected]
+        assert fast_beam_search_one_best(model, with_tail_frame(enc), torch.tensor([LATTICE_FRAMES + 1]), **WIDE) == [
+            expected
+        ]
         got = fast_beam_search_one_best(model, enc, torch.tensor([LATTICE_FRAMES]), **WIDE)
         assert got == [best_alignment(enumerate_alignments(model, enc[0, :-1]))]
         last_frame_mattered |= got != [expected]
@@ -359,7 +365,9 @@ def test_fast_beam_vs_modified_beam_viterbi_versus_log_add():
         viterbi = best_alignment(alignments)
         log_add = best_normalised(sequence_log_probs(alignments), model.decoder.context_size)
         fast = fast_beam_search_one_best(model, with_tail_frame(enc), torch.tensor([LATTICE_FRAMES + 1]), **WIDE)[0]
-        modified = modified_beam_search(model, enc, torch.tensor([LATTICE_FRAMES]), beam=LATTICE_VOCAB**LATTICE_FRAMES)[0]
+        modified = modified_beam_search(model, enc, torch.tensor([LATTICE_FRAMES]), beam=LATTICE_VOCAB**LATTICE_FRAMES)[
+            0
+        ]
         assert (fast, modified) == (viterbi, log_add)
         if viterbi == log_add:
             agreed += 1
@@ -379,8 +387,17 @@ def blank_leaning_model(blank_bias: float) -> TinyTransducer:
 @pytest.mark.parametrize("blank_bias", [0.0, 1.5])
 @pytest.mark.parametrize(
     "beam, max_states, max_contexts",
-    [(20.0, 64, 8), (4.0, 8, 4), (4.0, 8, 3), (20.0, 5, 4), (1.5, 2, 8), (3.0, 5, 64), (2.0, 64, 64),
-     (1e9, 1, 64), (1e9, 64, 1)],
+    [
+        (20.0, 64, 8),
+        (4.0, 8, 4),
+        (4.0, 8, 3),
+        (20.0, 5, 4),
+        (1.5, 2, 8),
+        (3.0, 5, 64),
+        (2.0, 64, 64),
+        (1e9, 1, 64),
+        (1e9, 64, 1),
+    ],
 )
 def test_fast_beam_equals_k2_reference(beam, max_states, max_contexts, blank_bias):
     model = blank_leaning_model(blank_bias)
@@ -486,7 +503,9 @@ def test_fast_beam_pruned_contexts_on_small_vocab_equal_k2_reference():
 SEARCHES = {
     "greedy_search_batch": lambda m, e, n: greedy_search_batch(m, e, n),
     "modified_beam_search": lambda m, e, n: modified_beam_search(m, e, n, beam=4),
-    "fast_beam_search_one_best": lambda m, e, n: fast_beam_search_one_best(m, e, n, beam=8.0, max_states=32, max_contexts=4),
+    "fast_beam_search_one_best": lambda m, e, n: fast_beam_search_one_best(
+        m, e, n, beam=8.0, max_states=32, max_contexts=4
+    ),
 }
 
 

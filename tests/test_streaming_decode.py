@@ -45,8 +45,9 @@ LOG_FLT_EPSILON = float(np.log(np.finfo(np.float32).eps))
 def run_script(script: Path, work: Path, *args: str) -> subprocess.CompletedProcess:
     env = recipe_env()
     env["OMP_NUM_THREADS"] = "1"
-    return subprocess.run([sys.executable, str(script), *args], cwd=work, capture_output=True, text=True, env=env,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, str(script), *args], cwd=work, capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def words(sp: spm.SentencePieceProcessor, hyps: List[List[int]]) -> List[List[str]]:
@@ -82,8 +83,21 @@ def exp(tiny_data, tmp_path_factory) -> Dict[str, object]:
 def streamed(tiny_data, exp) -> Dict[str, subprocess.CompletedProcess]:
     return {
         method: run_script(
-            STREAMING, tiny_data, "--exp-dir", str(exp["dir"]), "--epoch", "3", "--avg", "2", "--bpe-model", BPE,
-            "--num-workers", "0", "--decoding-method", method, *TINY_FLAGS,
+            STREAMING,
+            tiny_data,
+            "--exp-dir",
+            str(exp["dir"]),
+            "--epoch",
+            "3",
+            "--avg",
+            "2",
+            "--bpe-model",
+            BPE,
+            "--num-workers",
+            "0",
+            "--decoding-method",
+            method,
+            *TINY_FLAGS,
         )
         for method in KEYS
     }
@@ -154,8 +168,19 @@ def test_streaming_decode_flag_errors(tiny_data, exp, capsys, isolated_logging, 
 @pytest.fixture(scope="module")
 def exported(tiny_data, exp) -> Path:
     """export_onnx.py --epoch 3 --avg 2 (fp32 and int8) into exp_dir."""
-    run = run_script(SCRIPTS / "export_onnx.py", tiny_data, "--exp-dir", str(exp["dir"]), "--epoch", "3", "--avg",
-                     "2", "--bpe-model", BPE, *TINY_FLAGS)
+    run = run_script(
+        SCRIPTS / "export_onnx.py",
+        tiny_data,
+        "--exp-dir",
+        str(exp["dir"]),
+        "--epoch",
+        "3",
+        "--avg",
+        "2",
+        "--bpe-model",
+        BPE,
+        *TINY_FLAGS,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return exp["dir"]
 
@@ -183,8 +208,22 @@ def sherpa_reference(exp: Dict[str, object], cuts: CutSet, method: str) -> List[
 
 @pytest.mark.parametrize("method", list(KEYS))
 def test_sherpa_onnx_decode_writes_icefall_files_with_reference_hyps(tiny_data, exp, exported, few_cuts, method):
-    run = run_script(SHERPA, tiny_data, "--exp-dir", str(exported), "--epoch", "3", "--avg", "2",
-                     "--decoding-method", method, "--num-streams", "2", "--test-sets", str(few_cuts))
+    run = run_script(
+        SHERPA,
+        tiny_data,
+        "--exp-dir",
+        str(exported),
+        "--epoch",
+        "3",
+        "--avg",
+        "2",
+        "--decoding-method",
+        method,
+        "--num-streams",
+        "2",
+        "--test-sets",
+        str(few_cuts),
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     res_dir, suffix = exported / "sherpa-onnx" / method, SHERPA_SUFFIXES[method]
     hyps = check_wer_files(res_dir, "few", suffix, KEYS[method], few_cuts)
@@ -195,8 +234,9 @@ def test_sherpa_onnx_decode_writes_icefall_files_with_reference_hyps(tiny_data, 
     assert sum(map(len, ref)) >= 5, "the model should emit words, or the comparison is empty"
 
 
-def test_sherpa_onnx_decode_int8_and_errors(tiny_data, exp, exported, few_cuts, tmp_path, capsys, isolated_logging,
-                                            monkeypatch):
+def test_sherpa_onnx_decode_int8_and_errors(
+    tiny_data, exp, exported, few_cuts, tmp_path, capsys, isolated_logging, monkeypatch
+):
     monkeypatch.chdir(tiny_data)
     base = ["--exp-dir", str(exported), "--epoch", "3", "--avg", "2", "--test-sets", str(few_cuts)]
     run = run_script(SHERPA, tiny_data, *base, "--int8", "true")

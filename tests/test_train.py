@@ -25,8 +25,18 @@ from icefall_lite.train.setup import training_model_config
 
 TRAIN = RECIPE / "lstm_transducer_stateless" / "train.py"
 TINY_MODEL = [
-    "--encoder-dim", "32", "--rnn-hidden-size", "32", "--dim-feedforward", "64",
-    "--num-encoder-layers", "2", "--decoder-dim", "32", "--joiner-dim", "32",
+    "--encoder-dim",
+    "32",
+    "--rnn-hidden-size",
+    "32",
+    "--dim-feedforward",
+    "64",
+    "--num-encoder-layers",
+    "2",
+    "--decoder-dim",
+    "32",
+    "--joiner-dim",
+    "32",
 ]
 
 
@@ -42,9 +52,24 @@ train = _load_train_module()
 
 def run_train(work: Path, exp_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     args = [
-        sys.executable, str(TRAIN), "--exp-dir", str(exp_dir), "--bpe-model", "data/lang_bpe_100/bpe.model",
-        "--max-duration", "30", "--num-workers", "0", "--num-epochs", "1", "--log-interval", "1",
-        "--tensorboard", "false", *TINY_MODEL, *extra,
+        sys.executable,
+        str(TRAIN),
+        "--exp-dir",
+        str(exp_dir),
+        "--bpe-model",
+        "data/lang_bpe_100/bpe.model",
+        "--max-duration",
+        "30",
+        "--num-workers",
+        "0",
+        "--num-epochs",
+        "1",
+        "--log-interval",
+        "1",
+        "--tensorboard",
+        "false",
+        *TINY_MODEL,
+        *extra,
     ]
     return subprocess.run(args, cwd=work, capture_output=True, text=True, env=recipe_env(), timeout=600)
 
@@ -79,8 +104,18 @@ def test_init_from_starts_a_new_run_from_the_weights_of_a_checkpoint(tiny_data, 
     source = tmp_path / "first" / "checkpoint-3.pt"
     # A learning rate of 1e-12 leaves the weights where --init-from put them, but for Eve's weight decay
     # (a shrink by 1e-3 of the larger tensors, not scaled by the learning rate, as icefall's).
-    second = run_train(tiny_data, tmp_path / "second", "--max-batches", "1", "--save-every-n", "1",
-                       "--base-lr", "1e-12", "--init-from", str(source))
+    second = run_train(
+        tiny_data,
+        tmp_path / "second",
+        "--max-batches",
+        "1",
+        "--save-every-n",
+        "1",
+        "--base-lr",
+        "1e-12",
+        "--init-from",
+        str(source),
+    )
     assert second.returncode == 0, second.stderr
     assert f"Initialised the model from the weights of {source} (trained 3 batches)" in second.stderr
     trained = load_checkpoint_file(source)
@@ -89,11 +124,20 @@ def test_init_from_starts_a_new_run_from_the_weights_of_a_checkpoint(tiny_data, 
     for name, value in trained["model"].items():
         if value.is_floating_point():
             torch.testing.assert_close(started["model"][name], value, rtol=1.001e-3, atol=1e-9, msg=name)
-            torch.testing.assert_close(started["model_avg"][name], value.double(), rtol=1.001e-3, atol=1e-9,
-                                       msg=name)
+            torch.testing.assert_close(started["model_avg"][name], value.double(), rtol=1.001e-3, atol=1e-9, msg=name)
     # Its own checkpoints win over --init-from on a rerun.
-    again = run_train(tiny_data, tmp_path / "second", "--max-batches", "2", "--save-every-n", "1",
-                      "--base-lr", "1e-12", "--init-from", str(source))
+    again = run_train(
+        tiny_data,
+        tmp_path / "second",
+        "--max-batches",
+        "2",
+        "--save-every-n",
+        "1",
+        "--base-lr",
+        "1e-12",
+        "--init-from",
+        str(source),
+    )
     assert again.returncode == 0, again.stderr
     assert "Loading checkpoint" in again.stderr and "Initialised" not in again.stderr
 
@@ -102,9 +146,25 @@ def test_init_from_a_checkpoint_of_another_model_size_gives_clear_error(tiny_dat
     first = run_train(tiny_data, tmp_path / "first", "--max-batches", "1", "--save-every-n", "1")
     assert first.returncode == 0, first.stderr
     other = ["--encoder-dim", "24"] + TINY_MODEL[2:]
-    args = [sys.executable, str(TRAIN), "--exp-dir", str(tmp_path / "other"), "--bpe-model",
-            "data/lang_bpe_100/bpe.model", "--max-duration", "30", "--num-workers", "0", "--num-epochs", "1",
-            "--tensorboard", "false", *other, "--init-from", str(tmp_path / "first" / "checkpoint-1.pt")]
+    args = [
+        sys.executable,
+        str(TRAIN),
+        "--exp-dir",
+        str(tmp_path / "other"),
+        "--bpe-model",
+        "data/lang_bpe_100/bpe.model",
+        "--max-duration",
+        "30",
+        "--num-workers",
+        "0",
+        "--num-epochs",
+        "1",
+        "--tensorboard",
+        "false",
+        *other,
+        "--init-from",
+        str(tmp_path / "first" / "checkpoint-1.pt"),
+    ]
     proc = subprocess.run(args, cwd=tiny_data, capture_output=True, text=True, env=recipe_env(), timeout=600)
     assert proc.returncode != 0
     assert "--init-from" in proc.stderr and "does not fit this model" in proc.stderr
@@ -142,8 +202,16 @@ def _free_port() -> int:
 
 def test_ddp_two_processes_keep_identical_weights(tiny_data, tmp_path):
     proc = run_train(
-        tiny_data, tmp_path / "ddp", "--world-size", "2", "--max-batches", "2", "--save-every-n", "0",
-        "--master-port", str(_free_port()),
+        tiny_data,
+        tmp_path / "ddp",
+        "--world-size",
+        "2",
+        "--max-batches",
+        "2",
+        "--save-every-n",
+        "0",
+        "--master-port",
+        str(_free_port()),
     )
     assert proc.returncode == 0, proc.stderr
     logs = sorted((tmp_path / "ddp" / "log").glob("log-train-*"))
@@ -285,7 +353,9 @@ def test_missing_or_empty_training_manifest_gives_clear_error(tiny_data, tmp_pat
     with gzip.open(manifests / "librispeech_cuts_train-clean-100.jsonl.gz", "wt"):
         pass
     for part in ("dev-clean", "dev-other"):
-        (manifests / f"librispeech_cuts_{part}.jsonl.gz").symlink_to(tiny_data / "data/fbank" / f"librispeech_cuts_{part}.jsonl.gz")
+        (manifests / f"librispeech_cuts_{part}.jsonl.gz").symlink_to(
+            tiny_data / "data/fbank" / f"librispeech_cuts_{part}.jsonl.gz"
+        )
     proc = run_train(tiny_data, tmp_path / "exp", "--manifest-dir", str(manifests))
     assert proc.returncode == 1
     assert "the training cut set is empty" in proc.stderr
@@ -335,8 +405,15 @@ def test_compute_loss_with_tail_padding_and_ctc(tiny_data):
         padded[i, :n] = batch["inputs"][i, :n]
     token_ids = sp.encode(batch["supervisions"]["text"], out_type=int)
     with torch.no_grad():
-        simple, pruned, ctc, _ = model(padded, lens + 35, token_ids, prune_range=params.prune_range,
-                                       am_scale=params.am_scale, lm_scale=params.lm_scale, warmup=3.0)
+        simple, pruned, ctc, _ = model(
+            padded,
+            lens + 35,
+            token_ids,
+            prune_range=params.prune_range,
+            am_scale=params.am_scale,
+            lm_scale=params.lm_scale,
+            warmup=3.0,
+        )
     assert info["loss"] == pytest.approx(float(0.5 * simple.sum() + pruned.sum()), rel=1e-5)
     assert info["ctc_loss"] == pytest.approx(float(ctc.sum()), rel=1e-5)
     assert float(loss) == pytest.approx(info["loss"] + 0.2 * info["ctc_loss"], rel=1e-5)
@@ -377,13 +454,36 @@ def test_train_py_trains_what_the_decoding_scripts_decode_by_default():
 # icefall's lstm_transducer_stateless3 settings, written from its train.py / asr_datamodule.py
 # independently of icefall_lite.train.presets.ICEFALL_PRESET.
 ICEFALL_VALUES = {
-    "model_preset": "icefall", "num_epochs": 40, "bpe_model": "data/lang_bpe_500/bpe.model",
-    "optimizer_name": "eve", "base_lr": 0.003, "lr_batches": 5000, "lr_epochs": 10, "model_warm_step": 3000,
-    "prune_range": 5, "lm_scale": 0.25, "am_scale": 0.0, "simple_loss_scale": 0.5, "dropout": 0.1,
-    "layer_dropout": 0.075, "grad_filter_threshold": 25.0, "clip_grad_norm": 0.0, "average_period": 100,
-    "save_every_n": 4000, "keep_last_k": 20, "log_interval": 50, "seed": 42, "max_duration": 200.0,
-    "num_buckets": 30, "drop_last": True, "num_workers": 2, "enable_spec_aug": True,
-    "spec_aug_time_warp_factor": 80, "enable_musan": True, "ctc_loss_scale": 0.0, "tail_pad_frames": 0,
+    "model_preset": "icefall",
+    "num_epochs": 40,
+    "bpe_model": "data/lang_bpe_500/bpe.model",
+    "optimizer_name": "eve",
+    "base_lr": 0.003,
+    "lr_batches": 5000,
+    "lr_epochs": 10,
+    "model_warm_step": 3000,
+    "prune_range": 5,
+    "lm_scale": 0.25,
+    "am_scale": 0.0,
+    "simple_loss_scale": 0.5,
+    "dropout": 0.1,
+    "layer_dropout": 0.075,
+    "grad_filter_threshold": 25.0,
+    "clip_grad_norm": 0.0,
+    "average_period": 100,
+    "save_every_n": 4000,
+    "keep_last_k": 20,
+    "log_interval": 50,
+    "seed": 42,
+    "max_duration": 200.0,
+    "num_buckets": 30,
+    "drop_last": True,
+    "num_workers": 2,
+    "enable_spec_aug": True,
+    "spec_aug_time_warp_factor": 80,
+    "enable_musan": True,
+    "ctc_loss_scale": 0.0,
+    "tail_pad_frames": 0,
 }
 
 
@@ -396,8 +496,10 @@ def test_icefall_preset_sets_icefall_values_and_explicit_flags_win():
     assert args.valid_interval == 800  # train-clean-100 only
     assert train.parse_args(train.get_parser(), ["--preset", "icefall", "--full-libri", "true"]).valid_interval == 3000
     # The ablation's gradient-control arms on top of the preset: explicit flags win.
-    args = train.parse_args(train.get_parser(), ["--clip-grad-norm", "5", "--preset", "icefall",
-                                                 "--grad-norm-threshold", "0", "--agc-clipping", "0.1"])
+    args = train.parse_args(
+        train.get_parser(),
+        ["--clip-grad-norm", "5", "--preset", "icefall", "--grad-norm-threshold", "0", "--agc-clipping", "0.1"],
+    )
     assert (args.clip_grad_norm, args.grad_filter_threshold, args.agc_clipping, args.num_buckets) == (5.0, 0.0, 0.1, 30)
     # Without the preset, today's defaults.
     args = train.parse_args(train.get_parser(), [])
@@ -422,8 +524,17 @@ def test_error_clip_clamps_the_gradient_arriving_at_every_encoder_layer():
     Reference: the same model without clips, with the clamped gradient fed in by hand at the top layer
     and the lower layers' inputs detached and re-fed the clamped gradients layer by layer."""
     torch.manual_seed(0)
-    model = tiny_transducer(vocab_size=20, encoder_dim=16, rnn_hidden_size=24, dim_feedforward=32,
-                             num_encoder_layers=3, decoder_dim=16, joiner_dim=16, dropout=0.0, layer_dropout=0.0)
+    model = tiny_transducer(
+        vocab_size=20,
+        encoder_dim=16,
+        rnn_hidden_size=24,
+        dim_feedforward=32,
+        num_encoder_layers=3,
+        decoder_dim=16,
+        joiner_dim=16,
+        dropout=0.0,
+        layer_dropout=0.0,
+    )
     model.eval()  # the balancers act at random in training mode; the gradients flow all the same
     layers = model.encoder.layers
     x = torch.randn(2, 7, 16)

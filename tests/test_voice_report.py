@@ -64,7 +64,12 @@ def test_wer_by_noise_counts_each_group_by_hand(test_other) -> None:
     stats, count = rows["babble"]
     words = sum(len(u.text.split()) for u in babble)
     assert (count, stats.ref_words, stats.deletions, stats.insertions, stats.substitutions) == (
-        len(babble), words, len(babble), 0, 0)
+        len(babble),
+        words,
+        len(babble),
+        0,
+        0,
+    )
     assert stats.wer == pytest.approx(100.0 * len(babble) / words)
     assert table["noise"][0][0] == "babble"  # worst first
     for value, (stats, _) in rows.items():
@@ -89,9 +94,14 @@ def test_script_prints_the_breakdown(test_other, tmp_path: Path) -> None:
     store_transcripts(recogs, _results_deleting_first_word_of_babble(utts))
     babble = [u for u in utts if u.noise == "babble"]
     words = sum(len(u.text.split()) for u in babble)
-    out = subprocess.run([sys.executable, str(SCRIPT), str(recogs), "--corpus-dir", str(corpus)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(recogs), "--corpus-dir", str(corpus)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert f"| babble | {len(babble)} | {words} | {100.0 * len(babble) / words:.2f} | 0 | {len(babble)} | 0 |" in out
-    missing = subprocess.run([sys.executable, str(SCRIPT), str(recogs), "--corpus-dir", str(tmp_path)],
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, str(SCRIPT), str(recogs), "--corpus-dir", str(tmp_path)], capture_output=True, text=True
+    )
     assert missing.returncode == 1 and MARKER in missing.stderr

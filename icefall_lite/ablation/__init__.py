@@ -1,1 +1,2 @@
-"""Experiment reports: the gradient-control ablation and the learning-speed study (results, tables, plots, TensorBoard reader)."""
+"""Experiment reports: the gradient-control ablation and the learning-speed study (results, tables, plots,
+TensorBoard reader)."""

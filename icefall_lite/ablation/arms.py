@@ -57,11 +57,18 @@ class Arm:
 
     def train_flags(self) -> List[str]:
         """train.py flags that set this arm's controls (and switch the others off)."""
-        return ["--grad-filter-threshold", flag_value(self.filter_threshold),
-                "--clip-grad-norm", flag_value(self.clip_grad_norm),
-                "--clip-grad-value", flag_value(self.clip_grad_value),
-                "--agc-clipping", flag_value(self.agc_clipping),
-                "--error-clip", flag_value(self.error_clip)]
+        return [
+            "--grad-filter-threshold",
+            flag_value(self.filter_threshold),
+            "--clip-grad-norm",
+            flag_value(self.clip_grad_norm),
+            "--clip-grad-value",
+            flag_value(self.clip_grad_value),
+            "--agc-clipping",
+            flag_value(self.agc_clipping),
+            "--error-clip",
+            flag_value(self.error_clip),
+        ]
 
 
 @dataclass(frozen=True)
@@ -83,8 +90,12 @@ def make_arms(t: Thresholds) -> List[Arm]:
         Arm("none", "no control (filter observing)"),
         Arm("clip", f"clip_grad_norm {t.clip_norm:g}", clip_grad_norm=t.clip_norm),
         Arm("filter", f"GradientFilter {t.filter:g}", filter_threshold=t.filter),
-        Arm("filter-clip", f"GradientFilter {t.filter:g} + clip_grad_norm {t.clip_norm:g}",
-            filter_threshold=t.filter, clip_grad_norm=t.clip_norm),
+        Arm(
+            "filter-clip",
+            f"GradientFilter {t.filter:g} + clip_grad_norm {t.clip_norm:g}",
+            filter_threshold=t.filter,
+            clip_grad_norm=t.clip_norm,
+        ),
     ]
     arms += [Arm(f"filter-{x:g}", f"GradientFilter {x:g}", filter_threshold=x) for x in t.sweep]
     arms += [
@@ -113,8 +124,7 @@ CONDITIONS: Dict[str, Condition] = {
     "stress": Condition(
         "stress",
         "8 LSTM layers of d_model 128 with projection (LSTM hidden 384, feed-forward 512), --base-lr 0.02",
-        ("--num-encoder-layers", "8", "--encoder-dim", "128", "--rnn-hidden-size", "384",
-         "--dim-feedforward", "512"),
+        ("--num-encoder-layers", "8", "--encoder-dim", "128", "--rnn-hidden-size", "384", "--dim-feedforward", "512"),
         ("--base-lr", "0.02"),
     ),
     "default": Condition("default", "the default model (4 x 256 LSTM layers, no projection), --base-lr 0.003"),

@@ -98,7 +98,9 @@ def read_greedy_wers(exp_dir: Path, test_sets: Sequence[str] = TEST_SETS) -> Dic
     """``{test set: WER %}`` from the newest ``greedy_search/wer-summary-<set>-*.txt`` of ``exp_dir``."""
     wers = {}
     for test_set in test_sets:
-        files = sorted((exp_dir / "greedy_search").glob(f"wer-summary-{test_set}-*.txt"), key=lambda p: p.stat().st_mtime)
+        files = sorted(
+            (exp_dir / "greedy_search").glob(f"wer-summary-{test_set}-*.txt"), key=lambda p: p.stat().st_mtime
+        )
         if not files:
             raise FileNotFoundError(f"no greedy_search wer-summary for {test_set} in {exp_dir}; decode first")
         wers[test_set] = load_wer_summary(files[-1])[0][1]

@@ -60,8 +60,13 @@ def _grid(n: int, width: float = 4.2, height: float = 3.0):
     return fig, flat[:n]
 
 
-def _per_arm(groups: Dict[str, List[RunResult]], arms: Dict[str, Arm], title: str, path: Path,
-             draw: Callable[[object, List[RunResult]], None]) -> Path:
+def _per_arm(
+    groups: Dict[str, List[RunResult]],
+    arms: Dict[str, Arm],
+    title: str,
+    path: Path,
+    draw: Callable[[object, List[RunResult]], None],
+) -> Path:
     fig, axes = _grid(len(groups))
     for ax, (arm, runs) in zip(axes, groups.items()):
         ax.set_title(arms[arm].label, fontsize=8)
@@ -98,8 +103,13 @@ def plot_max_over_median(runs: Sequence[RunResult], thresholds: Sequence[float],
         for layer in sorted(r.layers(), reverse=True):
             ax.plot(*_xy(r.filter_series(layer, "max_over_median")), lw=0.6, label=f"layer {layer}")
         for i, t in enumerate(thresholds):
-            ax.axhline(t, color="k", ls="--", lw=0.7,
-                       label="thresholds " + ", ".join(f"{x:g}" for x in thresholds) if i == 0 else None)
+            ax.axhline(
+                t,
+                color="k",
+                ls="--",
+                lw=0.7,
+                label="thresholds " + ", ".join(f"{x:g}" for x in thresholds) if i == 0 else None,
+            )
         ax.set_yscale("log")
         ax.set_xlabel("step", fontsize=8)
         ax.set_ylabel("max / median seq grad RMS", fontsize=8)
@@ -119,8 +129,9 @@ def plot_over_threshold(runs: Sequence[RunResult], thresholds: Sequence[float], 
     ax.set_xticks([row["layer"] for row in rows])
     ax.set_xlabel("encoder layer (0 = lowest)")
     ax.set_ylabel("% of steps")
-    ax.set_title(f"Steps whose largest sequence gradient is above a threshold x the median ({len(runs)} seeds)",
-                 fontsize=9)
+    ax.set_title(
+        f"Steps whose largest sequence gradient is above a threshold x the median ({len(runs)} seeds)", fontsize=9
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     return _save(fig, path)
@@ -150,12 +161,18 @@ def plot_filter_fraction(groups: Dict[str, List[RunResult]], arms: Dict[str, Arm
         fig, ax = plt.subplots(figsize=(5, 3))
         ax.text(0.5, 0.5, "no arm with the filter on", ha="center", va="center", transform=ax.transAxes)
         return _save(fig, path)
-    return _per_arm(filtering, arms, "GradientFilter: fraction of sequences filtered per layer (mean over seeds, "
-                    "moving average)", path, draw)
+    return _per_arm(
+        filtering,
+        arms,
+        "GradientFilter: fraction of sequences filtered per layer (mean over seeds, moving average)",
+        path,
+        draw,
+    )
 
 
-def plot_train_loss(groups: Dict[str, List[RunResult]], arms: Dict[str, Arm], path: Path,
-                    reference: str = "none") -> Path:
+def plot_train_loss(
+    groups: Dict[str, List[RunResult]], arms: Dict[str, Arm], path: Path, reference: str = "none"
+) -> Path:
     def draw(ax, runs: List[RunResult]) -> None:
         window = _window(runs)
         if runs[0].key.arm != reference:
@@ -169,8 +186,13 @@ def plot_train_loss(groups: Dict[str, List[RunResult]], arms: Dict[str, Arm], pa
     return _per_arm(groups, arms, f"Training loss (moving average; grey: the seeds of arm '{reference}')", path, draw)
 
 
-def write_plots(results: Sequence[RunResult], arms: Dict[str, Arm], out_dir: Path, thresholds: Sequence[float],
-                observing_arm: str = "none") -> Dict[str, Path]:
+def write_plots(
+    results: Sequence[RunResult],
+    arms: Dict[str, Arm],
+    out_dir: Path,
+    thresholds: Sequence[float],
+    observing_arm: str = "none",
+) -> Dict[str, Path]:
     """Every plot of every condition into ``out_dir``; ``{"<condition> <kind>": path}``."""
     out: Dict[str, Path] = {}
     for condition in dict.fromkeys(r.key.condition for r in results):
@@ -179,11 +201,15 @@ def write_plots(results: Sequence[RunResult], arms: Dict[str, Arm], out_dir: Pat
         out[f"{condition} grad-norm"] = plot_grad_norm(groups, arms, plot_path(out_dir, condition, "grad-norm"))
         if observed:
             out[f"{condition} max-over-median"] = plot_max_over_median(
-                observed, thresholds, plot_path(out_dir, condition, "max-over-median"))
+                observed, thresholds, plot_path(out_dir, condition, "max-over-median")
+            )
             out[f"{condition} over-threshold"] = plot_over_threshold(
-                observed, thresholds, plot_path(out_dir, condition, "over-threshold"))
+                observed, thresholds, plot_path(out_dir, condition, "over-threshold")
+            )
         out[f"{condition} filter-fraction"] = plot_filter_fraction(
-            groups, arms, plot_path(out_dir, condition, "filter-fraction"))
-        out[f"{condition} train-loss"] = plot_train_loss(groups, arms, plot_path(out_dir, condition, "train-loss"),
-                                                         observing_arm)
+            groups, arms, plot_path(out_dir, condition, "filter-fraction")
+        )
+        out[f"{condition} train-loss"] = plot_train_loss(
+            groups, arms, plot_path(out_dir, condition, "train-loss"), observing_arm
+        )
     return out

@@ -129,8 +129,11 @@ class RunResult:
         """``[(step, 0.5 x simple + pruned loss per frame)]``: the training loss after warm-up, comparable
         over the whole run."""
         pruned = dict(self.series("pruned_loss"))
-        return [(step, OBJECTIVE_SIMPLE_SCALE * simple + pruned[step])
-                for step, simple in self.series("simple_loss") if step in pruned]
+        return [
+            (step, OBJECTIVE_SIMPLE_SCALE * simple + pruned[step])
+            for step, simple in self.series("simple_loss")
+            if step in pruned
+        ]
 
     def layers(self) -> List[int]:
         return sorted({layer for layer, _ in self.filters})
@@ -142,9 +145,11 @@ class RunResult:
 def collect_run(run_dir: Path, key: RunKey, methods: Sequence[str], tags: TrainingScalarTags) -> RunResult:
     """Read a finished run: WERs, the scalars named by ``tags`` (with the per-layer filter stats), wall time."""
     scalars = read_scalars(run_dir / "tensorboard")
-    wanted = {name: scalars[getattr(tags, name)] for name in
-              ("simple_loss", "pruned_loss", "grad_norm", "clip_scale", "skipped_steps", "valid_loss")
-              if getattr(tags, name) in scalars}
+    wanted = {
+        name: scalars[getattr(tags, name)]
+        for name in ("simple_loss", "pruned_loss", "grad_norm", "clip_scale", "skipped_steps", "valid_loss")
+        if getattr(tags, name) in scalars
+    }
     filters = {}
     for tag, series in scalars.items():
         layer_stat = tags.parse_filter_tag(tag)
@@ -167,7 +172,7 @@ def loss_spikes(loss: Series, factor: float = SPIKE_FACTOR, window: int = SPIKE_
     xs = [v for _, v in loss]
     count = 0
     for i in range(window, len(xs)):
-        before = [x for x in xs[i - window:i] if math.isfinite(x)]
+        before = [x for x in xs[i - window : i] if math.isfinite(x)]
         if not math.isfinite(xs[i]) or (before and xs[i] > factor * statistics.median(before)):
             count += 1
     return count
@@ -181,7 +186,7 @@ def diverged(loss: Series, skipped_steps: int, factor: float = DIVERGE_FACTOR, w
         return True
     if len(xs) < 2 * window:
         return False
-    means = [sum(xs[i - window:i]) / window for i in range(window, len(xs) + 1)]
+    means = [sum(xs[i - window : i]) / window for i in range(window, len(xs) + 1)]
     return means[-1] > factor * min(means)
 
 
@@ -210,7 +215,7 @@ def largest_outlier(result: RunResult) -> float:
 def final_train_loss(result: RunResult) -> float:
     """Mean objective per frame over the last tenth of the steps (at least 10)."""
     xs = values(result.objective())
-    tail = xs[-max(10, len(xs) // 10):]
+    tail = xs[-max(10, len(xs) // 10) :]
     return sum(tail) / len(tail) if tail else float("nan")
 
 
@@ -240,12 +245,19 @@ class Metric:
 
 def metrics(methods: Sequence[str]) -> List[Metric]:
     """The table's columns: WERs, losses, spikes, divergence, filtering, outliers, wall time."""
-    out = [Metric(f"wer/{m}/{t}", f"{m.replace('_search', '')} {t}", (lambda r, m=m, t=t: r.wer[(m, t)]), 2)
-           for m in methods for t in TEST_SETS]
+    out = [
+        Metric(f"wer/{m}/{t}", f"{m.replace('_search', '')} {t}", (lambda r, m=m, t=t: r.wer[(m, t)]), 2)
+        for m in methods
+        for t in TEST_SETS
+    ]
     out += [
         Metric("train_loss", "final train loss", final_train_loss, 3),
-        Metric("valid_loss", "valid loss", lambda r: r.series("valid_loss")[-1][1] if r.series("valid_loss")
-               else float("nan"), 3),
+        Metric(
+            "valid_loss",
+            "valid loss",
+            lambda r: r.series("valid_loss")[-1][1] if r.series("valid_loss") else float("nan"),
+            3,
+        ),
         Metric("spikes", "loss spikes", lambda r: float(loss_spikes(r.objective())), 1),
         Metric("skipped", "skipped steps", lambda r: float(skipped_steps(r)), 1),
         Metric("diverged", "diverged runs", lambda r: float(diverged(r.objective(), skipped_steps(r))), 0, True),
@@ -325,8 +337,12 @@ def format_table(results: Sequence[RunResult], arms: Dict[str, Arm], methods: Se
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for (condition, arm), runs in group_runs(results).items():
         steps = sorted({r.steps for r in runs})
-        cells = [condition, arms[arm].label, ", ".join(str(r.key.seed) for r in runs),
-                 "/".join(str(x) for x in steps)] + [m.cell(runs) for m in ms]
+        cells = [
+            condition,
+            arms[arm].label,
+            ", ".join(str(r.key.seed) for r in runs),
+            "/".join(str(x) for x in steps),
+        ] + [m.cell(runs) for m in ms]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -343,8 +359,12 @@ def outlier_rows(runs: Sequence[RunResult], thresholds: Sequence[float]) -> List
     rows = []
     for layer in layers:
         xs = [v for r in runs for v in values(r.filter_series(layer, "max_over_median"))]
-        row = {"layer": float(layer), "median": percentile(xs, 50), "p99": percentile(xs, 99),
-               "max": max(xs) if xs else float("nan")}
+        row = {
+            "layer": float(layer),
+            "median": percentile(xs, 50),
+            "p99": percentile(xs, 99),
+            "max": max(xs) if xs else float("nan"),
+        }
         for t in thresholds:
             row[f"over {t:g}"] = 100 * sum(1 for x in xs if x > t) / len(xs) if xs else float("nan")
         rows.append(row)
@@ -374,8 +394,9 @@ def first_outlier_layer(rows: Sequence[Dict[str, float]], threshold: float) -> O
 # --------------------------------------------------------------------------
 
 
-def comparisons(results: Sequence[RunResult], arms: Dict[str, Arm], methods: Sequence[str],
-                baseline: str = "none") -> List[str]:
+def comparisons(
+    results: Sequence[RunResult], arms: Dict[str, Arm], methods: Sequence[str], baseline: str = "none"
+) -> List[str]:
     """Each arm against ``baseline`` in each condition: the difference of the means of every WER and the
     validation loss, and whether the seed ranges are apart."""
     ms = [m for m in metrics(methods) if m.name.startswith("wer/") or m.name == "valid_loss"]
@@ -392,8 +413,7 @@ def comparisons(results: Sequence[RunResult], arms: Dict[str, Arm], methods: Seq
             if separated(mine[m.name], base[m.name]):
                 real.append(f"{m.header} ({'better' if d < 0 else 'worse'})")
         verdict = ("beyond the seed spread: " + ", ".join(real)) if real else "no difference beyond the seed spread"
-        lines.append(f"{condition}: {arms[arm].label} vs {arms[baseline].label}: " + "; ".join(parts)
-                     + f"; {verdict}.")
+        lines.append(f"{condition}: {arms[arm].label} vs {arms[baseline].label}: " + "; ".join(parts) + f"; {verdict}.")
     return lines
 
 
@@ -416,12 +436,19 @@ class ReportSetup:
 
 def machine_summary() -> str:
     """CPU architecture and cores, torch version, GPU."""
-    return (f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
-            f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU only'}")
+    return (
+        f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+        f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU only'}"
+    )
 
 
-def render_section(results: Sequence[RunResult], arms: Dict[str, Arm], plots: Dict[str, Path],
-                   setup: ReportSetup, observing_arm: str = "none") -> str:
+def render_section(
+    results: Sequence[RunResult],
+    arms: Dict[str, Arm],
+    plots: Dict[str, Path],
+    setup: ReportSetup,
+    observing_arm: str = "none",
+) -> str:
     """The ablation section of RESULTS.md."""
     lines = [
         "## Ablation: GradientFilter, clip_grad_norm and the other gradient controls",
@@ -467,8 +494,11 @@ def render_section(results: Sequence[RunResult], arms: Dict[str, Arm], plots: Di
             "",
             format_outlier_table(rows, thresholds),
             "",
-            (f"The highest layer with a step above {min(thresholds):g} is layer {top}." if top is not None
-             else f"No layer had a step above {min(thresholds):g}."),
+            (
+                f"The highest layer with a step above {min(thresholds):g} is layer {top}."
+                if top is not None
+                else f"No layer had a step above {min(thresholds):g}."
+            ),
             "",
         ]
     lines += [
@@ -484,7 +514,8 @@ def render_section(results: Sequence[RunResult], arms: Dict[str, Arm], plots: Di
         "",
         "For comparison, icefall's own ablation of the filter (lstm_transducer_stateless3, 960 h of LibriSpeech, "
         "40 epochs on 4 GPUs, epoch 40 avg 15, greedy search, test-clean / test-other; not measured here): "
-        + ", ".join(f"{k} {v[0]:.2f} / {v[1]:.2f}" for k, v in ICEFALL_GREEDY.items()) + ".",
+        + ", ".join(f"{k} {v[0]:.2f} / {v[1]:.2f}" for k, v in ICEFALL_GREEDY.items())
+        + ".",
         "",
         "### Plots",
         "",

@@ -1,1 +1,2 @@
-"""Data: the lhotse datamodule, features, manifests, BPE, text normalisation, corruption; the synthetic corpus in :mod:`icefall_lite.data.synthetic`."""
+"""Data: the lhotse datamodule, features, manifests, BPE, text normalisation, corruption; the synthetic corpus
+in :mod:`icefall_lite.data.synthetic`."""

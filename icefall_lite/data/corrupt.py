@@ -102,7 +102,8 @@ def choose_cut_ids(eligible: Sequence[str], count: int, seed: int) -> List[str]:
 def _text_pieces(sp: Any) -> List[int]:
     """Ids of the ordinary pieces (no control/unknown pieces, not the bare word boundary)."""
     return [
-        i for i in range(sp.get_piece_size())
+        i
+        for i in range(sp.get_piece_size())
         if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i)) and sp.id_to_piece(i).strip("\u2581")
     ]
 
@@ -120,7 +121,9 @@ def random_text(sp: Any, num_tokens: int, rng: random.Random, pieces: Optional[S
     return text
 
 
-def corrupt_text(cut: Cut, sp: Any, density: float, rng: random.Random, pieces: Sequence[int]) -> Tuple[Cut, Dict[str, Any]]:
+def corrupt_text(
+    cut: Cut, sp: Any, density: float, rng: random.Random, pieces: Sequence[int]
+) -> Tuple[Cut, Dict[str, Any]]:
     """``cut`` with its transcript replaced by :func:`random_text` of ``density`` x its encoder frames."""
     frames = encoder_frames(cut.num_frames)
     target = max(1, int(density * frames))
@@ -250,5 +253,7 @@ def make_corrupted_dir(
     summary = {"settings": wanted, "num_cuts": len(cuts), "num_corrupted": len(chosen), "linked": linked}
     write_text_atomic(out_dir / INFO_FILE, json.dumps({**summary, "cuts": details}, indent=2) + "\n")
     write_text_atomic(out_dir / DONE_MARKER, json.dumps(summary, indent=2) + "\n")
-    logging.info(f"{out_dir}: corrupted {len(chosen)} of {len(cuts)} cuts ({config.method}); linked {', '.join(linked)}")
+    logging.info(
+        f"{out_dir}: corrupted {len(chosen)} of {len(cuts)} cuts ({config.method}); linked {', '.join(linked)}"
+    )
     return summary

@@ -92,37 +92,78 @@ class LibriSpeechAsrDataModule:
             title="ASR data related options",
             description="Options for lhotse cuts, sampling, augmentation and data loading.",
         )
-        group.add_argument("--full-libri", type=str2bool, default=False,
-                           help="train on all 960 h (real LibriSpeech only); else train-clean-100")
-        group.add_argument("--manifest-dir", type=Path, default=Path("data/fbank"),
-                           help="folder of librispeech_cuts_<part>.jsonl.gz and musan_cuts.jsonl.gz or noise_cuts.jsonl.gz")
-        group.add_argument("--max-duration", type=float, default=max_duration,
-                           help="seconds of audio per batch (icefall: 200 on a GPU)")
-        group.add_argument("--bucketing-sampler", type=str2bool, default=True,
-                           help="DynamicBucketingSampler (cuts of similar duration batched together)")
-        group.add_argument("--num-buckets", type=int, default=10,
-                           help="buckets of the DynamicBucketingSampler (icefall: 30, for 281k cuts; "
-                                "10 suits the few thousand cuts of the synthetic corpus)")
-        group.add_argument("--shuffle", type=str2bool, default=True,
-                           help="shuffle the training cuts every epoch")
-        group.add_argument("--drop-last", type=str2bool, default=False,
-                           help="drop incomplete training batches (icefall: true). With false, lhotse still "
-                                "gives every DDP rank the same number of batches; with true a small corpus "
-                                "loses a partial batch per bucket every epoch (all of the tiny corpus)")
-        group.add_argument("--return-cuts", type=str2bool, default=True,
-                           help="put the cuts in batch['supervisions']['cut']")
-        group.add_argument("--num-workers", type=int, default=1,
-                           help="DataLoader worker processes (icefall: 2)")
-        group.add_argument("--enable-spec-aug", type=str2bool, default=False,
-                           help="SpecAugment: time warp, 2 feature masks of <=27, 10 frame masks of <=100 (icefall: "
-                                "true; off by default here: it slowed learning within the demo's budget)")
-        group.add_argument("--spec-aug-time-warp-factor", type=int, default=80,
-                           help="SpecAugment time warp factor; < 1 disables time warping")
-        group.add_argument("--enable-musan", "--enable-noise", dest="enable_musan", type=str2bool, default=True,
-                           help="mix MUSAN (musan_cuts.jsonl.gz) or, without it, the noise corpus (noise_cuts.jsonl.gz) into "
-                                f"training cuts: CutMix p={NOISE_MIX_PROB}, SNR {NOISE_SNR_DB} dB")
-        group.add_argument("--on-the-fly-feats", type=str2bool, default=False,
-                           help="compute fbank from audio during training instead of loading stored features")
+        group.add_argument(
+            "--full-libri",
+            type=str2bool,
+            default=False,
+            help="train on all 960 h (real LibriSpeech only); else train-clean-100",
+        )
+        group.add_argument(
+            "--manifest-dir",
+            type=Path,
+            default=Path("data/fbank"),
+            help="folder of librispeech_cuts_<part>.jsonl.gz and musan_cuts.jsonl.gz or noise_cuts.jsonl.gz",
+        )
+        group.add_argument(
+            "--max-duration",
+            type=float,
+            default=max_duration,
+            help="seconds of audio per batch (icefall: 200 on a GPU)",
+        )
+        group.add_argument(
+            "--bucketing-sampler",
+            type=str2bool,
+            default=True,
+            help="DynamicBucketingSampler (cuts of similar duration batched together)",
+        )
+        group.add_argument(
+            "--num-buckets",
+            type=int,
+            default=10,
+            help="buckets of the DynamicBucketingSampler (icefall: 30, for 281k cuts; "
+            "10 suits the few thousand cuts of the synthetic corpus)",
+        )
+        group.add_argument("--shuffle", type=str2bool, default=True, help="shuffle the training cuts every epoch")
+        group.add_argument(
+            "--drop-last",
+            type=str2bool,
+            default=False,
+            help="drop incomplete training batches (icefall: true). With false, lhotse still "
+            "gives every DDP rank the same number of batches; with true a small corpus "
+            "loses a partial batch per bucket every epoch (all of the tiny corpus)",
+        )
+        group.add_argument(
+            "--return-cuts", type=str2bool, default=True, help="put the cuts in batch['supervisions']['cut']"
+        )
+        group.add_argument("--num-workers", type=int, default=1, help="DataLoader worker processes (icefall: 2)")
+        group.add_argument(
+            "--enable-spec-aug",
+            type=str2bool,
+            default=False,
+            help="SpecAugment: time warp, 2 feature masks of <=27, 10 frame masks of <=100 (icefall: "
+            "true; off by default here: it slowed learning within the demo's budget)",
+        )
+        group.add_argument(
+            "--spec-aug-time-warp-factor",
+            type=int,
+            default=80,
+            help="SpecAugment time warp factor; < 1 disables time warping",
+        )
+        group.add_argument(
+            "--enable-musan",
+            "--enable-noise",
+            dest="enable_musan",
+            type=str2bool,
+            default=True,
+            help="mix MUSAN (musan_cuts.jsonl.gz) or, without it, the noise corpus (noise_cuts.jsonl.gz) into "
+            f"training cuts: CutMix p={NOISE_MIX_PROB}, SNR {NOISE_SNR_DB} dB",
+        )
+        group.add_argument(
+            "--on-the-fly-feats",
+            type=str2bool,
+            default=False,
+            help="compute fbank from audio during training instead of loading stored features",
+        )
 
     @staticmethod
     def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -164,9 +205,7 @@ class LibriSpeechAsrDataModule:
         (multiplexed lazily in proportion to their sizes)."""
         if not self.args.full_libri:
             return self.train_clean_100_cuts()
-        return CutSet.mux(
-            *(self.part_cuts(p) for p in FULL_TRAIN_PARTS), weights=list(FULL_TRAIN_PARTS.values())
-        )
+        return CutSet.mux(*(self.part_cuts(p) for p in FULL_TRAIN_PARTS), weights=list(FULL_TRAIN_PARTS.values()))
 
     def dev_clean_cuts(self) -> CutSet:
         return self.part_cuts("dev-clean")
@@ -201,9 +240,7 @@ class LibriSpeechAsrDataModule:
             return OnTheFlyFeatures(Fbank(FbankConfig(num_mel_bins=NUM_MEL_BINS)))
         return PrecomputedFeatures()
 
-    def train_dataloaders(
-        self, cuts_train: CutSet, sampler_state_dict: Optional[Dict[str, Any]] = None
-    ) -> DataLoader:
+    def train_dataloaders(self, cuts_train: CutSet, sampler_state_dict: Optional[Dict[str, Any]] = None) -> DataLoader:
         """The training DataLoader: noise mixing and SpecAugment as enabled.
 
         ``sampler_state_dict`` (from ``train_dl.sampler.state_dict()`` in a
@@ -345,7 +382,11 @@ def require_nonempty(cuts: CutSet, what: str) -> CutSet:
 
 def _transform_rngs(dataloader: DataLoader) -> List[random.Random]:
     dataset = dataloader.dataset
-    return [t.seed for t in getattr(dataset, "cut_transforms", []) or [] if isinstance(getattr(t, "seed", None), random.Random)]
+    return [
+        t.seed
+        for t in getattr(dataset, "cut_transforms", []) or []
+        if isinstance(getattr(t, "seed", None), random.Random)
+    ]
 
 
 def transform_rng_state(dataloader: DataLoader) -> List[Any]:

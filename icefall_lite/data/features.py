@@ -70,9 +70,7 @@ def feature_executor(num_jobs: int) -> Optional[ProcessPoolExecutor]:
     return ProcessPoolExecutor(num_jobs, mp_context=ctx, initializer=_one_thread)
 
 
-def compute_features(
-    cuts: CutSet, storage_dir: Path, executor: Optional[Executor], desc: str
-) -> CutSet:
+def compute_features(cuts: CutSet, storage_dir: Path, executor: Optional[Executor], desc: str) -> CutSet:
     """Compute and store fbank of ``cuts`` under ``storage_dir`` (recreated); return the cuts.
 
     The cuts are split in chunks of ``CUTS_PER_CHUNK``, each stored in its own
@@ -136,9 +134,7 @@ def _fbank_part(
     start = time.time()
     out_path = librispeech_cuts_path(fbank_dir, part)
     rec_path, sup_path = manifest_paths(manifest_dir, part)
-    cuts = CutSet.from_manifests(
-        recordings=load_manifest(rec_path), supervisions=load_manifest(sup_path)
-    )
+    cuts = CutSet.from_manifests(recordings=load_manifest(rec_path), supervisions=load_manifest(sup_path))
     if perturb_speed and part.startswith("train"):
         logging.info(f"{part}: adding speed perturbation {SPEED_FACTORS}")
         cuts = cuts + cuts.perturb_speed(SPEED_FACTORS[0]) + cuts.perturb_speed(SPEED_FACTORS[1])
@@ -158,9 +154,7 @@ class ManifestError(ValueError):
     """A cut manifest fails validation; the message names the cut."""
 
 
-def validate_cut(
-    cut: Cut, supervised: bool = True, check_storage: bool = True, load: bool = False
-) -> None:
+def validate_cut(cut: Cut, supervised: bool = True, check_storage: bool = True, load: bool = False) -> None:
     """Check one cut: a non-empty supervision within the cut (when ``supervised``),
     features whose frame count matches the duration, an existing feature file
     (when ``check_storage``), readable finite features (when ``load``).

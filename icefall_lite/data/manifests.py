@@ -111,9 +111,7 @@ def _parse_checked(job: Tuple[Path, str]) -> Tuple[Optional[tuple], str, str]:
     return parse_utterance(part_dir, line, {}), utt_id, ""
 
 
-def prepare_part(
-    corpus_dir: Path, part: str, num_jobs: int
-) -> Tuple[RecordingSet, SupervisionSet, List[str]]:
+def prepare_part(corpus_dir: Path, part: str, num_jobs: int) -> Tuple[RecordingSet, SupervisionSet, List[str]]:
     """Recordings and supervisions of one part, and the problems of skipped utterances."""
     part_dir = corpus_dir / part
     if not part_dir.is_dir():

@@ -107,13 +107,9 @@ def ordinal_to_words(n: int) -> str:
 
 def _spell_numbers(text: str) -> str:
     text = _MONEY_RE.sub(lambda m: f"{m.group(1)} dollars", text)
-    text = _DECIMAL_RE.sub(
-        lambda m: f" {m.group(1)} point " + " ".join(_ONES[int(d)] for d in m.group(2)) + " ", text
-    )
+    text = _DECIMAL_RE.sub(lambda m: f" {m.group(1)} point " + " ".join(_ONES[int(d)] for d in m.group(2)) + " ", text)
     text = _ORDINAL_RE.sub(lambda m: " " + ordinal_to_words(int(m.group(1))) + " ", text)
-    return _INT_RE.sub(
-        lambda m: " " + number_to_words(int(m.group(0).replace(",", ""))) + " ", text
-    )
+    return _INT_RE.sub(lambda m: " " + number_to_words(int(m.group(0).replace(",", ""))) + " ", text)
 
 
 def _strip_accents(text: str) -> str:
@@ -160,10 +156,7 @@ def normalize_text(text: str) -> str:
     text = _clean_apostrophes(text.upper())
     bad = outside_chars(text)
     if bad:
-        raise TranscriptError(
-            f"cannot normalise {text!r}: characters outside A-Z, apostrophe and "
-            f"space remain: {bad}"
-        )
+        raise TranscriptError(f"cannot normalise {text!r}: characters outside A-Z, apostrophe and space remain: {bad}")
     return text
 
 

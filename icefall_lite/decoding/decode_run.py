@@ -58,10 +58,15 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     :func:`~icefall_lite.train.checkpoint.add_checkpoint_arguments` and their recipe's defaults):
     ``--bpe-model``, ``--beam-size``, ``--test-sets``, the model sizes and the datamodule's flags
     (``--manifest-dir``, ``--max-duration``, ...)."""
-    parser.add_argument("--bpe-model", type=str, default=DEFAULT_BPE_MODEL,
-                        help=f"Path to the BPE model. (default: {DEFAULT_BPE_MODEL})")
-    parser.add_argument("--beam-size", type=int, default=4,
-                        help="Hypotheses kept per frame by modified_beam_search. (default: 4)")
+    parser.add_argument(
+        "--bpe-model",
+        type=str,
+        default=DEFAULT_BPE_MODEL,
+        help=f"Path to the BPE model. (default: {DEFAULT_BPE_MODEL})",
+    )
+    parser.add_argument(
+        "--beam-size", type=int, default=4, help="Hypotheses kept per frame by modified_beam_search. (default: 4)"
+    )
     add_test_sets_argument(parser)
     add_model_arguments(parser)
     LibriSpeechAsrDataModule.add_arguments(parser, max_duration=DECODE_MAX_DURATION)
@@ -83,22 +88,26 @@ def add_decoding_method_argument(
     parser: argparse.ArgumentParser, methods: Sequence[str], what: str = "Search to decode with."
 ) -> None:
     """``--decoding-method`` (default ``greedy_search``) among ``methods``; ``what`` starts its help."""
-    parser.add_argument("--decoding-method", type=str, default="greedy_search", choices=methods,
-                        help=f"{what} (default: greedy_search)")
+    parser.add_argument(
+        "--decoding-method", type=str, default="greedy_search", choices=methods, help=f"{what} (default: greedy_search)"
+    )
 
 
 def add_test_sets_argument(parser: argparse.ArgumentParser) -> None:
     """``--test-sets``: part names in ``--manifest-dir`` or cut manifest paths."""
-    parser.add_argument("--test-sets", nargs="+", default=list(TEST_SETS),
-                        help="Parts to decode: names of parts in --manifest-dir (librispeech_cuts_<part>.jsonl.gz) "
-                        "or paths to cut manifests (.jsonl.gz). (default: test-clean test-other)")
+    parser.add_argument(
+        "--test-sets",
+        nargs="+",
+        default=list(TEST_SETS),
+        help="Parts to decode: names of parts in --manifest-dir (librispeech_cuts_<part>.jsonl.gz) "
+        "or paths to cut manifests (.jsonl.gz). (default: test-clean test-other)",
+    )
 
 
 def add_num_threads_argument(parser: argparse.ArgumentParser) -> None:
     """``--num-threads``: CPU threads of the streaming decoders (torch's for streaming_decode.py, sherpa-onnx's
     for sherpa_onnx_decode.py), so that their real-time factors compare."""
-    parser.add_argument("--num-threads", type=int, default=1,
-                        help="CPU threads used for decoding. (default: 1)")
+    parser.add_argument("--num-threads", type=int, default=1, help="CPU threads used for decoding. (default: 1)")
 
 
 def _is_manifest_path(spec: str) -> bool:
@@ -118,7 +127,7 @@ def name_of_test_set(spec: str) -> str:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
-    return name[len(CUTS_PREFIX):] if name.startswith(CUTS_PREFIX) and len(name) > len(CUTS_PREFIX) else name
+    return name[len(CUTS_PREFIX) :] if name.startswith(CUTS_PREFIX) and len(name) > len(CUTS_PREFIX) else name
 
 
 def resolve_test_sets(specs: Sequence[str], manifest_dir: Path) -> List[Tuple[str, Path]]:
@@ -278,9 +287,7 @@ def decode_batches(
         texts = batch["supervisions"]["text"]
         cuts = batch["supervisions"]["cut"]
         for key, hyps in decode_batch(batch).items():
-            results.setdefault(key, []).extend(
-                (cut.id, text.split(), hyp) for cut, text, hyp in zip(cuts, texts, hyps)
-            )
+            results.setdefault(key, []).extend((cut.id, text.split(), hyp) for cut, text, hyp in zip(cuts, texts, hyps))
         stats.add_cuts(cuts)
         if batch_idx % log_interval == 0:
             logging.info(f"batch {batch_idx}, cuts processed until now is {stats.num_cuts}")
@@ -326,8 +333,10 @@ def decode_and_report(
 def format_summary_table(rows: Sequence[SummaryRow]) -> str:
     """The printed table: test set, setting, WER, RTF, cuts and audio duration per row."""
     header = ("test set", "setting", "WER", "RTF", "cuts", "audio (s)")
-    body = [(name, key, f"{wer:.2f}", f"{st.rtf:.4f}", str(st.num_cuts), f"{st.audio_seconds:.1f}")
-            for name, key, wer, st in rows]
+    body = [
+        (name, key, f"{wer:.2f}", f"{st.rtf:.4f}", str(st.num_cuts), f"{st.audio_seconds:.1f}")
+        for name, key, wer, st in rows
+    ]
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *body])
 

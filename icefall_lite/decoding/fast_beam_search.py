@@ -147,9 +147,7 @@ def _fast_beam(
         last_frame_rows.setdefault(length - 1, []).append(i)
 
     for t, b in enumerate(batch_sizes):
-        step = _fast_beam_step(
-            model, enc[:b, t], contexts[:b], scores[:b], beam, max_states, blank_id, vocab_size + 1
-        )
+        step = _fast_beam_step(model, enc[:b, t], contexts[:b], scores[:b], beam, max_states, blank_id, vocab_size + 1)
         # Utterances whose last frame this is: the best source state whose final copy survived.
         if t in last_frame_rows:
             rows = torch.tensor(last_frame_rows[t], device=device)
@@ -216,7 +214,9 @@ def _fast_beam_step(
     # tie the live state, listed first, ranks first), beam, then max_states.
     state_scores = torch.cat([top_scores.masked_fill(~live, -math.inf), final_scores], dim=1)  # (b, P + K)
     ranked = state_scores.sort(dim=1, descending=True, stable=True).indices
-    rank = torch.empty_like(ranked).scatter_(1, ranked, torch.arange(ranked.size(1), device=ranked.device).expand_as(ranked))
+    rank = torch.empty_like(ranked).scatter_(
+        1, ranked, torch.arange(ranked.size(1), device=ranked.device).expand_as(ranked)
+    )
     best = state_scores.max(dim=1, keepdim=True).values
     kept = (state_scores > -math.inf) & (state_scores >= best - beam) & (rank < max_states)
     live_kept, final_kept = kept[:, : top_scores.size(1)], kept[:, top_scores.size(1) :]

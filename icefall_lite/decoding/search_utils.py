@@ -154,8 +154,6 @@ def project_sorted(model: nn.Module, encoder_out: Tensor, order: Sequence[int], 
     return model.joiner.encoder_proj(encoder_out[index, :max_len])
 
 
-
-
 class FrameSearch(abc.ABC):
     """A frame-by-frame search over N streams (:class:`~icefall_lite.decoding.greedy_search.GreedyBatchSearch`,
     :class:`~icefall_lite.decoding.modified_beam_search.ModifiedBeamSearch`).

@@ -186,7 +186,9 @@ def _make_search(
     if decoding_method == "greedy_search":
         return GreedyBatchSearch(model.run_decoder, model.run_joiner, initial_context, num_streams, skip_ids, device)
     if decoding_method == "modified_beam_search":
-        return ModifiedBeamSearch(model.run_decoder, model.run_joiner, initial_context, num_streams, skip_ids, beam_size)
+        return ModifiedBeamSearch(
+            model.run_decoder, model.run_joiner, initial_context, num_streams, skip_ids, beam_size
+        )
     raise ValueError(f"Unsupported streaming decoding method {decoding_method!r}; use one of {STREAMING_METHODS}")
 
 
@@ -234,5 +236,6 @@ def streaming_search(
         for t in range(encoder_out.size(1)):
             search.step(encoder_out[:, t])
     return unsort(search.results(), order)
+
 
 __all__ = ["StreamingMeta", "StreamingModel", "TorchStreamingModel", "chunk_starts", "streaming_search"]

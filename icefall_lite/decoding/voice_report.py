@@ -86,7 +86,10 @@ def format_breakdown(table: Mapping[str, Sequence[Tuple[str, ErrorStats, int]]])
     """Markdown tables, one per attribute: value, utterances, words, WER, ins/del/sub."""
     lines: List[str] = []
     for attribute, rows in table.items():
-        lines += [f"| {attribute} | utterances | words | WER | ins | del | sub |", "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"| {attribute} | utterances | words | WER | ins | del | sub |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for value, stats, count in rows:
             lines.append(
                 f"| {value} | {count} | {stats.ref_words} | {stats.wer:.2f} | "

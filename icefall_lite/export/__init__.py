@@ -1,1 +1,2 @@
-"""Export: scaled modules converted to plain ones, ONNX files in sherpa-onnx's LSTM format, the onnxruntime and sherpa-onnx runners."""
+"""Export: scaled modules converted to plain ones, ONNX files in sherpa-onnx's LSTM format, the onnxruntime
+and sherpa-onnx runners."""

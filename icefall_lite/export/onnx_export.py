@@ -131,6 +131,7 @@ def build_exportable(model: Transducer, decode_chunk_len: int = DEFAULT_DECODE_C
 # ONNX files
 # --------------------------------------------------------------------------
 
+
 def _set_meta_data(model: onnx.ModelProto, meta_data: Dict[str, str]) -> None:
     existing = {p.key: p for p in model.metadata_props}
     for key, value in meta_data.items():

@@ -64,9 +64,7 @@ def _use_foreach(device: torch.device, foreach: Optional[bool]) -> bool:
     return supported if foreach is None else foreach
 
 
-def get_total_norm(
-    grads: Sequence[Tensor], norm_type: float = 2.0, foreach: Optional[bool] = None
-) -> Tensor:
+def get_total_norm(grads: Sequence[Tensor], norm_type: float = 2.0, foreach: Optional[bool] = None) -> Tensor:
     """The ``norm_type``-norm of all ``grads`` taken together, as a 0-dim tensor.
 
     Per-tensor norms are computed per (device, dtype) group (with foreach
@@ -83,9 +81,7 @@ def get_total_norm(
         if _use_foreach(device, foreach):
             per_tensor.extend(torch._foreach_norm(group, norm_type, dtype=acc_dtype))
         else:
-            per_tensor.extend(
-                torch.linalg.vector_norm(g, norm_type, dtype=acc_dtype) for g in group
-            )
+            per_tensor.extend(torch.linalg.vector_norm(g, norm_type, dtype=acc_dtype) for g in group)
     acc_dtype = torch.float64 if any(n.dtype == torch.float64 for n in per_tensor) else torch.float32
     stacked = torch.stack([n.to(device=first_device, dtype=acc_dtype) for n in per_tensor])
     return torch.linalg.vector_norm(stacked, norm_type)
@@ -300,7 +296,12 @@ class _GradientFilterFunction(torch.autograd.Function):
         batch_dim = ctx.batch_dim % x_grad.ndim
         norm_dims = [d for d in range(x_grad.ndim) if d != batch_dim]
         # n_b: RMS of the gradient of batch element b, shape broadcastable to x.
-        norm = x_grad.to(torch.promote_types(x_grad.dtype, torch.float32)).square().mean(dim=norm_dims, keepdim=True).sqrt()
+        norm = (
+            x_grad.to(torch.promote_types(x_grad.dtype, torch.float32))
+            .square()
+            .mean(dim=norm_dims, keepdim=True)
+            .sqrt()
+        )
         median_norm = norm.median()
         if math.isinf(ctx.threshold):
             # Observing only: the statistics, and the gradients untouched.

@@ -253,4 +253,6 @@ class RNNEncoder(nn.Module):
 
     def gradient_filters(self) -> List[Tuple[int, GradientFilter]]:
         """``[(layer_index, filter)]`` for the layers that have one (for logging)."""
-        return [(i, layer.lstm.grad_filter) for i, layer in enumerate(self.layers) if layer.lstm.grad_filter is not None]
+        return [
+            (i, layer.lstm.grad_filter) for i, layer in enumerate(self.layers) if layer.lstm.grad_filter is not None
+        ]

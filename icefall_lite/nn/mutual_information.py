@@ -42,9 +42,7 @@ def make_boundary(symbol_lengths: Tensor, frame_lengths: Tensor) -> Tensor:
             f"got {tuple(symbol_lengths.shape)} and {tuple(frame_lengths.shape)}"
         )
     device = frame_lengths.device
-    boundary = torch.zeros(
-        (frame_lengths.shape[0], 4), dtype=torch.int64, device=device
-    )
+    boundary = torch.zeros((frame_lengths.shape[0], 4), dtype=torch.int64, device=device)
     boundary[:, 2] = symbol_lengths.to(device=device, dtype=torch.int64)
     boundary[:, 3] = frame_lengths.to(dtype=torch.int64)
     return boundary
@@ -92,7 +90,6 @@ def _fix_for_boundary(px: Tensor, boundary: Optional[Tensor]) -> Tensor:
     B, S, T1 = px.shape
     t_end = boundary[:, 3].reshape(B, 1, 1).expand(B, S, 1)
     return px.scatter(2, t_end, _NEG_INF)
-
 
 
 # --------------------------------------------------------------------------
@@ -178,9 +175,7 @@ def _neighbour_view(buf: Tensor, i: int, S: int) -> Tensor:
       ``(K, 2, B, S+1)`` view of ``buf[i - 1]``: ``[k, j, b, s] = buf[i-1, k, b, s + j + k]``.
     """
     _, K, B, W = buf.shape
-    return buf.as_strided(
-        (K, 2, B, S + 1), (B * W + 1, 1, W, 1), buf.storage_offset() + (i - 1) * K * B * W
-    )
+    return buf.as_strided((K, 2, B, S + 1), (B * W + 1, 1, W, 1), buf.storage_offset() + (i - 1) * K * B * W)
 
 
 def _neighbour_arcs(PX: Tensor, PY: Tensor, S: int, d_last: int, with_backward: bool) -> Tensor:
@@ -333,8 +328,7 @@ def mutual_information_recursion(
     T = T1 - 1
     if py.shape != (B, S + 1, T):
         raise ValueError(
-            f"py must have shape (B, S+1, T) = {(B, S + 1, T)} for px of shape "
-            f"{tuple(px.shape)}, got {tuple(py.shape)}"
+            f"py must have shape (B, S+1, T) = {(B, S + 1, T)} for px of shape {tuple(px.shape)}, got {tuple(py.shape)}"
         )
     if px.dtype != py.dtype or px.device != py.device:
         raise ValueError("px and py must have the same dtype and device")
@@ -356,4 +350,3 @@ def mutual_information_recursion(
         assert px_grad is not None and py_grad is not None
         return scores, (px_grad, py_grad)
     return scores
-

@@ -60,9 +60,7 @@ def _simple_parts(lm: Tensor, am: Tensor, symbols: Tensor, termination_symbol: i
     lm_probs = (lm - lm_max).exp()
     am_probs = (am - am_max).exp()
     tiny = torch.finfo(lm.dtype).tiny
-    normalizers = (
-        torch.matmul(lm_probs, am_probs.transpose(1, 2)) + tiny
-    ).log() + lm_max + am_max.transpose(1, 2)
+    normalizers = (torch.matmul(lm_probs, am_probs.transpose(1, 2)) + tiny).log() + lm_max + am_max.transpose(1, 2)
     px_am = torch.gather(am, 2, symbols.unsqueeze(1).expand(B, T, S)).transpose(1, 2)
     px_lm = torch.gather(lm[:, :S], 2, symbols.unsqueeze(2))
     py_am = am[:, :, termination_symbol].unsqueeze(1)
@@ -127,9 +125,7 @@ def get_rnnt_logprobs_smoothed(
     lmonly_normalizers = lm_sums.log() + lm_max  # (B, S+1, 1)
     unigram = (lm_probs / lm_sums).mean(dim=(0, 1)) + tiny  # (C,)
     log_unigram = unigram.log()
-    amonly_normalizers = (
-        torch.matmul(am_probs, unigram).log().unsqueeze(2) + am_max
-    ).transpose(1, 2)  # (B, 1, T)
+    amonly_normalizers = (torch.matmul(am_probs, unigram).log().unsqueeze(2) + am_max).transpose(1, 2)  # (B, 1, T)
 
     px_joint = px_am + px_lm - normalizers[:, :S]  # (B, S, T)
     px_lmonly = px_lm - lmonly_normalizers[:, :S]  # (B, S, 1)
@@ -300,4 +296,3 @@ def get_rnnt_logprobs_pruned(
     py = full.scatter(2, ranges, py_win).transpose(1, 2).contiguous()  # (B, S+1, T)
     px = _append_neg_inf_column(px)
     return _fix_for_boundary(px, boundary), py
-

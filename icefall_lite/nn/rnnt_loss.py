@@ -40,7 +40,6 @@ Reductions (as k2 and torchaudio): ``"none"`` returns the ``(B,)`` losses,
 divided by lengths).
 """
 
-
 from __future__ import annotations
 
 from typing import Optional, Tuple, Union
@@ -144,9 +143,7 @@ def rnnt_loss_smoothed(
 
     Args/Returns: as :func:`rnnt_loss_simple`, plus the two scales.
     """
-    px, py = get_rnnt_logprobs_smoothed(
-        lm, am, symbols, termination_symbol, lm_only_scale, am_only_scale, boundary
-    )
+    px, py = get_rnnt_logprobs_smoothed(lm, am, symbols, termination_symbol, lm_only_scale, am_only_scale, boundary)
     return _lattice_loss(px, py, boundary, reduction, return_grad)
 
 
@@ -301,7 +298,9 @@ def rnnt_loss(
     B, T, U1, V = logits.shape
     U = U1 - 1
     if targets.shape != (B, U):
-        raise ValueError(f"targets must be (B, U) = {(B, U)} for logits {tuple(logits.shape)}, got {tuple(targets.shape)}")
+        raise ValueError(
+            f"targets must be (B, U) = {(B, U)} for logits {tuple(logits.shape)}, got {tuple(targets.shape)}"
+        )
     if logit_lengths.shape != (B,) or target_lengths.shape != (B,):
         raise ValueError("logit_lengths and target_lengths must be (B,)")
     device = logits.device

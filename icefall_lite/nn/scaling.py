@@ -153,9 +153,7 @@ class ScaledLSTM(nn.LSTM):
             raise ValueError("ScaledLSTM takes (T, N, C) input; batch_first is not supported")
         super().__init__(*args, **kwargs)
         log_scale = math.log(initial_scale)
-        self._scales = nn.ParameterList(
-            [nn.Parameter(torch.tensor(log_scale)) for _ in self._flat_weights_names]
-        )
+        self._scales = nn.ParameterList([nn.Parameter(torch.tensor(log_scale)) for _ in self._flat_weights_names])
         std = 0.1 / initial_speed
         bound = math.sqrt(3.0) * std
         with torch.no_grad():

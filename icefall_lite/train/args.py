@@ -18,37 +18,75 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     """Optimizer and schedule, loss, dropout, fp16 and the gradient-control flags."""
     group = parser.add_argument_group("training step")
     # dest is not "optimizer": checkpoints store params next to the "optimizer" state.
-    group.add_argument("--optimizer", dest="optimizer_name", choices=OPTIMIZERS, default="eve",
+    group.add_argument(
+        "--optimizer",
+        dest="optimizer_name",
+        choices=OPTIMIZERS,
+        default="eve",
         help="eve: lstm_transducer_stateless3's Adam variant; scaled-adam: the zipformer recipes' ScaledAdam "
         "(updates relative to each tensor's size, its own clipping at 2x the median gradient norm; zipformer "
-        "uses --base-lr 0.045 and no --clip-grad-norm).")
+        "uses --base-lr 0.045 and no --clip-grad-norm).",
+    )
     group.add_argument("--base-lr", type=float, default=0.003, help="Base learning rate of the Eden schedule.")
-    group.add_argument("--lr-batches", type=float, default=1000, help="Eden: batches after which the lr starts to fall (icefall: 5000).")
-    group.add_argument("--lr-epochs", type=float, default=4, help="Eden: epochs after which the lr starts to fall (icefall: 10).")
-    group.add_argument("--model-warm-step", type=int, default=100,
+    group.add_argument(
+        "--lr-batches",
+        type=float,
+        default=1000,
+        help="Eden: batches after which the lr starts to fall (icefall: 5000).",
+    )
+    group.add_argument(
+        "--lr-epochs", type=float, default=4, help="Eden: epochs after which the lr starts to fall (icefall: 10)."
+    )
+    group.add_argument(
+        "--model-warm-step",
+        type=int,
+        default=100,
         help="Batches of model warm-up (icefall: 3000): layer bypass ramps over it, the pruned loss is off for "
-        "the first warm-up, at 0.1 for the second, then 1.0.")
+        "the first warm-up, at 0.1 for the second, then 1.0.",
+    )
     group.add_argument("--prune-range", type=int, default=5, help="s_range of the pruned RNN-T loss.")
     group.add_argument("--lm-scale", type=float, default=0.25, help="lm_only_scale of the smoothed simple loss.")
     group.add_argument("--am-scale", type=float, default=0.0, help="am_only_scale of the smoothed simple loss.")
     group.add_argument("--simple-loss-scale", type=float, default=0.5, help="Weight of the simple loss.")
-    group.add_argument("--loss-ramp", choices=LOSS_RAMPS, default="step",
+    group.add_argument(
+        "--loss-ramp",
+        choices=LOSS_RAMPS,
+        default="step",
         help="How the loss weights reach their final values over the warm-up: 'step' is "
         "lstm_transducer_stateless3's (pruned 0 for the first --model-warm-step batches, 0.1 for the second, "
         "then 1; simple --simple-loss-scale throughout); 'linear' is the zipformer recipes' (over the first "
-        "--model-warm-step batches, simple 1.0 -> --simple-loss-scale and pruned 0.1 -> 1.0, linearly).")
-    group.add_argument("--ctc-loss-scale", type=float, default=0.0,
+        "--model-warm-step batches, simple 1.0 -> --simple-loss-scale and pruned 0.1 -> 1.0, linearly).",
+    )
+    group.add_argument(
+        "--ctc-loss-scale",
+        type=float,
+        default=0.0,
         help="Weight of an auxiliary CTC loss on the encoder output (a CTC head as in icefall's zipformer "
         "recipes, which use 0.2); 0 = no CTC head. The logged 'loss' is the transducer loss (simple + "
-        "pruned), so it compares between runs with and without CTC.")
-    group.add_argument("--dropout", type=float, default=0.0,
-        help="Dropout on the encoder layers' LSTM and feed-forward branches (and the CTC head) (icefall: 0.1).")
-    group.add_argument("--layer-dropout", type=float, default=0.0,
-        help="Probability, per layer and batch, of nearly bypassing an encoder layer (icefall: 0.075).")
-    group.add_argument("--tail-pad-frames", type=int, default=0,
+        "pruned), so it compares between runs with and without CTC.",
+    )
+    group.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="Dropout on the encoder layers' LSTM and feed-forward branches (and the CTC head) (icefall: 0.1).",
+    )
+    group.add_argument(
+        "--layer-dropout",
+        type=float,
+        default=0.0,
+        help="Probability, per layer and batch, of nearly bypassing an encoder layer (icefall: 0.075).",
+    )
+    group.add_argument(
+        "--tail-pad-frames",
+        type=int,
+        default=0,
         help=f"Append this many frames of log(1e-10) to every training utterance, as decode.py appends "
-        f"{NUM_TAIL_PADDED_FRAMES} before the encoder (0 = none, as icefall's training).")
-    group.add_argument("--use-fp16", type=str2bool, default=False, help="Mixed precision with a GradScaler (CUDA only).")
+        f"{NUM_TAIL_PADDED_FRAMES} before the encoder (0 = none, as icefall's training).",
+    )
+    group.add_argument(
+        "--use-fp16", type=str2bool, default=False, help="Mixed precision with a GradScaler (CUDA only)."
+    )
     add_gradient_control_arguments(parser)
 
 

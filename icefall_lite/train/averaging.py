@@ -40,7 +40,9 @@ from icefall_lite.train.checkpoint import (
 
 
 @torch.no_grad()
-def update_averaged_model(average_period: int, batch_idx_train: int, model_cur: nn.Module, model_avg: nn.Module) -> None:
+def update_averaged_model(
+    average_period: int, batch_idx_train: int, model_cur: nn.Module, model_avg: nn.Module
+) -> None:
     """icefall's running average: ``avg = cur * w + avg * (1 - w)``, ``w = average_period / batch_idx_train``.
 
     Called every ``average_period`` batches, this keeps ``model_avg`` equal to
@@ -55,7 +57,9 @@ def update_averaged_model(average_period: int, batch_idx_train: int, model_cur: 
             avg_value.copy_(cur[name])
 
 
-def average_checkpoints(filenames: List[PathLike], device: torch.device = torch.device("cpu")) -> Dict[str, torch.Tensor]:
+def average_checkpoints(
+    filenames: List[PathLike], device: torch.device = torch.device("cpu")
+) -> Dict[str, torch.Tensor]:
     """Element-wise mean of the ``model`` entries of several checkpoints (integer buffers: from the first)."""
     if not filenames:
         raise CheckpointError("average_checkpoints needs at least one checkpoint")
@@ -140,15 +144,22 @@ def _found_str(paths: Sequence[Path], what: str) -> str:
 def _avg_too_large_message(exp_dir: Path, epoch: int, avg: int, use_averaged_model: bool, found: str) -> str:
     """Why ``--avg`` does not fit ``--epoch``, and the fix."""
     if use_averaged_model:
-        rule = (f"averages the model between epoch-(EPOCH-AVG).pt (excluded) and epoch-{epoch}.pt, "
-                "so --avg must be below --epoch")
-        fix = (f"use --avg {epoch - 1} or less, or --use-averaged-model false" if epoch > 1
-               else "use --use-averaged-model false")
+        rule = (
+            f"averages the model between epoch-(EPOCH-AVG).pt (excluded) and epoch-{epoch}.pt, "
+            "so --avg must be below --epoch"
+        )
+        fix = (
+            f"use --avg {epoch - 1} or less, or --use-averaged-model false"
+            if epoch > 1
+            else "use --use-averaged-model false"
+        )
     else:
         rule = f"averages epoch-(EPOCH-AVG+1).pt .. epoch-{epoch}.pt, so --avg must be at most --epoch"
         fix = f"use --avg {epoch} or less"
-    return (f"--avg {avg} is too large for --epoch {epoch}: --use-averaged-model "
-            f"{str(use_averaged_model).lower()} {rule}; {fix}. Found in {exp_dir}: {found}.")
+    return (
+        f"--avg {avg} is too large for --epoch {epoch}: --use-averaged-model "
+        f"{str(use_averaged_model).lower()} {rule}; {fix}. Found in {exp_dir}: {found}."
+    )
 
 
 def _epoch_plan(exp_dir: Path, epoch: int, avg: int, use_averaged_model: bool) -> CheckpointPlan:
@@ -180,7 +191,8 @@ def _iter_plan(exp_dir: Path, iteration: int, avg: int, use_averaged_model: bool
         raise CheckpointError(
             f"Not enough checkpoints ({len(candidates)}) found for --iter {iteration}, --avg {avg}: "
             f"--use-averaged-model {str(use_averaged_model).lower()} needs {needed} checkpoint-<batch>.pt files "
-            f"with batch <= {iteration} in {exp_dir}. Found: {_found_str(find_checkpoints(exp_dir), 'checkpoint-*.pt')}."
+            f"with batch <= {iteration} in {exp_dir}. "
+            f"Found: {_found_str(find_checkpoints(exp_dir), 'checkpoint-*.pt')}."
         )
     chosen = candidates[:needed]
     if use_averaged_model:
@@ -258,6 +270,11 @@ def load_weights_from_flags(model: nn.Module, flags: Mapping[str, Any], device: 
     """:func:`load_averaged_weights` of the checkpoint flags in ``flags`` (``exp_dir``, ``epoch``, ``iter``,
     ``avg``, ``use_averaged_model``; :mod:`icefall_lite.train.checkpoint_args`)."""
     return load_averaged_weights(
-        model, flags["exp_dir"], epoch=flags["epoch"], iter=flags["iter"], avg=flags["avg"],
-        use_averaged_model=flags["use_averaged_model"], device=device,
+        model,
+        flags["exp_dir"],
+        epoch=flags["epoch"],
+        iter=flags["iter"],
+        avg=flags["avg"],
+        use_averaged_model=flags["use_averaged_model"],
+        device=device,
     )

@@ -122,7 +122,9 @@ def load_state_dict_checked(module: nn.Module, state_dict: Dict[str, torch.Tenso
         if missing:
             lines.append("Missing in checkpoint: " + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else ""))
         if unexpected:
-            lines.append("Unexpected in checkpoint: " + ", ".join(unexpected[:20]) + (" ..." if len(unexpected) > 20 else ""))
+            lines.append(
+                "Unexpected in checkpoint: " + ", ".join(unexpected[:20]) + (" ..." if len(unexpected) > 20 else "")
+            )
         raise CheckpointError("\n".join(lines))
     module.load_state_dict(state_dict, strict=True)
 
@@ -141,7 +143,12 @@ def load_checkpoint(
     load_state_dict_checked(unwrap(model), checkpoint["model"], str(filename))
     if model_avg is not None and checkpoint.get("model_avg") is not None:
         load_state_dict_checked(model_avg, checkpoint["model_avg"], f"{filename} (model_avg)")
-    for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("grad_scaler", scaler), ("sampler", sampler)):
+    for name, obj in (
+        ("optimizer", optimizer),
+        ("scheduler", scheduler),
+        ("grad_scaler", scaler),
+        ("sampler", sampler),
+    ):
         if obj is not None and checkpoint.get(name) is not None:
             obj.load_state_dict(checkpoint[name])
     return checkpoint
@@ -164,8 +171,6 @@ def remove_checkpoints(out_dir: PathLike, keep_last_k: int) -> None:
         return
     for path in find_checkpoints(out_dir)[keep_last_k:]:
         path.unlink(missing_ok=True)
-
-
 
 
 def remove_interrupted_saves(exp_dir: PathLike) -> None:

@@ -93,7 +93,10 @@ class ModelDiagnostics:
         lines.append("parameter statistics:")
         for name, p in self.model.named_parameters():
             g = "none" if p.grad is None else f"{float(p.grad.detach().float().square().mean().sqrt()):.3g}"
-            lines.append(f"  {name}: shape={tuple(p.shape)} value_rms={float(p.detach().float().square().mean().sqrt()):.3g} grad_rms={g}")
+            lines.append(
+                f"  {name}: shape={tuple(p.shape)} "
+                f"value_rms={float(p.detach().float().square().mean().sqrt()):.3g} grad_rms={g}"
+            )
         report = "\n".join(lines)
         logging.info(report)
         return report
@@ -117,9 +120,11 @@ def register_inf_check_hooks(model: nn.Module) -> List[torch.utils.hooks.Removab
                     logging.warning(f"inf-check: non-finite forward output {i} of module {name}")
                 if o.requires_grad:
                     o.register_hook(
-                        lambda g, i=i: logging.warning(f"inf-check: non-finite gradient of output {i} of module {name}")
-                        if not torch.isfinite(g).all()
-                        else None
+                        lambda g, i=i: (
+                            logging.warning(f"inf-check: non-finite gradient of output {i} of module {name}")
+                            if not torch.isfinite(g).all()
+                            else None
+                        )
                     )
 
         return hook

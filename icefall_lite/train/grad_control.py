@@ -47,17 +47,30 @@ FLAGS = ("clip_grad_norm", "clip_grad_value", "agc_clipping", "error_clip")
 def add_gradient_control_arguments(parser: argparse.ArgumentParser) -> None:
     """The clipping flags of train.py (the filter's flag is a model flag)."""
     group = parser.add_argument_group("gradient control")
-    group.add_argument("--clip-grad-norm", type=float, default=5.0,
-                       help="Scale all gradients together so that their global L2 norm is at most this; 0 = off.")
-    group.add_argument("--clip-grad-value", type=float, default=0.0,
-                       help="Clamp every gradient element to [-VALUE, VALUE]; 0 = off.")
-    group.add_argument("--agc-clipping", type=float, default=0.0,
-                       help="Adaptive gradient clipping (AGC): lambda, the largest allowed unit-wise ratio of "
-                       "gradient norm to weight norm (the joiner's output layer is left unclipped); 0 = off.")
-    group.add_argument("--error-clip", type=float, default=0.0,
-                       help="Per-variable error clip (Paddle's ErrorClipByValue) during backward: the gradient "
-                       "arriving at every encoder layer's output is clamped element-wise to [-VALUE, VALUE] "
-                       "before it flows into the layer; 0 = off.")
+    group.add_argument(
+        "--clip-grad-norm",
+        type=float,
+        default=5.0,
+        help="Scale all gradients together so that their global L2 norm is at most this; 0 = off.",
+    )
+    group.add_argument(
+        "--clip-grad-value", type=float, default=0.0, help="Clamp every gradient element to [-VALUE, VALUE]; 0 = off."
+    )
+    group.add_argument(
+        "--agc-clipping",
+        type=float,
+        default=0.0,
+        help="Adaptive gradient clipping (AGC): lambda, the largest allowed unit-wise ratio of "
+        "gradient norm to weight norm (the joiner's output layer is left unclipped); 0 = off.",
+    )
+    group.add_argument(
+        "--error-clip",
+        type=float,
+        default=0.0,
+        help="Per-variable error clip (Paddle's ErrorClipByValue) during backward: the gradient "
+        "arriving at every encoder layer's output is clamped element-wise to [-VALUE, VALUE] "
+        "before it flows into the layer; 0 = off.",
+    )
 
 
 def check_gradient_control_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

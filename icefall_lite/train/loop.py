@@ -155,7 +155,7 @@ def log_step(t: Training, info: MetricsTracker, grad_norm: float, clip_scale: fl
     t.add_scalar(TB_TAGS.skipped_steps, t.params.skipped_steps)
     for key, value in stats.items():
         layer, stat = key.split("/", 1)
-        t.add_scalar(TB_TAGS.filter_tag(int(layer[len("layer"):]), stat), value)
+        t.add_scalar(TB_TAGS.filter_tag(int(layer[len("layer") :]), stat), value)
 
 
 # --------------------------------------------------------------------------
@@ -223,8 +223,14 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
     iterator = iter(train_dl)
     if rng_state is not None:
         set_rng_state(rng_state, train_dl)
-    progress = progress_bar(iterator, desc=f"epoch {params.cur_epoch}", disable=t.rank != 0, dynamic_ncols=True,
-                            initial=params.batch_idx_in_epoch, unit="batch")
+    progress = progress_bar(
+        iterator,
+        desc=f"epoch {params.cur_epoch}",
+        disable=t.rank != 0,
+        dynamic_ncols=True,
+        initial=params.batch_idx_in_epoch,
+        unit="batch",
+    )
     last_time = time.time()
     for batch in progress:
         params.batch_idx_train += 1
@@ -242,8 +248,9 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
         log_step(t, info, grad_norm, clip_scale, stats)
         lr = t.scheduler.get_last_lr()[0]
         if t.rank == 0:
-            progress.set_postfix(loss=f"{tot_loss.per_frame('loss'):.3f}", lr=f"{lr:.2e}", gnorm=f"{grad_norm:.3g}",
-                                 refresh=False)
+            progress.set_postfix(
+                loss=f"{tot_loss.per_frame('loss'):.3f}", lr=f"{lr:.2e}", gnorm=f"{grad_norm:.3g}", refresh=False
+            )
         if params.batch_idx_train % params.log_interval == 0:
             filtered = [v for k, v in stats.items() if k.endswith("fraction_filtered")]
             logging.info(
@@ -256,8 +263,10 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
         batch_idx = params.batch_idx_in_epoch - 1  # icefall's 0-based index in the epoch
         if params.valid_interval > 0 and batch_idx > 0 and batch_idx % params.valid_interval == 0:
             valid_info = validate(t)
-            logging.info(f"Epoch {params.cur_epoch}, global batch {params.batch_idx_train}, validation: "
-                         f"{valid_info.per_frame_str()}")
+            logging.info(
+                f"Epoch {params.cur_epoch}, global batch {params.batch_idx_train}, validation: "
+                f"{valid_info.per_frame_str()}"
+            )
         if params.save_every_n > 0 and params.batch_idx_train % params.save_every_n == 0:
             t.save(params.exp_dir / f"checkpoint-{params.batch_idx_train}.pt", train_dl)
             if t.rank == 0:
@@ -302,8 +311,9 @@ def finish_epoch(t: Training, epoch: int, epoch_start: float) -> None:
     params = t.params
     if params.valid_interval > 0:
         # icefall's rule: validation every --valid-interval batches only.
-        valid_text = (f"last validation loss {params.get('valid_loss', float('nan')):.4f} "
-                      f"(every {params.valid_interval} batches)")
+        valid_text = (
+            f"last validation loss {params.get('valid_loss', float('nan')):.4f} (every {params.valid_interval} batches)"
+        )
     else:
         valid_text = f"validation: {validate(t).per_frame_str()}"
     logging.info(

@@ -176,8 +176,14 @@ class ScaledAdam(Optimizer):
         if clipping_scale is not None and clipping_scale <= 0:
             raise ValueError(f"clipping_scale must be positive or None, got {clipping_scale}")
         defaults = dict(
-            lr=lr, betas=betas, scalar_lr_scale=scalar_lr_scale, eps=eps, param_min_rms=param_min_rms,
-            param_max_rms=param_max_rms, scalar_max=scalar_max, size_update_period=size_update_period,
+            lr=lr,
+            betas=betas,
+            scalar_lr_scale=scalar_lr_scale,
+            eps=eps,
+            param_min_rms=param_min_rms,
+            param_max_rms=param_max_rms,
+            scalar_max=scalar_max,
+            size_update_period=size_update_period,
         )
         super().__init__(params, defaults)
         self.clipping_scale = clipping_scale
@@ -190,8 +196,12 @@ class ScaledAdam(Optimizer):
 
     def state_dict(self) -> Dict:
         state = super().state_dict()
-        state["clipping"] = {"norms": list(self._norms), "threshold": self._threshold, "steps": self._steps,
-                             "num_clipped": self.num_clipped}
+        state["clipping"] = {
+            "norms": list(self._norms),
+            "threshold": self._threshold,
+            "steps": self._steps,
+            "num_clipped": self.num_clipped,
+        }
         return state
 
     def load_state_dict(self, state_dict: Dict) -> None:
@@ -220,7 +230,7 @@ class ScaledAdam(Optimizer):
                 sumsq = p.grad.detach().double().square().sum()
                 terms.append(sumsq if p.numel() == 1 else sumsq * self._param_rms(p, self.state[p]).double() ** 2)
         norm = float(torch.stack(terms).sum().sqrt()) if terms else 0.0  # one host sync per step
-        self._norms = (self._norms + [norm])[-self.clipping_update_period:]
+        self._norms = (self._norms + [norm])[-self.clipping_update_period :]
         step = self._steps
         if step in (10, 20, 40) or (step > 0 and step % self.clipping_update_period == 0):
             recent = sorted(self._norms[-step:])

@@ -46,8 +46,10 @@ def init_from_weights(path: Path, model: nn.Module, model_avg: Optional[nn.Modul
     load_state_dict_checked(unwrap(model), checkpoint["model"], f"--init-from {path}")
     if model_avg is not None:
         model_avg.load_state_dict({k: v.to(torch.float64) for k, v in unwrap(model).state_dict().items()})
-    logging.info(f"Initialised the model from the weights of {path} (trained {checkpoint.get('batch_idx_train', '?')} "
-                 "batches); optimizer, schedule and counters start afresh")
+    logging.info(
+        f"Initialised the model from the weights of {path} (trained {checkpoint.get('batch_idx_train', '?')} "
+        "batches); optimizer, schedule and counters start afresh"
+    )
 
 
 class Resumption:
@@ -61,8 +63,16 @@ class Resumption:
     stopped mid-epoch.
     """
 
-    PROGRESS_KEYS = ("batch_idx_train", "best_train_loss", "best_valid_loss", "best_train_epoch",
-                     "best_valid_epoch", "skipped_steps", "skipped_utterances", "train_seconds")
+    PROGRESS_KEYS = (
+        "batch_idx_train",
+        "best_train_loss",
+        "best_valid_loss",
+        "best_train_epoch",
+        "best_valid_epoch",
+        "skipped_steps",
+        "skipped_utterances",
+        "train_seconds",
+    )
 
     def __init__(self, checkpoint: Dict[str, Any]) -> None:
         self.checkpoint: Optional[Dict[str, Any]] = checkpoint

@@ -41,9 +41,7 @@ class TrainingScalarTags:
     def parse_filter_tag(self, tag: str) -> Optional[Tuple[int, str]]:
         """``(layer, stat)`` of a GradientFilter tag, None for any other tag."""
         pattern = (
-            re.escape(self.grad_filter)
-            .replace(r"\{layer\}", r"(?P<layer>\d+)")
-            .replace(r"\{stat\}", r"(?P<stat>\w+)")
+            re.escape(self.grad_filter).replace(r"\{layer\}", r"(?P<layer>\d+)").replace(r"\{stat\}", r"(?P<stat>\w+)")
         )
         match = re.fullmatch(pattern, tag)
         return None if match is None else (int(match.group("layer")), match.group("stat"))

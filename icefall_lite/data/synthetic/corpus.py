@@ -217,16 +217,13 @@ def plan_corpus(size: CorpusSize, seed: int) -> CorpusPlan:
     sentences, vocab = load_sentences(size.vocab_words)
     splits = split_sentences_for_corpus(sentences, vocab, EVAL_PARTS, size.eval_utts, rng)
     n = size.eval_speakers
-    train_voices = tts.sample_voices(
-        rng, size.train_speakers, tts.train_voice_names(), tts.TRAIN_FLITE
-    )
+    train_voices = tts.sample_voices(rng, size.train_speakers, tts.train_voice_names(), tts.TRAIN_FLITE)
     other_voices = tts.sample_voices(rng, 2 * n, tts.other_voice_names(), tts.OTHER_FLITE)
     clean_idx = rng.permutation(len(train_voices))
     part_voices = {
         TRAIN_PART: train_voices,
         "dev-clean": [train_voices[i] for i in clean_idx[:n]],
-        "test-clean": [train_voices[i] for i in clean_idx[n : 2 * n]]
-        or [train_voices[i] for i in clean_idx[:n]],
+        "test-clean": [train_voices[i] for i in clean_idx[n : 2 * n]] or [train_voices[i] for i in clean_idx[:n]],
         "dev-other": other_voices[:n],
         "test-other": other_voices[n:],
     }
@@ -242,9 +239,7 @@ def plan_corpus(size: CorpusSize, seed: int) -> CorpusPlan:
     babble_text = [babble_text[i] for i in rng.permutation(len(babble_text))]
     num_babble = size.babble_segments * size.babble_talkers * noise_lib.SENTENCES_PER_TALKER
     if size.extra_train_hours > 0:
-        utterances += _extra_train_utterances(
-            sentences, vocab, set(babble_text[:num_babble]), ids, size, seed
-        )
+        utterances += _extra_train_utterances(sentences, vocab, set(babble_text[:num_babble]), ids, size, seed)
     return CorpusPlan(
         utterances=utterances,
         babble_voices=babble_voices,
@@ -267,9 +262,7 @@ def extra_train_pool(
     return [
         s
         for s in sentences
-        if s not in excluded
-        and all(w in wider for w in s.split())
-        and not all(w in base_vocab for w in s.split())
+        if s not in excluded and all(w in wider for w in s.split()) and not all(w in base_vocab for w in s.split())
     ]
 
 
@@ -306,9 +299,7 @@ def _babble_segment(args: Tuple[List[tts.Voice], List[str], int, int]) -> np.nda
     return noise_lib.babble(voices, sentences, num_samples, np.random.default_rng(seed))
 
 
-def make_babble_bank(
-    plan: CorpusPlan, size: CorpusSize, num_jobs: int
-) -> List[np.ndarray]:
+def make_babble_bank(plan: CorpusPlan, size: CorpusSize, num_jobs: int) -> List[np.ndarray]:
     """Render the babble segments that noise the ``-other`` parts."""
     num_samples = int(size.babble_seconds * tts.SAMPLE_RATE)
     per_seg = size.babble_talkers * noise_lib.SENTENCES_PER_TALKER
@@ -458,10 +449,7 @@ def build_corpus(dl_dir: Path, size_name: str = "default", seed: int = 42, num_j
     size = SIZES[size_name]
     start = time.time()
     plan = plan_corpus(size, seed)
-    logging.info(
-        f"planned {len(plan.utterances)} utterances (size={size_name}, seed={seed}, "
-        f"{num_jobs} jobs)"
-    )
+    logging.info(f"planned {len(plan.utterances)} utterances (size={size_name}, seed={seed}, {num_jobs} jobs)")
     with atomic_output(corpus_dir) as partial:
         partial.mkdir()
         stats = _write_corpus_tree(partial, plan, size, size_name, seed, num_jobs)

@@ -31,15 +31,12 @@ def fortune_files(fortune_dir: Path = FORTUNE_DIR) -> List[Path]:
     """The plain-text fortune files of ``fortune_dir`` (no ``.dat``/``.u8``), sorted."""
     if not fortune_dir.is_dir():
         raise FileNotFoundError(
-            f"no fortunes at {fortune_dir}: install the Debian packages fortune-mod "
-            f"and fortunes (`make setup` does it)"
+            f"no fortunes at {fortune_dir}: install the Debian packages fortune-mod and fortunes (`make setup` does it)"
         )
     files = [
         p
         for p in sorted(fortune_dir.iterdir())
-        if p.is_file()
-        and p.suffix not in (".dat", ".u8")
-        and p.name not in EXCLUDED_FORTUNE_FILES
+        if p.is_file() and p.suffix not in (".dat", ".u8") and p.name not in EXCLUDED_FORTUNE_FILES
     ]
     if not files:
         raise FileNotFoundError(f"{fortune_dir} holds no fortune files")
@@ -58,9 +55,7 @@ def read_fortunes(path: Path) -> List[str]:
     return entries
 
 
-def sentence_pool(
-    paragraphs: Iterable[str], min_words: int = 5, max_words: int = 20
-) -> List[str]:
+def sentence_pool(paragraphs: Iterable[str], min_words: int = 5, max_words: int = 20) -> List[str]:
     """Distinct normalised sentences of ``min_words``..``max_words`` words, in order."""
     seen: Set[str] = set()
     out = []

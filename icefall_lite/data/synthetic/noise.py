@@ -41,9 +41,7 @@ def _unit_rms(x: np.ndarray) -> np.ndarray:
     return (x / rms).astype(np.float32)
 
 
-def talker_track(
-    voice: Voice, sentences: Sequence[str], num_samples: int, rng: np.random.Generator
-) -> np.ndarray:
+def talker_track(voice: Voice, sentences: Sequence[str], num_samples: int, rng: np.random.Generator) -> np.ndarray:
     """One babble talker: ``voice`` reading ``sentences`` (cycled) for ``num_samples``.
 
     Short random pauses separate the sentences; the track is circularly shifted

@@ -87,8 +87,7 @@ def check_tools() -> None:
     missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
     if missing:
         raise SynthesisError(
-            f"missing programs {missing}: install the Debian packages espeak-ng, "
-            f"flite and sox (`make setup` does it)"
+            f"missing programs {missing}: install the Debian packages espeak-ng, flite and sox (`make setup` does it)"
         )
 
 
@@ -186,9 +185,7 @@ def synthesize(voice: Voice, text: str) -> np.ndarray:
     with tempfile.TemporaryDirectory(prefix="icefall-lite-tts-") as tmp:
         wav = Path(tmp) / "tts.wav"
         _run(_tts_command(voice, text, wav))
-        raw = _run(
-            ["sox", "-R", str(wav), "-t", "f32", "-r", str(SAMPLE_RATE), "-c", "1", "-"]
-        )
+        raw = _run(["sox", "-R", str(wav), "-t", "f32", "-r", str(SAMPLE_RATE), "-c", "1", "-"])
     samples = np.frombuffer(raw, dtype=np.float32).copy()
     if samples.size == 0 or not np.any(samples):
         raise SynthesisError(f"{voice.describe()} produced no audio for {text!r}")

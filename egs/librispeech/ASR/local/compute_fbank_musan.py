@@ -19,8 +19,12 @@ from icefall_lite.utils import add_nj_argument, parse_script_args, script_parser
 
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
-    parser.add_argument("--musan-dir", type=Path, required=True,
-                        help="the unpacked corpus, with music/, speech/ and noise/ folders of WAVs")
+    parser.add_argument(
+        "--musan-dir",
+        type=Path,
+        required=True,
+        help="the unpacked corpus, with music/, speech/ and noise/ folders of WAVs",
+    )
     parser.add_argument("--manifest-dir", type=Path, default=Path("data/manifests"))
     parser.add_argument("--fbank-dir", type=Path, default=Path("data/fbank"))
     add_nj_argument(parser)

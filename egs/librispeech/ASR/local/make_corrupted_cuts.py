@@ -36,11 +36,16 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out-dir", type=Path, required=True, help="where the corrupted manifest dir goes")
     parser.add_argument("--bpe-model", type=Path, required=True, help="sentencepiece model (token counts)")
     parser.add_argument("--method", choices=CORRUPTION_METHODS, default=defaults.method, help="how to corrupt a cut")
-    parser.add_argument("--fraction", type=float, default=defaults.fraction,
-                        help="fraction of the training cuts to corrupt (rounded; at least one cut)")
+    parser.add_argument(
+        "--fraction",
+        type=float,
+        default=defaults.fraction,
+        help="fraction of the training cuts to corrupt (rounded; at least one cut)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="which cuts, and the random text")
-    parser.add_argument("--density", type=float, default=defaults.density,
-                        help="random-text: tokens per encoder frame (<= 1)")
+    parser.add_argument(
+        "--density", type=float, default=defaults.density, help="random-text: tokens per encoder frame (<= 1)"
+    )
     parser.add_argument("--scale", type=float, default=defaults.scale, help="scale-features: the factor")
     return parser
 
@@ -52,8 +57,9 @@ def main() -> int:
         return 1
     sp = spm.SentencePieceProcessor()
     sp.load(str(args.bpe_model))
-    config = CorruptionConfig(method=args.method, fraction=args.fraction, seed=args.seed,
-                              density=args.density, scale=args.scale)
+    config = CorruptionConfig(
+        method=args.method, fraction=args.fraction, seed=args.seed, density=args.density, scale=args.scale
+    )
     try:
         make_corrupted_dir(args.src_dir, args.out_dir, config, sp, TRAIN_CUT_DURATION_RANGE)
     except CorruptionError as e:

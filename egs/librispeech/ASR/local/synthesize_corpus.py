@@ -18,7 +18,13 @@ from icefall_lite.utils import add_nj_argument, parse_script_args, script_parser
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
     parser.add_argument("--dl-dir", type=Path, required=True, help="the corpus goes to DL_DIR/LibriSpeech")
-    parser.add_argument("--size", choices=sorted(SIZES), default="default", help="default: ~10 h of training audio (288 voices); small: its first 3 h (48 voices, the same dev/test parts); tiny: a few dozen utterances")
+    parser.add_argument(
+        "--size",
+        choices=sorted(SIZES),
+        default="default",
+        help="default: ~10 h of training audio (288 voices); small: its first 3 h (48 voices, the same dev/test "
+        "parts); tiny: a few dozen utterances",
+    )
     parser.add_argument("--seed", type=int, default=42, help="the corpus is identical for a given seed")
     add_nj_argument(parser)
     return parser

@@ -97,43 +97,92 @@ class AblationError(RuntimeError):
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
     t = DEFAULT_THRESHOLDS
-    parser.add_argument("--work-dir", type=Path, default=RECIPE_DIR,
-                        help="folder with data/ (prepare.sh --work-dir); train/decode run in it (default: the recipe)")
-    parser.add_argument("--exp-root", type=Path, default=Path("lstm_transducer_stateless/exp-ablation"),
-                        help="where the runs go (<exp-root>/<condition>/<arm>/seed-<s>/); relative to --work-dir")
-    parser.add_argument("--results-dir", type=Path, default=RECIPE_DIR,
-                        help="where RESULTS.md (ablation section) and the PNG plots are written (default: the recipe)")
-    parser.add_argument("--conditions", nargs="+", default=["stress"], choices=list(CONDITIONS),
-                        help="training conditions to run")
-    parser.add_argument("--arms", nargs="+", default=None,
-                        help="arms to run (default: all; --list shows them)")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=RECIPE_DIR,
+        help="folder with data/ (prepare.sh --work-dir); train/decode run in it (default: the recipe)",
+    )
+    parser.add_argument(
+        "--exp-root",
+        type=Path,
+        default=Path("lstm_transducer_stateless/exp-ablation"),
+        help="where the runs go (<exp-root>/<condition>/<arm>/seed-<s>/); relative to --work-dir",
+    )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=RECIPE_DIR,
+        help="where RESULTS.md (ablation section) and the PNG plots are written (default: the recipe)",
+    )
+    parser.add_argument(
+        "--conditions", nargs="+", default=["stress"], choices=list(CONDITIONS), help="training conditions to run"
+    )
+    parser.add_argument("--arms", nargs="+", default=None, help="arms to run (default: all; --list shows them)")
     parser.add_argument("--num-seeds", type=int, default=3, help="seeds per arm: --seed, --seed + 1, ...")
     parser.add_argument("--seed", type=int, default=42, help="the first seed")
     parser.add_argument("--steps", type=int, default=300, help="training steps of every run (train.py --max-batches)")
-    parser.add_argument("--max-duration", type=float, default=TRAIN_MAX_DURATION,
-                        help="seconds of audio per training batch")
-    parser.add_argument("--grad-filter-threshold", type=float, default=t.filter,
-                        help="GradientFilter threshold of the arms filter and filter-clip (the recipe's)")
-    parser.add_argument("--filter-sweep", type=float, nargs="*", default=list(t.sweep),
-                        help="other GradientFilter thresholds, one arm filter-<t> each")
-    parser.add_argument("--clip-grad-norm", type=float, default=t.clip_norm,
-                        help="clip_grad_norm's max norm in the arms clip and filter-clip (the recipe's)")
-    parser.add_argument("--agc-lambda", type=float, default=t.agc_lambda,
-                        help="lambda of the agc arm (max unit-wise gradient norm / weight norm)")
-    parser.add_argument("--clip-value", type=float, default=t.clip_value,
-                        help="max |gradient element| of the value arm")
-    parser.add_argument("--error-clip", type=float, default=t.error_clip,
-                        help="max |element| of the gradient at every encoder layer's output in the error-clip arm")
-    parser.add_argument("--model-args", type=str, default="",
-                        help="model flags for train.py and decode.py after the condition's, e.g. a smaller model "
-                        "for a quick try (default: none)")
-    parser.add_argument("--decoding-methods", nargs="+", choices=DECODING_METHODS, default=["greedy_search"],
-                        help="decoding methods of every run")
+    parser.add_argument(
+        "--max-duration", type=float, default=TRAIN_MAX_DURATION, help="seconds of audio per training batch"
+    )
+    parser.add_argument(
+        "--grad-filter-threshold",
+        type=float,
+        default=t.filter,
+        help="GradientFilter threshold of the arms filter and filter-clip (the recipe's)",
+    )
+    parser.add_argument(
+        "--filter-sweep",
+        type=float,
+        nargs="*",
+        default=list(t.sweep),
+        help="other GradientFilter thresholds, one arm filter-<t> each",
+    )
+    parser.add_argument(
+        "--clip-grad-norm",
+        type=float,
+        default=t.clip_norm,
+        help="clip_grad_norm's max norm in the arms clip and filter-clip (the recipe's)",
+    )
+    parser.add_argument(
+        "--agc-lambda",
+        type=float,
+        default=t.agc_lambda,
+        help="lambda of the agc arm (max unit-wise gradient norm / weight norm)",
+    )
+    parser.add_argument(
+        "--clip-value", type=float, default=t.clip_value, help="max |gradient element| of the value arm"
+    )
+    parser.add_argument(
+        "--error-clip",
+        type=float,
+        default=t.error_clip,
+        help="max |element| of the gradient at every encoder layer's output in the error-clip arm",
+    )
+    parser.add_argument(
+        "--model-args",
+        type=str,
+        default="",
+        help="model flags for train.py and decode.py after the condition's, e.g. a smaller model "
+        "for a quick try (default: none)",
+    )
+    parser.add_argument(
+        "--decoding-methods",
+        nargs="+",
+        choices=DECODING_METHODS,
+        default=["greedy_search"],
+        help="decoding methods of every run",
+    )
     parser.add_argument("--decode-max-duration", type=float, default=200.0, help="seconds of audio per decoding batch")
-    parser.add_argument("--bpe-model", type=Path, default=None,
-                        help="default: the one data/lang_bpe_*/bpe.model in --work-dir")
-    parser.add_argument("--num-workers", type=int, default=0,
-                        help="DataLoader workers (0: a resumed run reproduces the uninterrupted one exactly)")
+    parser.add_argument(
+        "--bpe-model", type=Path, default=None, help="default: the one data/lang_bpe_*/bpe.model in --work-dir"
+    )
+    parser.add_argument(
+        "--num-workers",
+        type=int,
+        default=0,
+        help="DataLoader workers (0: a resumed run reproduces the uninterrupted one exactly)",
+    )
     parser.add_argument("--save-every-n", type=int, default=50, help="checkpoint every N steps (for resuming)")
     parser.add_argument("--list", action="store_true", help="print the runs of this invocation and exit")
     return parser
@@ -180,9 +229,11 @@ class Settings:
         """What must not change between reruns into the same --exp-root."""
         a = self.args
         return {
-            "steps": a.steps, "max_duration": a.max_duration,
+            "steps": a.steps,
+            "max_duration": a.max_duration,
             "conditions": {name: [list(c.model_flags), list(c.train_flags)] for name, c in CONDITIONS.items()},
-            "bpe_model": self.rel(self.bpe_model), "decode_max_duration": a.decode_max_duration,
+            "bpe_model": self.rel(self.bpe_model),
+            "decode_max_duration": a.decode_max_duration,
             "model_args": self.model_args,
         }
 
@@ -192,8 +243,10 @@ def find_bpe_model(work_dir: Path) -> Path:
     found = sorted((work_dir / "data").glob("lang_bpe_*/bpe.model"))
     if len(found) != 1:
         what = ", ".join(str(p) for p in found) if found else "none"
-        raise AblationError(f"expected one data/lang_bpe_*/bpe.model in {work_dir} (found: {what}); "
-                            "pass --bpe-model, or run prepare.sh first")
+        raise AblationError(
+            f"expected one data/lang_bpe_*/bpe.model in {work_dir} (found: {what}); "
+            "pass --bpe-model, or run prepare.sh first"
+        )
     return found[0]
 
 
@@ -203,15 +256,25 @@ def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(f"--steps and --num-seeds must be >= 1, got {args.steps} and {args.num_seeds}")
     if args.max_duration <= 0 or args.decode_max_duration <= 0:
         parser.error("--max-duration and --decode-max-duration must be positive")
-    positive = {"--grad-filter-threshold": args.grad_filter_threshold, "--clip-grad-norm": args.clip_grad_norm,
-                "--agc-lambda": args.agc_lambda, "--clip-value": args.clip_value, "--error-clip": args.error_clip}
+    positive = {
+        "--grad-filter-threshold": args.grad_filter_threshold,
+        "--clip-grad-norm": args.clip_grad_norm,
+        "--agc-lambda": args.agc_lambda,
+        "--clip-value": args.clip_value,
+        "--error-clip": args.error_clip,
+    }
     positive.update({f"--filter-sweep {x:g}": x for x in args.filter_sweep})
     bad = [name for name, x in positive.items() if not 0 < x < float("inf")]
     if bad:
         parser.error(f"{', '.join(bad)}: thresholds must be positive and finite (the arms switch controls off)")
-    thresholds = Thresholds(args.grad_filter_threshold,
-                            tuple(x for x in dict.fromkeys(args.filter_sweep) if x != args.grad_filter_threshold),
-                            args.clip_grad_norm, args.agc_lambda, args.clip_value, args.error_clip)
+    thresholds = Thresholds(
+        args.grad_filter_threshold,
+        tuple(x for x in dict.fromkeys(args.filter_sweep) if x != args.grad_filter_threshold),
+        args.clip_grad_norm,
+        args.agc_lambda,
+        args.clip_value,
+        args.error_clip,
+    )
     all_arms = make_arms(thresholds)
     try:
         names = select(args.arms, [a.name for a in all_arms], "arm(s)") if args.arms else [a.name for a in all_arms]
@@ -230,8 +293,17 @@ def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(str(e))
     if not bpe.is_file():
         parser.error(f"--bpe-model {bpe} does not exist")
-    return Settings(args, work_dir, exp_root.resolve(), args.results_dir.resolve(), bpe.resolve(), thresholds,
-                    arms, plan, shlex.split(args.model_args))
+    return Settings(
+        args,
+        work_dir,
+        exp_root.resolve(),
+        args.results_dir.resolve(),
+        bpe.resolve(),
+        thresholds,
+        arms,
+        plan,
+        shlex.split(args.model_args),
+    )
 
 
 def check_config(s: Settings) -> None:
@@ -247,15 +319,18 @@ def check_config(s: Settings) -> None:
     changed = {k: (stored.get(k), v) for k, v in wanted.items() if stored.get(k) != v}
     if changed:
         detail = "; ".join(f"{k}: was {old!r}, now {new!r}" for k, (old, new) in changed.items())
-        raise AblationError(f"{s.exp_root} was made with other settings ({detail}); "
-                            "use another --exp-root, or remove it to start over")
+        raise AblationError(
+            f"{s.exp_root} was made with other settings ({detail}); use another --exp-root, or remove it to start over"
+        )
     for name, arm in s.arms.items():
         for arm_file in sorted(s.exp_root.glob(f"*/{name}/seed-*/{ARM_FILE}")):
             trained = read_json(arm_file)["train_flags"]
             if trained != arm.train_flags():
-                raise AblationError(f"{arm_file.parent} was trained with {shlex.join(trained)}, but arm {name} is now "
-                                    f"{shlex.join(arm.train_flags())}; give the arm's threshold it was run with, "
-                                    "or use another --exp-root")
+                raise AblationError(
+                    f"{arm_file.parent} was trained with {shlex.join(trained)}, but arm {name} is now "
+                    f"{shlex.join(arm.train_flags())}; give the arm's threshold it was run with, "
+                    "or use another --exp-root"
+                )
 
 
 # --------------------------------------------------------------------------
@@ -266,20 +341,61 @@ def check_config(s: Settings) -> None:
 def train_command(s: Settings, key: RunKey) -> List[str]:
     a = s.args
     condition = CONDITIONS[key.condition]
-    return (["python", s.script("lstm_transducer_stateless/train.py"), "--exp-dir", s.rel(s.run_dir(key)),
-             "--bpe-model", s.rel(s.bpe_model), "--num-epochs", "100", "--max-batches", str(a.steps),
-             "--seed", str(key.seed), "--max-duration", f"{a.max_duration:g}", "--num-workers", str(a.num_workers),
-             "--save-every-n", str(a.save_every_n), "--keep-last-k", "1"]
-            + s.arms[key.arm].train_flags() + list(condition.model_flags) + list(condition.train_flags)
-            + s.model_args)
+    return (
+        [
+            "python",
+            s.script("lstm_transducer_stateless/train.py"),
+            "--exp-dir",
+            s.rel(s.run_dir(key)),
+            "--bpe-model",
+            s.rel(s.bpe_model),
+            "--num-epochs",
+            "100",
+            "--max-batches",
+            str(a.steps),
+            "--seed",
+            str(key.seed),
+            "--max-duration",
+            f"{a.max_duration:g}",
+            "--num-workers",
+            str(a.num_workers),
+            "--save-every-n",
+            str(a.save_every_n),
+            "--keep-last-k",
+            "1",
+        ]
+        + s.arms[key.arm].train_flags()
+        + list(condition.model_flags)
+        + list(condition.train_flags)
+        + s.model_args
+    )
 
 
 def decode_command(s: Settings, key: RunKey, method: str) -> List[str]:
-    return (["python", s.script("lstm_transducer_stateless/decode.py"), "--exp-dir", s.rel(s.run_dir(key)),
-             "--bpe-model", s.rel(s.bpe_model), "--iter", str(s.args.steps), "--avg", "1",
-             "--use-averaged-model", "false", "--decoding-method", method,
-             "--max-duration", f"{s.args.decode_max_duration:g}", "--num-workers", str(s.args.num_workers)]
-            + list(CONDITIONS[key.condition].model_flags) + s.model_args)
+    return (
+        [
+            "python",
+            s.script("lstm_transducer_stateless/decode.py"),
+            "--exp-dir",
+            s.rel(s.run_dir(key)),
+            "--bpe-model",
+            s.rel(s.bpe_model),
+            "--iter",
+            str(s.args.steps),
+            "--avg",
+            "1",
+            "--use-averaged-model",
+            "false",
+            "--decoding-method",
+            method,
+            "--max-duration",
+            f"{s.args.decode_max_duration:g}",
+            "--num-workers",
+            str(s.args.num_workers),
+        ]
+        + list(CONDITIONS[key.condition].model_flags)
+        + s.model_args
+    )
 
 
 def run_command(s: Settings, cmd: List[str], what: str, log_hint: Path) -> float:
@@ -292,8 +408,10 @@ def run_command(s: Settings, cmd: List[str], what: str, log_hint: Path) -> float
     proc = subprocess.run(argv, cwd=s.work_dir, env=env)
     elapsed = time.time() - start
     if proc.returncode != 0:
-        raise AblationError(f"{what} failed (exit {proc.returncode}) after {elapsed:.0f} s: {shlex.join(cmd)}; "
-                            f"see its output above and {log_hint}")
+        raise AblationError(
+            f"{what} failed (exit {proc.returncode}) after {elapsed:.0f} s: {shlex.join(cmd)}; "
+            f"see its output above and {log_hint}"
+        )
     return elapsed
 
 
@@ -334,10 +452,16 @@ def run_one(s: Settings, key: RunKey) -> None:
             run_command(s, decode_command(s, key, method), f"{what}: {method}", run_dir / method)
         finally:
             add_wall_time(run_dir, f"decode/{method}", time.time() - start)
-    write_json_atomic(run_dir / DONE_MARKER, {
-        "condition": key.condition, "arm": key.arm, "seed": key.seed, "methods": s.methods,
-        "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-    })
+    write_json_atomic(
+        run_dir / DONE_MARKER,
+        {
+            "condition": key.condition,
+            "arm": key.arm,
+            "seed": key.seed,
+            "methods": s.methods,
+            "finished": datetime.datetime.now().isoformat(timespec="seconds"),
+        },
+    )
 
 
 def finished_results(s: Settings) -> List[RunResult]:
@@ -358,8 +482,9 @@ def finished_results(s: Settings) -> List[RunResult]:
 def setup_text(s: Settings, results: Sequence[RunResult]) -> str:
     """The setup paragraph of RESULTS.md."""
     a, t = s.args, s.thresholds
-    conditions = "; ".join(f"**{c}**: {CONDITIONS[c].description}"
-                           for c in dict.fromkeys(r.key.condition for r in results))
+    conditions = "; ".join(
+        f"**{c}**: {CONDITIONS[c].description}" for c in dict.fromkeys(r.key.condition for r in results)
+    )
     return (
         f"Every run trains from scratch for **{a.steps} steps** (`--max-batches`) at `--max-duration "
         f"{a.max_duration:g}`, on the data of `prepare.sh` (BPE model `{s.rel(s.bpe_model)}`), everything else "
@@ -370,8 +495,9 @@ def setup_text(s: Settings, results: Sequence[RunResult]) -> str:
         f"{', '.join(f'{x:g}' for x in t.sweep)}; clip_grad_norm {t.clip_norm:g} (the recipe's); AGC lambda "
         f"{t.agc_lambda:g} (the paper's value for small batches; our batches hold 5-20 utterances); clip by value "
         f"{t.clip_value:g} and error clip {t.error_clip:g} (per element; how these defaults were chosen: the section "
-        "\"Thresholds of the ablation's clipping arms\" below). Decoding: "
-        + ", ".join(s.methods) + f" with the weights at step {a.steps} (`--iter {a.steps} --avg 1`)."
+        '"Thresholds of the ablation\'s clipping arms" below). Decoding: '
+        + ", ".join(s.methods)
+        + f" with the weights at step {a.steps} (`--iter {a.steps} --avg 1`)."
         + (f" Model flags after the condition's: `{shlex.join(s.model_args)}`." if s.model_args else "")
     )
 
@@ -391,8 +517,9 @@ def write_report(s: Settings, command: str) -> Optional[Path]:
         return None
     sweep = sorted({s.thresholds.filter, *s.thresholds.sweep})
     plots = write_plots(results, s.arms, s.results_dir, sweep)
-    setup = ReportSetup(command=command, setup=setup_text(s, results), commands=all_commands(s, results),
-                        methods=s.methods, sweep=sweep)
+    setup = ReportSetup(
+        command=command, setup=setup_text(s, results), commands=all_commands(s, results), methods=s.methods, sweep=sweep
+    )
     results_md = s.results_dir / "RESULTS.md"
     update_results_md(results_md, render_section(results, s.arms, plots, setup))
     logging.info(f"wrote {results_md} and {len(plots)} plots ({len(results)} finished runs)")
@@ -415,8 +542,10 @@ def run_plan(s: Settings, command: str) -> int:
         ran += 1
         elapsed = time.time() - start
         left = sum(1 for k in runs[i:] if not run_done(s, k))
-        logging.info(f"[{i}/{len(runs)}] {key.relpath}: done; {elapsed / 60:.1f} min so far, "
-                     f"about {elapsed / ran * left / 60:.0f} min left for {left} run(s)")
+        logging.info(
+            f"[{i}/{len(runs)}] {key.relpath}: done; {elapsed / 60:.1f} min so far, "
+            f"about {elapsed / ran * left / 60:.0f} min left for {left} run(s)"
+        )
         write_report(s, command)
     return ran
 
@@ -437,13 +566,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     s.exp_root.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
-        format="%(asctime)s %(levelname)s [%(filename)s:%(lineno)d] %(message)s", level=logging.INFO, force=True,
-        handlers=[logging.StreamHandler(),
-                  logging.FileHandler(s.exp_root / f"log-ablation-{datetime.datetime.now():%Y-%m-%d-%H-%M-%S}")],
+        format="%(asctime)s %(levelname)s [%(filename)s:%(lineno)d] %(message)s",
+        level=logging.INFO,
+        force=True,
+        handlers=[
+            logging.StreamHandler(),
+            logging.FileHandler(s.exp_root / f"log-ablation-{datetime.datetime.now():%Y-%m-%d-%H-%M-%S}"),
+        ],
     )
     logging.info(f"ablation: {vars(args)}")
-    logging.info(f"{len(s.plan.runs)} runs: conditions {s.plan.conditions}, arms {[a.name for a in s.plan.arms]}, "
-                 f"seeds {s.plan.seeds}")
+    logging.info(
+        f"{len(s.plan.runs)} runs: conditions {s.plan.conditions}, arms {[a.name for a in s.plan.arms]}, "
+        f"seeds {s.plan.seeds}"
+    )
     try:
         check_config(s)
         if run_plan(s, invocation(argv)) == 0:

@@ -88,18 +88,34 @@ def get_parser() -> argparse.ArgumentParser:
     """icefall's decode.py flags plus the model-size and datamodule flags."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_decoding_method_argument(parser, DECODING_METHODS)
-    parser.add_argument("--beam", type=float, default=20.0,
-                        help="fast_beam_search: log-probability cutoff below the best score, as Kaldi's beam. "
-                        "(default: 20.0)")
-    parser.add_argument("--max-contexts", type=int, default=8,
-                        help="fast_beam_search: max decoder contexts per utterance and frame. (default: 8)")
-    parser.add_argument("--max-states", type=int, default=64,
-                        help="fast_beam_search: max states per utterance and frame. (default: 64)")
-    parser.add_argument("--max-sym-per-frame", type=int, default=1,
-                        help="greedy_search: max symbols per frame (1 uses the batched search). (default: 1)")
-    parser.add_argument("--blank-penalty", type=float, default=0.0,
-                        help="Subtracted from the blank logit before every search step (icefall's flag); > 0 "
-                        "makes hypotheses longer (against deletions). (default: 0.0)")
+    parser.add_argument(
+        "--beam",
+        type=float,
+        default=20.0,
+        help="fast_beam_search: log-probability cutoff below the best score, as Kaldi's beam. (default: 20.0)",
+    )
+    parser.add_argument(
+        "--max-contexts",
+        type=int,
+        default=8,
+        help="fast_beam_search: max decoder contexts per utterance and frame. (default: 8)",
+    )
+    parser.add_argument(
+        "--max-states", type=int, default=64, help="fast_beam_search: max states per utterance and frame. (default: 64)"
+    )
+    parser.add_argument(
+        "--max-sym-per-frame",
+        type=int,
+        default=1,
+        help="greedy_search: max symbols per frame (1 uses the batched search). (default: 1)",
+    )
+    parser.add_argument(
+        "--blank-penalty",
+        type=float,
+        default=0.0,
+        help="Subtracted from the blank logit before every search step (icefall's flag); > 0 "
+        "makes hypotheses longer (against deletions). (default: 0.0)",
+    )
     add_checkpoint_arguments(parser, epoch=NUM_EPOCHS, avg=AVG, exp_dir=EXP_DIR)
     add_decoding_arguments(parser)
     return parser
@@ -122,8 +138,12 @@ def search_tokens(
     """Token ids of every utterance, by ``params.decoding_method``."""
     if params.decoding_method == "fast_beam_search":
         return fast_beam_search_one_best(
-            model, encoder_out, encoder_out_lens,
-            beam=params.beam, max_states=params.max_states, max_contexts=params.max_contexts,
+            model,
+            encoder_out,
+            encoder_out_lens,
+            beam=params.beam,
+            max_states=params.max_states,
+            max_contexts=params.max_contexts,
         )
     if params.decoding_method == "modified_beam_search":
         return modified_beam_search(model, encoder_out, encoder_out_lens, beam=params.beam_size)
@@ -160,7 +180,9 @@ def decode_dataset(
 ) -> Tuple[Dict[str, List[Result]], DecodeStats]:
     """Decode every batch of ``dl``; results ``{key: [(cut_id, ref words, hyp words)]}`` and timing."""
     return decode_batches(
-        dl, functools.partial(decode_one_batch, params, model, sp), test_set,
+        dl,
+        functools.partial(decode_one_batch, params, model, sp),
+        test_set,
         desc=f"{test_set} {params.decoding_method}",
         log_interval=50 if params.decoding_method == "greedy_search" else 20,
     )

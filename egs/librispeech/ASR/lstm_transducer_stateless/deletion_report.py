@@ -27,12 +27,16 @@ def main() -> int:
         results = load_transcripts(path)
         errors = compute_wer(results)
         pos = deletion_positions(results)
-        print(f"{path}: {pos.utterances} utterances, WER {errors.wer:.2f}%: {errors.insertions} ins, "
-              f"{errors.deletions} del, {errors.substitutions} sub over {errors.ref_words} words")
+        print(
+            f"{path}: {pos.utterances} utterances, WER {errors.wer:.2f}%: {errors.insertions} ins, "
+            f"{errors.deletions} del, {errors.substitutions} sub over {errors.ref_words} words"
+        )
         share = [f"{100 * n / max(1, pos.deletions):.0f}%" for n in pos.by_tenth]
         print("  deletions per tenth of the reference (first .. last): " + " ".join(share))
-        print(f"  utterances whose last word is deleted: {pos.final_deleted} of {pos.utterances}; "
-              f"words in those trailing runs: {pos.trailing_run} of {pos.deletions} deletions")
+        print(
+            f"  utterances whose last word is deleted: {pos.final_deleted} of {pos.utterances}; "
+            f"words in those trailing runs: {pos.trailing_run} of {pos.deletions} deletions"
+        )
     return 0
 
 

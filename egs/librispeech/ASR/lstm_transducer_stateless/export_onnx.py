@@ -64,16 +64,31 @@ def get_parser() -> argparse.ArgumentParser:
     """icefall's checkpoint flags (as decode.py), the output options and the model-size flags."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_arguments(parser, epoch=NUM_EPOCHS, avg=AVG, exp_dir=EXP_DIR)
-    parser.add_argument("--output-dir", type=Path, default=None,
-                        help="Where to write the ONNX files, tokens.txt and the log. (default: --exp-dir)")
-    parser.add_argument("--bpe-model", type=Path, default=Path(DEFAULT_BPE_MODEL),
-                        help=f"sentencepiece model. (default: {DEFAULT_BPE_MODEL})")
-    parser.add_argument("--decode-chunk-len", type=int, default=DEFAULT_DECODE_CHUNK_LEN,
-                        help="Feature frames per encoder call (a multiple of 4); the encoder sees "
-                        f"decode_chunk_len + 5 frames (T). (default: {DEFAULT_DECODE_CHUNK_LEN})")
-    parser.add_argument("--int8", type=str2bool, default=True,
-                        help="Also write *.int8.onnx (onnxruntime dynamic quantisation), as icefall does. "
-                        "(default: true)")
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="Where to write the ONNX files, tokens.txt and the log. (default: --exp-dir)",
+    )
+    parser.add_argument(
+        "--bpe-model",
+        type=Path,
+        default=Path(DEFAULT_BPE_MODEL),
+        help=f"sentencepiece model. (default: {DEFAULT_BPE_MODEL})",
+    )
+    parser.add_argument(
+        "--decode-chunk-len",
+        type=int,
+        default=DEFAULT_DECODE_CHUNK_LEN,
+        help="Feature frames per encoder call (a multiple of 4); the encoder sees "
+        f"decode_chunk_len + 5 frames (T). (default: {DEFAULT_DECODE_CHUNK_LEN})",
+    )
+    parser.add_argument(
+        "--int8",
+        type=str2bool,
+        default=True,
+        help="Also write *.int8.onnx (onnxruntime dynamic quantisation), as icefall does. (default: true)",
+    )
     add_model_arguments(parser)
     return parser
 

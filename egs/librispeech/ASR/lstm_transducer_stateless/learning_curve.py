@@ -35,11 +35,23 @@ RECIPE_DIR = Path(__file__).resolve().parents[1]
 
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
-    parser.add_argument("--run", action="append", default=[], metavar="LABEL=EXP_DIR",
-                        help="a training run to decode epoch by epoch (repeatable)")
-    parser.add_argument("--csv", action="append", default=[], type=Path,
-                        help="curves measured before: a CSV with the header label,minutes,wer (repeatable)")
-    parser.add_argument("--output", type=Path, default=Path("learning-curve.png"), help="the PNG (a .csv goes beside it)")
+    parser.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        metavar="LABEL=EXP_DIR",
+        help="a training run to decode epoch by epoch (repeatable)",
+    )
+    parser.add_argument(
+        "--csv",
+        action="append",
+        default=[],
+        type=Path,
+        help="curves measured before: a CSV with the header label,minutes,wer (repeatable)",
+    )
+    parser.add_argument(
+        "--output", type=Path, default=Path("learning-curve.png"), help="the PNG (a .csv goes beside it)"
+    )
     parser.add_argument("--test-set", default="test-clean", help="the test set decoded")
     parser.add_argument("--every", type=int, default=1, help="decode every N-th epoch (and always the last)")
     parser.add_argument("decode_args", nargs="*", help="extra decode.py flags (after --)")
@@ -62,9 +74,23 @@ def run_curve(label: str, exp_dir: Path, test_set: str, decode_args: List[str], 
             continue
         summary = wer_summary(exp_dir, epoch, test_set)
         if not summary.is_file():
-            cmd = [sys.executable, str(RECIPE_DIR / "lstm_transducer_stateless" / "decode.py"), "--exp-dir", str(exp_dir),
-                   "--epoch", str(epoch), "--avg", "1", "--use-averaged-model", "false",
-                   "--decoding-method", "greedy_search", "--test-sets", test_set, *decode_args]
+            cmd = [
+                sys.executable,
+                str(RECIPE_DIR / "lstm_transducer_stateless" / "decode.py"),
+                "--exp-dir",
+                str(exp_dir),
+                "--epoch",
+                str(epoch),
+                "--avg",
+                "1",
+                "--use-averaged-model",
+                "false",
+                "--decoding-method",
+                "greedy_search",
+                "--test-sets",
+                test_set,
+                *decode_args,
+            ]
             logging.info(f"{label}: decoding epoch {epoch}")
             subprocess.run(cmd, check=True, capture_output=True)
         points.append((mins, load_wer_summary(summary)[0][1]))
@@ -86,7 +112,9 @@ def main() -> int:
         if not sep or not label or not exp_dir:
             parser.error(f"--run takes LABEL=EXP_DIR, got {spec!r}")
         if "," in label:
-            parser.error(f"--run {spec!r}: the label must not contain a comma (the CSV beside the PNG is label,minutes,wer)")
+            parser.error(
+                f"--run {spec!r}: the label must not contain a comma (the CSV beside the PNG is label,minutes,wer)"
+            )
         try:
             curves[label] = run_curve(label, Path(exp_dir), args.test_set, args.decode_args, args.every)
         except (FileNotFoundError, KeyError, subprocess.CalledProcessError) as e:

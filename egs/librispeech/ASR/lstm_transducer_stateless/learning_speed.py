@@ -72,10 +72,40 @@ SECTION = "learning-speed"
 # clip_grad_norm 5, SpecAugment without time warp (train.py's of then). An
 # arm's own flags come after these and override them.
 STUDY_DEFAULTS = (
-    "--max-duration", "40", "--optimizer", "eve", "--base-lr", "0.003", "--lr-batches", "1000", "--lr-epochs", "4",
-    "--dropout", "0.1", "--layer-dropout", "0.075", "--enable-spec-aug", "true", "--spec-aug-time-warp-factor", "-1", "--enable-musan", "true",
-    "--model-warm-step", "100", "--loss-ramp", "step", "--ctc-loss-scale", "0", "--tail-pad-frames", "0",
-    "--grad-filter-threshold", "25", "--clip-grad-norm", "5", "--model-preset", "cpu",
+    "--max-duration",
+    "40",
+    "--optimizer",
+    "eve",
+    "--base-lr",
+    "0.003",
+    "--lr-batches",
+    "1000",
+    "--lr-epochs",
+    "4",
+    "--dropout",
+    "0.1",
+    "--layer-dropout",
+    "0.075",
+    "--enable-spec-aug",
+    "true",
+    "--spec-aug-time-warp-factor",
+    "-1",
+    "--enable-musan",
+    "true",
+    "--model-warm-step",
+    "100",
+    "--loss-ramp",
+    "step",
+    "--ctc-loss-scale",
+    "0",
+    "--tail-pad-frames",
+    "0",
+    "--grad-filter-threshold",
+    "25",
+    "--clip-grad-norm",
+    "5",
+    "--model-preset",
+    "cpu",
 )
 
 ARMS: List[StudyArm] = [
@@ -88,20 +118,41 @@ ARMS: List[StudyArm] = [
     StudyArm("bpe200", "BPE vocabulary 200", vocab_size=200),
     StudyArm("bpe100", "BPE vocabulary 100", vocab_size=100),
     StudyArm("lr-0.006", "--base-lr 0.006", ("--base-lr", "0.006")),
-    StudyArm("eden-icefall", "Eden --lr-batches 5000 --lr-epochs 10 (icefall's)",
-             ("--lr-batches", "5000", "--lr-epochs", "10")),
+    StudyArm(
+        "eden-icefall",
+        "Eden --lr-batches 5000 --lr-epochs 10 (icefall's)",
+        ("--lr-batches", "5000", "--lr-epochs", "10"),
+    ),
     StudyArm("batch-100", "--max-duration 100", ("--max-duration", "100")),
     StudyArm("tail-pad", "--tail-pad-frames 35 in training", ("--tail-pad-frames", "35")),
     StudyArm("warm-300", "--model-warm-step 300", ("--model-warm-step", "300")),
-    StudyArm("shallow-wide", "3 layers x 384 (no projection)",
-             model_flags=("--num-encoder-layers", "3", "--encoder-dim", "384", "--rnn-hidden-size", "384",
-                          "--dim-feedforward", "1536")),
+    StudyArm(
+        "shallow-wide",
+        "3 layers x 384 (no projection)",
+        model_flags=(
+            "--num-encoder-layers",
+            "3",
+            "--encoder-dim",
+            "384",
+            "--rnn-hidden-size",
+            "384",
+            "--dim-feedforward",
+            "1536",
+        ),
+    ),
     StudyArm("linear-ramp", "--loss-ramp linear (zipformer's warm-up of the loss weights)", ("--loss-ramp", "linear")),
-    StudyArm("scaled-adam", "ScaledAdam, --base-lr 0.045, its own clipping instead of clip_grad_norm",
-             ("--optimizer", "scaled-adam", "--base-lr", "0.045", "--clip-grad-norm", "0")),
+    StudyArm(
+        "scaled-adam",
+        "ScaledAdam, --base-lr 0.045, its own clipping instead of clip_grad_norm",
+        ("--optimizer", "scaled-adam", "--base-lr", "0.045", "--clip-grad-norm", "0"),
+    ),
     # The levers that helped beyond the seed spread on their own, together.
-    StudyArm("combined", "SpecAugment off + dropout 0, layer dropout 0 + BPE 100 (noise mixing kept)",
-             ("--enable-spec-aug", "false", "--dropout", "0", "--layer-dropout", "0"), vocab_size=100),
+    StudyArm(
+        "combined",
+        "SpecAugment off + dropout 0, layer dropout 0 + BPE 100 (noise mixing kept)",
+        ("--enable-spec-aug", "false", "--dropout", "0", "--layer-dropout", "0"),
+        vocab_size=100,
+    ),
 ]
 
 
@@ -111,17 +162,35 @@ class StudyError(RuntimeError):
 
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
-    parser.add_argument("--work-dir", type=Path, default=RECIPE_DIR,
-                        help="folder with data/ (prepare.sh --work-dir); train/decode run in it")
-    parser.add_argument("--exp-root", type=Path, default=Path("lstm_transducer_stateless/exp-learning-speed"),
-                        help="where the arms go (<exp-root>/<arm>/); relative to --work-dir")
-    parser.add_argument("--results-md", type=Path, default=RECIPE_DIR / "RESULTS.md",
-                        help="the file whose 'Learning speed' section is rewritten")
-    parser.add_argument("--minutes", type=float, default=5.0, help="training budget of every arm (train.py --max-minutes)")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=RECIPE_DIR,
+        help="folder with data/ (prepare.sh --work-dir); train/decode run in it",
+    )
+    parser.add_argument(
+        "--exp-root",
+        type=Path,
+        default=Path("lstm_transducer_stateless/exp-learning-speed"),
+        help="where the arms go (<exp-root>/<arm>/); relative to --work-dir",
+    )
+    parser.add_argument(
+        "--results-md",
+        type=Path,
+        default=RECIPE_DIR / "RESULTS.md",
+        help="the file whose 'Learning speed' section is rewritten",
+    )
+    parser.add_argument(
+        "--minutes", type=float, default=5.0, help="training budget of every arm (train.py --max-minutes)"
+    )
     parser.add_argument("--arms", nargs="+", default=None, help="names of the arms to run (default: all)")
-    parser.add_argument("--base-vocab-size", type=int, default=500,
-                        help="BPE vocabulary of the arms without a vocabulary change (every BPE model of the study "
-                        "is trained on the training transcripts into <exp-root>/lang_bpe_<N>)")
+    parser.add_argument(
+        "--base-vocab-size",
+        type=int,
+        default=500,
+        help="BPE vocabulary of the arms without a vocabulary change (every BPE model of the study "
+        "is trained on the training transcripts into <exp-root>/lang_bpe_<N>)",
+    )
     parser.add_argument("--decode-max-duration", type=float, default=200.0, help="seconds of audio per decoding batch")
     parser.add_argument("--list", action="store_true", help="print the arms and exit")
     return parser
@@ -155,23 +224,61 @@ def bpe_model_of(args: argparse.Namespace, arm: StudyArm) -> Path:
 
 def bpe_command(args: argparse.Namespace, vocab_size: int) -> List[str]:
     lang_dir = args.exp_root / f"lang_bpe_{vocab_size}"
-    return ["python", "local/train_bpe_model.py", "--lang-dir", str(lang_dir), "--vocab-size", str(vocab_size),
-            "--supervisions", "data/manifests/librispeech_supervisions_train-clean-100.jsonl.gz"]
+    return [
+        "python",
+        "local/train_bpe_model.py",
+        "--lang-dir",
+        str(lang_dir),
+        "--vocab-size",
+        str(vocab_size),
+        "--supervisions",
+        "data/manifests/librispeech_supervisions_train-clean-100.jsonl.gz",
+    ]
 
 
 def train_command(args: argparse.Namespace, arm: StudyArm) -> List[str]:
-    return (["python", "lstm_transducer_stateless/train.py", "--exp-dir", str(args.exp_root / arm.name),
-             "--num-epochs", "100", "--max-minutes", f"{args.minutes:g}", "--seed", str(arm.seed),
-             "--bpe-model", str(bpe_model_of(args, arm))]
-            + list(STUDY_DEFAULTS) + list(arm.train_flags) + list(arm.model_flags))
+    return (
+        [
+            "python",
+            "lstm_transducer_stateless/train.py",
+            "--exp-dir",
+            str(args.exp_root / arm.name),
+            "--num-epochs",
+            "100",
+            "--max-minutes",
+            f"{args.minutes:g}",
+            "--seed",
+            str(arm.seed),
+            "--bpe-model",
+            str(bpe_model_of(args, arm)),
+        ]
+        + list(STUDY_DEFAULTS)
+        + list(arm.train_flags)
+        + list(arm.model_flags)
+    )
 
 
 def decode_command(args: argparse.Namespace, arm: StudyArm, last_batch: int) -> List[str]:
-    return (["python", "lstm_transducer_stateless/decode.py", "--exp-dir", str(args.exp_root / arm.name),
-             "--iter", str(last_batch), "--avg", "1", "--use-averaged-model", "false",
-             "--decoding-method", "greedy_search", "--max-duration", f"{args.decode_max_duration:g}",
-             "--bpe-model", str(bpe_model_of(args, arm)), "--model-preset", "cpu"]
-            + list(arm.model_flags))
+    return [
+        "python",
+        "lstm_transducer_stateless/decode.py",
+        "--exp-dir",
+        str(args.exp_root / arm.name),
+        "--iter",
+        str(last_batch),
+        "--avg",
+        "1",
+        "--use-averaged-model",
+        "false",
+        "--decoding-method",
+        "greedy_search",
+        "--max-duration",
+        f"{args.decode_max_duration:g}",
+        "--bpe-model",
+        str(bpe_model_of(args, arm)),
+        "--model-preset",
+        "cpu",
+    ] + list(arm.model_flags)
 
 
 def run_arm(args: argparse.Namespace, arm: StudyArm) -> StudyResult:
@@ -243,7 +350,7 @@ def render_section(args: argparse.Namespace, results: Sequence[StudyResult]) -> 
         "the demo's budget is wall-clock and several levers change the cost of a step. WER: greedy "
         "search with the weights at the end of the budget (`--avg 1`, no averaging). Losses are the "
         "transducer loss per encoder frame (0.5 simple + pruned, CTC excluded): the running training "
-        "loss at the end and the validation loss on dev-clean + dev-other. \"simple < 0.5 at step\": the first "
+        'loss at the end and the validation loss on dev-clean + dev-other. "simple < 0.5 at step": the first '
         "step at which the simple loss per frame, averaged over 20 steps, is below 0.5.",
         "",
         format_table(results),
@@ -263,10 +370,16 @@ def render_section(args: argparse.Namespace, results: Sequence[StudyResult]) -> 
             lines.append(f"| {name} | {d_clean:+.2f} | {d_other:+.2f} | {'yes' if real else 'no'} |")
         lines.append("")
     work_dir = shown_work_dir(args.work_dir)
-    lines += [f"Commands (from egs/librispeech/ASR, after `bash prepare.sh --size small --work-dir {work_dir}`; "
-              f"the study runs train.py and decode.py in `{work_dir}`):", "", "```",
-              f"./lstm_transducer_stateless/learning_speed.py --work-dir {work_dir} --minutes {args.minutes:g}",
-              "# which runs, per arm:", commands_block(args, results), "```"]
+    lines += [
+        f"Commands (from egs/librispeech/ASR, after `bash prepare.sh --size small --work-dir {work_dir}`; "
+        f"the study runs train.py and decode.py in `{work_dir}`):",
+        "",
+        "```",
+        f"./lstm_transducer_stateless/learning_speed.py --work-dir {work_dir} --minutes {args.minutes:g}",
+        "# which runs, per arm:",
+        commands_block(args, results),
+        "```",
+    ]
     return "\n".join(lines)
 
 
@@ -301,19 +414,29 @@ def main(argv: Sequence[str] = None) -> int:
         if (args.work_dir / args.exp_root / arm.name / DONE_FILE).is_file():
             logging.info(f"[{i}/{len(selected)}] {arm.name}: done before, skipping")
             continue
-        left = sum(1 for a in selected[i - 1:] if not (args.work_dir / args.exp_root / a.name / DONE_FILE).is_file())
-        logging.info(f"[{i}/{len(selected)}] {arm.name} ({arm.change}); about {left * (args.minutes + 1.5):.0f} min "
-                     "left for the remaining arms")
+        left = sum(1 for a in selected[i - 1 :] if not (args.work_dir / args.exp_root / a.name / DONE_FILE).is_file())
+        logging.info(
+            f"[{i}/{len(selected)}] {arm.name} ({arm.change}); about {left * (args.minutes + 1.5):.0f} min "
+            "left for the remaining arms"
+        )
         try:
             result = run_arm(args, arm)
         except (StudyError, FileNotFoundError, KeyError) as e:
             logging.error(str(e))
             return 1
         logging.info(f"{arm.name}: {result.steps} steps, WER {result.wers}")
-        replace_marked_section(args.results_md, SECTION, render_section(args, finished_results(args)),
-                               "lstm_transducer_stateless/learning_speed.py")
-    replace_marked_section(args.results_md, SECTION, render_section(args, finished_results(args)),
-                           "lstm_transducer_stateless/learning_speed.py")
+        replace_marked_section(
+            args.results_md,
+            SECTION,
+            render_section(args, finished_results(args)),
+            "lstm_transducer_stateless/learning_speed.py",
+        )
+    replace_marked_section(
+        args.results_md,
+        SECTION,
+        render_section(args, finished_results(args)),
+        "lstm_transducer_stateless/learning_speed.py",
+    )
     return 0
 
 

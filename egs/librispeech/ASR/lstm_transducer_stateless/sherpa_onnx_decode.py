@@ -64,28 +64,51 @@ from icefall_lite.utils import AttributeDict, script_errors, setup_logger, str2b
 def get_parser() -> argparse.ArgumentParser:
     """Which exported files, the search, the threads and the test sets."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epoch", type=int, default=NUM_EPOCHS,
-                        help=f"The --epoch given to export_onnx.py (names the files). (default: {NUM_EPOCHS})")
-    parser.add_argument("--iter", type=int, default=0,
-                        help="The --iter given to export_onnx.py; if positive, --epoch is ignored. (default: 0)")
-    parser.add_argument("--avg", type=int, default=AVG,
-                        help=f"The --avg given to export_onnx.py (names the files). (default: {AVG})")
-    parser.add_argument("--exp-dir", type=Path, default=EXP_DIR,
-                        help=f"Results are written below it. (default: {EXP_DIR})")
-    parser.add_argument("--onnx-dir", type=Path, default=None,
-                        help="Where export_onnx.py wrote the .onnx files and tokens.txt (its --output-dir). "
-                        "(default: --exp-dir)")
-    parser.add_argument("--int8", type=str2bool, default=False,
-                        help="Use the *.int8.onnx files. (default: false)")
+    parser.add_argument(
+        "--epoch",
+        type=int,
+        default=NUM_EPOCHS,
+        help=f"The --epoch given to export_onnx.py (names the files). (default: {NUM_EPOCHS})",
+    )
+    parser.add_argument(
+        "--iter",
+        type=int,
+        default=0,
+        help="The --iter given to export_onnx.py; if positive, --epoch is ignored. (default: 0)",
+    )
+    parser.add_argument(
+        "--avg", type=int, default=AVG, help=f"The --avg given to export_onnx.py (names the files). (default: {AVG})"
+    )
+    parser.add_argument(
+        "--exp-dir", type=Path, default=EXP_DIR, help=f"Results are written below it. (default: {EXP_DIR})"
+    )
+    parser.add_argument(
+        "--onnx-dir",
+        type=Path,
+        default=None,
+        help="Where export_onnx.py wrote the .onnx files and tokens.txt (its --output-dir). (default: --exp-dir)",
+    )
+    parser.add_argument("--int8", type=str2bool, default=False, help="Use the *.int8.onnx files. (default: false)")
     add_decoding_method_argument(parser, STREAMING_METHODS, "sherpa-onnx's search.")
-    parser.add_argument("--beam-size", type=int, default=4,
-                        help="modified_beam_search: hypotheses kept per frame (sherpa-onnx's max_active_paths). "
-                        "(default: 4)")
+    parser.add_argument(
+        "--beam-size",
+        type=int,
+        default=4,
+        help="modified_beam_search: hypotheses kept per frame (sherpa-onnx's max_active_paths). (default: 4)",
+    )
     add_num_threads_argument(parser)
-    parser.add_argument("--num-streams", type=int, default=32,
-                        help="Cuts decoded side by side (sherpa-onnx's decode_streams). (default: 32)")
-    parser.add_argument("--manifest-dir", type=Path, default=Path("data/fbank"),
-                        help="Where the cut manifests librispeech_cuts_<part>.jsonl.gz are. (default: data/fbank)")
+    parser.add_argument(
+        "--num-streams",
+        type=int,
+        default=32,
+        help="Cuts decoded side by side (sherpa-onnx's decode_streams). (default: 32)",
+    )
+    parser.add_argument(
+        "--manifest-dir",
+        type=Path,
+        default=Path("data/fbank"),
+        help="Where the cut manifests librispeech_cuts_<part>.jsonl.gz are. (default: data/fbank)",
+    )
     add_test_sets_argument(parser)
     return parser
 
@@ -113,7 +136,9 @@ def get_params(args: argparse.Namespace) -> AttributeDict:
     params = AttributeDict(vars(args))
     params.update(context_size=args.meta.context_size, max_sym_per_frame=1, use_averaged_model=False)
     params.res_dir = Path(args.exp_dir) / "sherpa-onnx" / params.decoding_method
-    params.suffix = f"{make_suffix(params)}-decode-chunk-len-{args.meta.decode_chunk_len}" + ("-int8" if args.int8 else "")
+    params.suffix = f"{make_suffix(params)}-decode-chunk-len-{args.meta.decode_chunk_len}" + (
+        "-int8" if args.int8 else ""
+    )
     return params
 
 
@@ -124,7 +149,9 @@ def cut_batches(cuts: Iterator[Cut], size: int) -> Iterator[dict]:
         yield {"supervisions": {"text": texts, "cut": group}}
 
 
-def decode_one_batch(params: AttributeDict, recognizer: SherpaOnnxRecognizer, batch: dict) -> Dict[str, List[List[str]]]:
+def decode_one_batch(
+    params: AttributeDict, recognizer: SherpaOnnxRecognizer, batch: dict
+) -> Dict[str, List[List[str]]]:
     """``{result_key(params): [hypothesis words per cut]}`` of one group of cuts."""
     return {result_key(params): recognizer.decode([cut_waveform(cut) for cut in batch["supervisions"]["cut"]])}
 
@@ -138,7 +165,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     logging.info("sherpa-onnx decoding started")
     logging.info(params)
     recognizer = SherpaOnnxRecognizer(
-        params.files, params.tokens, decoding_method=params.decoding_method, beam_size=params.beam_size,
+        params.files,
+        params.tokens,
+        decoding_method=params.decoding_method,
+        beam_size=params.beam_size,
         num_threads=params.num_threads,
     )
     decode_batch = functools.partial(decode_one_batch, params, recognizer)
@@ -147,7 +177,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         decode_and_report(
             params.test_set_paths,
             lambda name, path: decode_batches(
-                cut_batches(iter(load_manifest_lazy(path)), params.num_streams), decode_batch, name,
+                cut_batches(iter(load_manifest_lazy(path)), params.num_streams),
+                decode_batch,
+                name,
                 desc=f"{name} sherpa-onnx {params.decoding_method}",
             ),
             params.res_dir,

@@ -71,9 +71,13 @@ def get_parser() -> argparse.ArgumentParser:
     """decode.py's flags (greedy and modified beam search only), ``--decode-chunk-len`` and ``--num-threads``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_decoding_method_argument(parser, STREAMING_METHODS)
-    parser.add_argument("--decode-chunk-len", type=int, default=DEFAULT_DECODE_CHUNK_LEN,
-                        help="Feature frames between encoder calls, a multiple of 4 (export_onnx.py's flag); every "
-                        f"call sees decode_chunk_len + 5 frames. (default: {DEFAULT_DECODE_CHUNK_LEN})")
+    parser.add_argument(
+        "--decode-chunk-len",
+        type=int,
+        default=DEFAULT_DECODE_CHUNK_LEN,
+        help="Feature frames between encoder calls, a multiple of 4 (export_onnx.py's flag); every "
+        f"call sees decode_chunk_len + 5 frames. (default: {DEFAULT_DECODE_CHUNK_LEN})",
+    )
     add_num_threads_argument(parser)
     add_checkpoint_arguments(parser, epoch=NUM_EPOCHS, avg=AVG, exp_dir=EXP_DIR)
     add_decoding_arguments(parser)
@@ -110,8 +114,12 @@ def decode_one_batch(
     feature, feature_lens = batch_features(batch, model.device)
     features = [feature[i, :n] for i, n in enumerate(feature_lens.tolist())]
     hyp_tokens = streaming_search(
-        model, features, decoding_method=params.decoding_method, beam_size=params.beam_size,
-        blank_id=params.blank_id, unk_id=unk_id,
+        model,
+        features,
+        decoding_method=params.decoding_method,
+        beam_size=params.beam_size,
+        blank_id=params.blank_id,
+        unk_id=unk_id,
     )
     return {result_key(params): [sp.decode(tokens).split() for tokens in hyp_tokens]}
 
@@ -136,7 +144,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         decode_and_report(
             params.test_set_paths,
             lambda name, path: decode_batches(
-                datamodule.test_dataloaders(load_manifest_lazy(path)), decode_batch, name,
+                datamodule.test_dataloaders(load_manifest_lazy(path)),
+                decode_batch,
+                name,
                 desc=f"{name} streaming {params.decoding_method}",
             ),
             params.res_dir,

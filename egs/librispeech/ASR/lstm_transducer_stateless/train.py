@@ -71,37 +71,69 @@ def get_parser() -> argparse.ArgumentParser:
     add("--master-port", type=int, default=12354, help="Master port for DDP.")
     add("--tensorboard", type=str2bool, default=True, help="Write TensorBoard scalars to exp-dir/tensorboard.")
     add("--num-epochs", type=int, default=NUM_EPOCHS, help="Number of epochs to train.")
-    add("--start-epoch", type=int, default=1,
+    add(
+        "--start-epoch",
+        type=int,
+        default=1,
         help="Resume from exp-dir/epoch-(N-1).pt when > 1. With --start-epoch 1 and --start-batch 0, "
-        "training resumes from the newest checkpoint in exp-dir if there is one.")
-    add("--start-batch", type=int, default=0,
-        help="Resume from exp-dir/checkpoint-N.pt when > 0 (overrides --start-epoch).")
+        "training resumes from the newest checkpoint in exp-dir if there is one.",
+    )
+    add(
+        "--start-batch",
+        type=int,
+        default=0,
+        help="Resume from exp-dir/checkpoint-N.pt when > 0 (overrides --start-epoch).",
+    )
     add("--exp-dir", type=Path, default=EXP_DIR, help="Checkpoints, logs, tensorboard.")
-    add("--init-from", type=Path, default=None,
+    add(
+        "--init-from",
+        type=Path,
+        default=None,
         help="Start a new run from the model weights of this checkpoint (as icefall's finetune --finetune-ckpt): "
         "optimizer, learning-rate schedule, loss warm-up and batch counters start afresh. Once exp-dir has "
-        "checkpoints of its own, the run resumes from those.")
+        "checkpoints of its own, the run resumes from those.",
+    )
     add("--bpe-model", type=str, default=DEFAULT_BPE_MODEL, help="sentencepiece model.")
     add("--seed", type=int, default=42, help="Random seed.")
-    add("--print-diagnostics", type=str2bool, default=False,
-        help=f"Accumulate per-module value/gradient statistics over {DIAGNOSTICS_BATCHES} batches, print them and exit.")
+    add(
+        "--print-diagnostics",
+        type=str2bool,
+        default=False,
+        help=f"Accumulate per-module value/gradient statistics over {DIAGNOSTICS_BATCHES} batches, print them, exit.",
+    )
     add("--inf-check", type=str2bool, default=False, help="Log modules whose outputs or gradients are non-finite.")
     add("--save-every-n", type=int, default=200, help="Save checkpoint-<batch>.pt every N batches (0 = never).")
     add("--keep-last-k", type=int, default=5, help="Keep only the newest K checkpoint-<batch>.pt (0 = all).")
     add("--average-period", type=int, default=20, help="Update model_avg every N batches.")
     add("--log-interval", type=int, default=20, help="Log training statistics every N batches.")
-    add("--valid-interval", type=int, default=0,
+    add(
+        "--valid-interval",
+        type=int,
+        default=0,
         help="Compute the validation loss every N batches of an epoch (icefall's rule: batch index > 0 and "
-        "divisible by N), and not at the end of the epoch; 0 = once, at the end of every epoch.")
-    add("--preset", choices=PRESETS, default="none",
+        "divisible by N), and not at the end of the epoch; 0 = once, at the end of every epoch.",
+    )
+    add(
+        "--preset",
+        choices=PRESETS,
+        default="none",
         help="icefall: set every training and data setting to icefall's lstm_transducer_stateless3 (README, "
-        "'On real LibriSpeech with a GPU', lists them); flags given explicitly still win.")
-    add("--max-batches", type=int, default=0,
+        "'On real LibriSpeech with a GPU', lists them); flags given explicitly still win.",
+    )
+    add(
+        "--max-batches",
+        type=int,
+        default=0,
         help="Stop after this many training batches in total (0 = no limit); the ablation trains every arm "
-        "for the same number of steps.")
-    add("--max-minutes", type=float, default=0.0,
+        "for the same number of steps.",
+    )
+    add(
+        "--max-minutes",
+        type=float,
+        default=0.0,
         help="Stop after this many minutes of training (0 = no limit; validation is not counted, a resumed run "
-        "counts the time before the interruption); the learning-speed study gives every arm the same budget.")
+        "counts the time before the interruption); the learning-speed study gives every arm the same budget.",
+    )
     add_training_arguments(parser)
     add_model_arguments(parser)
     LibriSpeechAsrDataModule.add_arguments(parser, max_duration=TRAIN_MAX_DURATION)
@@ -169,8 +201,21 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
         resume.restore_optimizers(optimizer, scheduler, scaler)
     librispeech = LibriSpeechAsrDataModule(args)
     train_cuts, valid_dl = load_training_data(librispeech, sp)
-    training = Training(params, model, model_avg, optimizer, scheduler, scaler, grad_control, sp, valid_dl,
-                        open_tensorboard(params, rank), world_size, rank, diagnostics)
+    training = Training(
+        params,
+        model,
+        model_avg,
+        optimizer,
+        scheduler,
+        scaler,
+        grad_control,
+        sp,
+        valid_dl,
+        open_tensorboard(params, rank),
+        world_size,
+        rank,
+        diagnostics,
+    )
     start = time.time()
     train_epochs(training, librispeech, train_cuts, resume)
     logging.info(f"Done. Training took {time.time() - start:.1f} s; skipped steps: {params.skipped_steps}")

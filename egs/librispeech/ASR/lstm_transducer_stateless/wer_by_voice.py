@@ -24,8 +24,12 @@ from icefall_lite.utils import script_parser
 def main() -> int:
     parser = script_parser(__doc__)
     parser.add_argument("recogs", nargs="+", type=Path, help="recogs-*.txt files written by decode.py")
-    parser.add_argument("--corpus-dir", type=Path, default=Path("download/LibriSpeech"),
-                        help="the synthetic corpus the recogs were decoded from (default: %(default)s)")
+    parser.add_argument(
+        "--corpus-dir",
+        type=Path,
+        default=Path("download/LibriSpeech"),
+        help="the synthetic corpus the recogs were decoded from (default: %(default)s)",
+    )
     args = parser.parse_args()
     marker = args.corpus_dir / MARKER
     if not marker.is_file():
@@ -40,8 +44,10 @@ def main() -> int:
             table = wer_by_attribute(results, plan)
         except KeyError as e:
             parser.exit(1, f"wer_by_voice.py: error: {path}: {e.args[0]}\n")
-        print(f"{path}: WER {compute_wer(results).wer:.2f}% over {len(results)} utterances "
-              f"(corpus size {config['size']}, seed {config['seed']})\n")
+        print(
+            f"{path}: WER {compute_wer(results).wer:.2f}% over {len(results)} utterances "
+            f"(corpus size {config['size']}, seed {config['seed']})\n"
+        )
         print(format_breakdown(table))
     return 0
 
