@@ -200,6 +200,7 @@ def test_arms_set_every_control_and_switch_the_others_off():
         "--clip-grad-value": "0",
         "--agc-clipping": "0",
         "--error-clip": "0",
+        "--clip-grad-norm-relative": "0",
     }
     assert flags("none") == off
     assert flags("filter-clip")["--grad-filter-threshold"] == "25" and flags("filter-clip")["--clip-grad-norm"] == "5"

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from icefall_lite.nn.clip import RunningMedianThreshold
 from icefall_lite.train.grad_control import GradientControl
 
 
@@ -19,9 +20,8 @@ def _model_with_grads(seed: int = 0) -> nn.Module:
 
 
 def _control(**on: float) -> GradientControl:
-    return GradientControl(
-        **{"clip_grad_norm": 0.0, "clip_grad_value": 0.0, "agc_clipping": 0.0, "error_clip": 0.0, **on}
-    )
+    off = dict(clip_grad_norm=0.0, clip_grad_value=0.0, agc_clipping=0.0, error_clip=0.0, clip_grad_norm_relative=0.0)
+    return GradientControl(**{**off, **on})
 
 
 def _norm(model: nn.Module) -> float:
@@ -66,3 +66,52 @@ def test_nonfinite_gradient_is_reported_and_not_clipped():
     norm, scale = _control(clip_grad_norm=1.0, clip_grad_value=0.1).clip(model)
     assert math.isinf(norm) and scale == 1.0
     assert all(torch.equal(a, b.grad) for a, b in zip(before, model.parameters()))
+
+
+def _median_rule(norms, scale, period):
+    """icefall ScaledAdam's threshold, worked out per step from the whole history: None before step 10;
+    re-estimated at steps 10, 20, 40 and every ``period`` from the last min(step, period) norms up to it."""
+    out, current = [], None
+    for step in range(len(norms)):
+        if step in (10, 20, 40) or (step > 0 and step % period == 0):
+            window = sorted(norms[max(0, step + 1 - min(step, period)) : step + 1])
+            current = scale * window[len(window) // 2]
+        out.append(current)
+    return out
+
+
+def test_running_median_threshold_follows_icefalls_rule():
+    gen = torch.Generator().manual_seed(0)
+    norms = [float(x) for x in torch.rand(130, generator=gen) * 10 + 1]
+    rule = RunningMedianThreshold(2.0, update_period=25)
+    got = [rule.update(n) for n in norms]
+    assert got == _median_rule(norms, 2.0, 25)
+    assert got[9] is None and got[10] is not None
+
+
+def test_relative_clip_clips_to_a_multiple_of_the_running_median_and_resumes_exactly():
+    control = _control(clip_grad_norm_relative=2.0)
+    gen = torch.Generator().manual_seed(1)
+    sizes = [float(x) for x in torch.rand(60, generator=gen) * 4 + 1]
+    sizes[30] = 100.0  # one outlier step
+    norms, scales = [], []
+    for size in sizes:
+        model = _model_with_grads()
+        factor = size / _norm(model)
+        for p in model.parameters():
+            p.grad.mul_(factor)
+        norm, scale = control.clip(model)
+        norms.append(norm)
+        scales.append(scale)
+    thresholds = _median_rule(norms, 2.0, 100)
+    for norm, scale, threshold in zip(norms, scales, thresholds):
+        expected = 1.0 if threshold is None else min(1.0, threshold / (norm + 1e-6))
+        assert scale == pytest.approx(expected, rel=1e-5)
+    assert scales[30] < 0.2 and all(s == 1.0 for s in scales[:10])
+    # A control restored from the state after step 40 continues as the uninterrupted one.
+    restored = _control(clip_grad_norm_relative=2.0)
+    replay = _control(clip_grad_norm_relative=2.0)
+    for norm in norms[:40]:
+        replay.relative_threshold.update(norm)
+    restored.load_state_dict(replay.state_dict())
+    assert [restored.relative_threshold.update(n) for n in norms[40:]] == thresholds[40:]

@@ -170,4 +170,4 @@ def test_scaled_adam_clips_to_twice_the_median_norm():
     state = opt.state_dict()
     again = ScaledAdam([torch.nn.Parameter(torch.ones(4, 4))], lr=1e-6)
     again.load_state_dict(state)
-    assert again.num_clipped == 1 and again._threshold == opt._threshold
+    assert again.num_clipped == 1 and again._clip_threshold.threshold == opt._clip_threshold.threshold

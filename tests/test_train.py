@@ -558,7 +558,9 @@ def test_error_clip_clamps_the_gradient_arriving_at_every_encoder_layer():
         grad = grads[0].clamp(-value, value)
     expected_input_grad = grads[0]
 
-    GradientControl(clip_grad_norm=0, clip_grad_value=0, agc_clipping=0, error_clip=value).install(model)
+    GradientControl(
+        clip_grad_norm=0, clip_grad_value=0, agc_clipping=0, error_clip=value, clip_grad_norm_relative=0
+    ).install(model)
     x_in = x.clone().requires_grad_()
     h = x_in
     for layer in layers:

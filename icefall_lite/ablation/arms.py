@@ -50,6 +50,7 @@ class Arm:
     clip_grad_value: float = 0.0
     agc_clipping: float = 0.0
     error_clip: float = 0.0
+    clip_grad_norm_relative: float = 0.0
 
     @property
     def filter_on(self) -> bool:
@@ -57,18 +58,15 @@ class Arm:
 
     def train_flags(self) -> List[str]:
         """train.py flags that set this arm's controls (and switch the others off)."""
-        return [
-            "--grad-filter-threshold",
-            flag_value(self.filter_threshold),
-            "--clip-grad-norm",
-            flag_value(self.clip_grad_norm),
-            "--clip-grad-value",
-            flag_value(self.clip_grad_value),
-            "--agc-clipping",
-            flag_value(self.agc_clipping),
-            "--error-clip",
-            flag_value(self.error_clip),
-        ]
+        values = {
+            "--grad-filter-threshold": self.filter_threshold,
+            "--clip-grad-norm": self.clip_grad_norm,
+            "--clip-grad-value": self.clip_grad_value,
+            "--agc-clipping": self.agc_clipping,
+            "--error-clip": self.error_clip,
+            "--clip-grad-norm-relative": self.clip_grad_norm_relative,
+        }
+        return [item for flag, value in values.items() for item in (flag, flag_value(value))]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -158,6 +158,46 @@ def scale_grads_(grads: Sequence[Tensor], scale: Tensor, foreach: Optional[bool]
         else:
             for g in group:
                 g.mul_(scale_here)
+
+
+class RunningMedianThreshold:
+    """A clipping threshold relative to the recent gradient norms: ``scale`` times their median.
+
+    icefall's ScaledAdam rule (its ``clipping_scale``): every step's norm is
+    recorded (the last ``update_period`` kept); the threshold is re-estimated
+    at steps 10, 20 and 40 and then every ``update_period`` steps from the
+    norms recorded so far; before step 10 there is none. It carries its own
+    ``state_dict`` so that a resumed run clips as the uninterrupted one.
+    """
+
+    def __init__(self, scale: float, update_period: int) -> None:
+        if not scale > 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+        if update_period < 1:
+            raise ValueError(f"update_period must be >= 1, got {update_period}")
+        self.scale = scale
+        self.update_period = update_period
+        self.norms: List[float] = []
+        self.threshold: Optional[float] = None
+        self.steps = 0
+
+    def update(self, norm: float) -> Optional[float]:
+        """Record this step's ``norm``; the threshold for this step (None: no clipping yet)."""
+        self.norms = (self.norms + [norm])[-self.update_period :]
+        step = self.steps
+        if step in (10, 20, 40) or (step > 0 and step % self.update_period == 0):
+            recent = sorted(self.norms[-step:])
+            self.threshold = self.scale * recent[len(recent) // 2]
+        self.steps += 1
+        return self.threshold
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"norms": list(self.norms), "threshold": self.threshold, "steps": self.steps}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.norms = list(state["norms"])
+        self.threshold = state["threshold"]
+        self.steps = int(state["steps"])
 
 
 def clip_grad_value_(parameters: ParamsLike, max: float, min: Optional[float] = None) -> None:

@@ -10,9 +10,15 @@ flag                       what it does                                        w
 ``--clip-grad-value``      clamp every gradient element to [-v, v]             after backward
 ``--agc-clipping``         unit-wise adaptive clipping (AGC), lambda           after backward
 ``--clip-grad-norm``       scale all gradients to a global L2 norm <= max      after backward (last)
+``--clip-grad-norm-relative``  the same, max = S x the running median of the    after backward (last)
+                           pre-clip global norm (icefall ScaledAdam's rule)
 =========================  ==================================================  ================================
 
-The flags combine; after backward they apply in the order of the table.
+The flags combine; after backward they apply in the order of the table (with
+both norm clips on, the smaller maximum wins). The relative clip tells "normalises
+every step" (a fixed maximum below the typical norm) from "catches the rare
+outlier" (a maximum that follows the typical norm); its running median is state
+that checkpoints keep (:meth:`GradientControl.state_dict`).
 :meth:`GradientControl.clip` returns the pre-clip global norm and the clip
 scale (post- over pre-clip norm), which the training loop logs for every kind
 alike.
@@ -23,13 +29,14 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-from dataclasses import dataclass
-from typing import Any, List, Mapping, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch.nn as nn
 
 from icefall_lite.nn.clip import (
     ErrorClipByValue,
+    RunningMedianThreshold,
     adaptive_clip_grad_,
     add_error_clip,
     clip_grad_value_,
@@ -41,7 +48,9 @@ from icefall_lite.train.checkpoint import unwrap
 
 # AGC leaves the final classifier layer unclipped (Brock et al. 2021): the joiner's output layer.
 AGC_EXCLUDED = "output_linear"
-FLAGS = ("clip_grad_norm", "clip_grad_value", "agc_clipping", "error_clip")
+FLAGS = ("clip_grad_norm", "clip_grad_value", "agc_clipping", "error_clip", "clip_grad_norm_relative")
+# The relative clip re-estimates its median every this many steps (as ScaledAdam's clipping_update_period).
+RELATIVE_CLIP_UPDATE_PERIOD = 100
 
 
 def add_gradient_control_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,6 +73,14 @@ def add_gradient_control_arguments(parser: argparse.ArgumentParser) -> None:
         "gradient norm to weight norm (the joiner's output layer is left unclipped); 0 = off.",
     )
     group.add_argument(
+        "--clip-grad-norm-relative",
+        type=float,
+        default=0.0,
+        help="Scale all gradients together so that their global L2 norm is at most S times the median of "
+        f"the recent pre-clip norms (icefall's ScaledAdam rule: re-estimated at steps 10, 20, 40, then every "
+        f"{RELATIVE_CLIP_UPDATE_PERIOD}; none before step 10); 0 = off.",
+    )
+    group.add_argument(
         "--error-clip",
         type=float,
         default=0.0,
@@ -81,7 +98,7 @@ def check_gradient_control_args(parser: argparse.ArgumentParser, args: argparse.
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {value}")
 
 
-@dataclass(frozen=True)
+@dataclass
 class GradientControl:
     """The clipping of a run; 0 switches a kind off (see the module doc)."""
 
@@ -89,6 +106,29 @@ class GradientControl:
     clip_grad_value: float
     agc_clipping: float
     error_clip: float
+    clip_grad_norm_relative: float
+    relative_threshold: Optional[RunningMedianThreshold] = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.clip_grad_norm_relative > 0:
+            self.relative_threshold = RunningMedianThreshold(self.clip_grad_norm_relative, RELATIVE_CLIP_UPDATE_PERIOD)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The relative clip's running median (empty without it)."""
+        return {} if self.relative_threshold is None else {"relative_threshold": self.relative_threshold.state_dict()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if self.relative_threshold is not None and "relative_threshold" in state:
+            self.relative_threshold.load_state_dict(state["relative_threshold"])
+
+    def _max_norm(self, norm: float) -> Optional[float]:
+        """This step's maximum global norm (None: no norm clip); records ``norm`` for the relative clip."""
+        limits = [self.clip_grad_norm] if self.clip_grad_norm > 0 else []
+        if self.relative_threshold is not None:
+            threshold = self.relative_threshold.update(norm)
+            if threshold is not None:
+                limits.append(threshold)
+        return min(limits) if limits else None
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "GradientControl":
@@ -122,8 +162,9 @@ class GradientControl:
         if self.agc_clipping > 0:
             adaptive_clip_grad_(named, self.agc_clipping, exclude=[n for n, _ in named if AGC_EXCLUDED in n])
         elementwise = self.clip_grad_value > 0 or self.agc_clipping > 0
-        if self.clip_grad_norm > 0:
-            scale = norm_clip_scale(get_total_norm(grads) if elementwise else norm, self.clip_grad_norm)
+        max_norm = self._max_norm(float(norm))
+        if max_norm is not None:
+            scale = norm_clip_scale(get_total_norm(grads) if elementwise else norm, max_norm)
             scale_grads_(grads, scale)
             if not elementwise:
                 return float(norm), float(scale)

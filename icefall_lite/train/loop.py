@@ -70,7 +70,7 @@ class Training:
             scheduler=self.scheduler,
             scaler=self.scaler,
             sampler=None if train_dl is None else train_dl.sampler,
-            extra={"rng_state": get_rng_state(train_dl)},
+            extra={"rng_state": get_rng_state(train_dl), "grad_control": self.grad_control.state_dict()},
         )
 
 

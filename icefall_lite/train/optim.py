@@ -9,6 +9,8 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from icefall_lite.nn.clip import RunningMedianThreshold
+
 
 def _evaluate(closure) -> Optional[Tensor]:
     """The loss of ``closure`` with gradients enabled (``Optimizer.step``'s convention), or None."""
@@ -190,28 +192,22 @@ class ScaledAdam(Optimizer):
         self.clipping_update_period = clipping_update_period
         self.num_clipped = 0
         self.last_clipping_scale = 1.0
-        self._norms: List[float] = []
-        self._threshold: Optional[float] = None
-        self._steps = 0
+        self._clip_threshold = (
+            None if clipping_scale is None else RunningMedianThreshold(clipping_scale, clipping_update_period)
+        )
 
     def state_dict(self) -> Dict:
         state = super().state_dict()
-        state["clipping"] = {
-            "norms": list(self._norms),
-            "threshold": self._threshold,
-            "steps": self._steps,
-            "num_clipped": self.num_clipped,
-        }
+        if self._clip_threshold is not None:
+            state["clipping"] = {**self._clip_threshold.state_dict(), "num_clipped": self.num_clipped}
         return state
 
     def load_state_dict(self, state_dict: Dict) -> None:
         state_dict = dict(state_dict)
         clipping = state_dict.pop("clipping", None)
         super().load_state_dict(state_dict)
-        if clipping is not None:
-            self._norms = list(clipping["norms"])
-            self._threshold = clipping["threshold"]
-            self._steps = int(clipping["steps"])
+        if clipping is not None and self._clip_threshold is not None:
+            self._clip_threshold.load_state_dict(clipping)
             self.num_clipped = int(clipping["num_clipped"])
 
     @staticmethod
@@ -230,20 +226,16 @@ class ScaledAdam(Optimizer):
                 sumsq = p.grad.detach().double().square().sum()
                 terms.append(sumsq if p.numel() == 1 else sumsq * self._param_rms(p, self.state[p]).double() ** 2)
         norm = float(torch.stack(terms).sum().sqrt()) if terms else 0.0  # one host sync per step
-        self._norms = (self._norms + [norm])[-self.clipping_update_period :]
-        step = self._steps
-        if step in (10, 20, 40) or (step > 0 and step % self.clipping_update_period == 0):
-            recent = sorted(self._norms[-step:])
-            self._threshold = self.clipping_scale * recent[len(recent) // 2]
-        if self._threshold is None or norm <= self._threshold or norm == 0.0:
+        threshold = self._clip_threshold.update(norm)
+        if threshold is None or norm <= threshold or norm == 0.0:
             return 1.0
         self.num_clipped += 1
-        return self._threshold / norm
+        return threshold / norm
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = _evaluate(closure)
-        factor = 1.0 if self.clipping_scale is None else self._clipping_factor()
+        factor = 1.0 if self._clip_threshold is None else self._clipping_factor()
         self.last_clipping_scale = factor
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
@@ -264,7 +256,6 @@ class ScaledAdam(Optimizer):
                 else:
                     self._step_tensor(group, p, grad, state)
                 state["step"] += 1
-        self._steps += 1
         return loss
 
     def _step_scalar(self, group: Dict, p: Tensor, grad: Tensor, state: Dict) -> None:

@@ -28,6 +28,7 @@ ICEFALL_PRESET: Dict[str, Any] = {
     "clip_grad_value": 0.0,
     "agc_clipping": 0.0,
     "error_clip": 0.0,
+    "clip_grad_norm_relative": 0.0,
     "average_period": 100,
     "save_every_n": 4000,
     "keep_last_k": 20,

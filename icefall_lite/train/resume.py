@@ -18,6 +18,7 @@ from icefall_lite.train.checkpoint import (
     remove_interrupted_saves,
     unwrap,
 )
+from icefall_lite.train.grad_control import GradientControl
 from icefall_lite.train.optim import Eden
 from icefall_lite.utils import AttributeDict
 
@@ -98,10 +99,20 @@ class Resumption:
         return cls(checkpoint)
 
     def restore_optimizers(
-        self, optimizer: torch.optim.Optimizer, scheduler: Eden, scaler: Optional[torch.amp.GradScaler]
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Eden,
+        scaler: Optional[torch.amp.GradScaler],
+        grad_control: GradientControl,
     ) -> None:
-        """Load the optimizer, scheduler and grad-scaler states the checkpoint holds."""
-        for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("grad_scaler", scaler)):
+        """Load the optimizer, scheduler, grad-scaler and gradient-control states the checkpoint holds."""
+        owners = (
+            ("optimizer", optimizer),
+            ("scheduler", scheduler),
+            ("grad_scaler", scaler),
+            ("grad_control", grad_control),
+        )
+        for name, obj in owners:
             if obj is not None and self.checkpoint.get(name) is not None:
                 obj.load_state_dict(self.checkpoint[name])
 

@@ -198,7 +198,7 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
     scheduler = Eden(optimizer, params.lr_batches, params.lr_epochs)
     scaler = torch.amp.GradScaler("cuda") if params.use_fp16 else None
     if resume is not None:
-        resume.restore_optimizers(optimizer, scheduler, scaler)
+        resume.restore_optimizers(optimizer, scheduler, scaler, grad_control)
     librispeech = LibriSpeechAsrDataModule(args)
     train_cuts, valid_dl = load_training_data(librispeech, sp)
     training = Training(
