@@ -40,6 +40,7 @@ from benchmarks.train_setup import (  # noqa: E402
     batch_shape,
     make_batches,
 )
+from icefall_lite.nn.model import DEFAULT_GRAD_FILTER_THRESHOLD  # noqa: E402
 from icefall_lite.utils import script_parser  # noqa: E402
 
 GOAL = 0.03
@@ -48,7 +49,10 @@ GOAL = 0.03
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
     parser.add_argument(
-        "--threshold", type=float, default=25.0, help="Filter threshold of the filtered arm. (default: 25)"
+        "--threshold",
+        type=float,
+        default=DEFAULT_GRAD_FILTER_THRESHOLD,
+        help=f"Filter threshold of the filtered arm. (default: {DEFAULT_GRAD_FILTER_THRESHOLD:g})",
     )
     parser.add_argument(
         "--reps",

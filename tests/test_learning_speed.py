@@ -132,8 +132,6 @@ def test_study_runs_arms_resumes_and_writes_the_section(tiny_data, tmp_path, iso
         "120",
         "--minutes",
         "0.002",
-        "--decode-max-duration",
-        "60",
     ]
     # An arm cut off before (no done file) is started again from scratch.
     (exp_root / "baseline").mkdir(parents=True)

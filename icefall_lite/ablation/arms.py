@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence, Tuple
 
+from icefall_lite.nn.model import DEFAULT_GRAD_FILTER_THRESHOLD
+
 OBSERVE = math.inf  # --grad-filter-threshold inf: the filter observes only
 
 
@@ -74,7 +76,7 @@ class Thresholds:
     """The thresholds of the arms (ablation.py's flags; RESULTS.md, "Thresholds of the ablation's clipping
     arms", says how the defaults were chosen)."""
 
-    filter: float = 25.0
+    filter: float = DEFAULT_GRAD_FILTER_THRESHOLD
     sweep: Tuple[float, ...] = (10.0, 5.0)
     clip_norm: float = 5.0
     agc_lambda: float = 0.08

@@ -237,6 +237,8 @@ def count_parameters(model: nn.Module) -> int:
 # on 2 CPU cores; "icefall" is lstm_transducer_stateless3's size (GPU).
 # With rnn_hidden_size == encoder_dim the LSTM has no projection (oneDNN
 # runs it much faster on CPU); otherwise it projects back to encoder_dim.
+# The recipe's GradientFilter threshold, icefall's --grad-norm-threshold of lstm_transducer_stateless3.
+DEFAULT_GRAD_FILTER_THRESHOLD = 25.0
 MODEL_PRESETS: Dict[str, Dict[str, int]] = {
     "cpu": dict(
         num_encoder_layers=4,
@@ -277,7 +279,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--grad-norm-threshold",  # icefall's lstm_transducer_stateless3 spelling
         dest="grad_filter_threshold",
         type=float,
-        default=25.0,
+        default=DEFAULT_GRAD_FILTER_THRESHOLD,
         help="GradientFilter threshold inside every LSTM layer (x median per-sequence gradient RMS; "
         "--grad-norm-threshold is icefall's name for it); 0 = no filter anywhere in the graph; inf = observe "
         "only (per-layer statistics logged, gradients unchanged).",

@@ -173,7 +173,6 @@ def get_parser() -> argparse.ArgumentParser:
         default=["greedy_search"],
         help="decoding methods of every run",
     )
-    parser.add_argument("--decode-max-duration", type=float, default=200.0, help="seconds of audio per decoding batch")
     parser.add_argument(
         "--bpe-model", type=Path, default=None, help="default: the one data/lang_bpe_*/bpe.model in --work-dir"
     )
@@ -233,7 +232,6 @@ class Settings:
             "max_duration": a.max_duration,
             "conditions": {name: [list(c.model_flags), list(c.train_flags)] for name, c in CONDITIONS.items()},
             "bpe_model": self.rel(self.bpe_model),
-            "decode_max_duration": a.decode_max_duration,
             "model_args": self.model_args,
         }
 
@@ -254,8 +252,8 @@ def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     """Absolute paths, the arms and the plan; argparse errors for bad values."""
     if args.steps < 1 or args.num_seeds < 1:
         parser.error(f"--steps and --num-seeds must be >= 1, got {args.steps} and {args.num_seeds}")
-    if args.max_duration <= 0 or args.decode_max_duration <= 0:
-        parser.error("--max-duration and --decode-max-duration must be positive")
+    if args.max_duration <= 0:
+        parser.error("--max-duration must be positive")
     positive = {
         "--grad-filter-threshold": args.grad_filter_threshold,
         "--clip-grad-norm": args.clip_grad_norm,
@@ -388,8 +386,6 @@ def decode_command(s: Settings, key: RunKey, method: str) -> List[str]:
             "false",
             "--decoding-method",
             method,
-            "--max-duration",
-            f"{s.args.decode_max_duration:g}",
             "--num-workers",
             str(s.args.num_workers),
         ]

@@ -191,7 +191,6 @@ def get_parser() -> argparse.ArgumentParser:
         help="BPE vocabulary of the arms without a vocabulary change (every BPE model of the study "
         "is trained on the training transcripts into <exp-root>/lang_bpe_<N>)",
     )
-    parser.add_argument("--decode-max-duration", type=float, default=200.0, help="seconds of audio per decoding batch")
     parser.add_argument("--list", action="store_true", help="print the arms and exit")
     return parser
 
@@ -272,8 +271,6 @@ def decode_command(args: argparse.Namespace, arm: StudyArm, last_batch: int) -> 
         "false",
         "--decoding-method",
         "greedy_search",
-        "--max-duration",
-        f"{args.decode_max_duration:g}",
         "--bpe-model",
         str(bpe_model_of(args, arm)),
         "--model-preset",
