@@ -7,9 +7,9 @@ orders, defaults, return shapes and semantics (k2's own tests of
 ``rnnt_loss.py`` and ``mutual_information.py`` pass against it on CPU):
 
 - :func:`mutual_information_recursion`, :func:`joint_mutual_information_recursion`:
-  the lattice recursion every loss reduces to, with k2's backward (occupancy
-  propagated from the end cell by local arc weights), so float32 gradients
-  are as accurate as k2's.
+  the lattice recursion every loss reduces to, with an analytic backward run
+  in float64, so float32 gradients carry no rounding of the large lattice
+  scores (issue 28).
 - :func:`rnnt_loss_simple`, :func:`rnnt_loss_smoothed`: the "trivial joiner"
   losses (joint = lm + am) used to find pruning bounds.
 - :func:`get_rnnt_prune_ranges`, :func:`do_rnnt_pruning`,
