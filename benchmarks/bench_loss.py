@@ -145,7 +145,8 @@ def full_loss(p: LossProblem) -> torch.Tensor:
     enc = p.joiner.encoder_proj(p.encoder_out).unsqueeze(2)  # (B, T, 1, J)
     dec = p.joiner.decoder_proj(p.decoder_out).unsqueeze(1)  # (B, 1, U+1, J)
     logits = p.joiner(enc, dec, project_input=False)  # (B, T, U+1, V)
-    return rnnt_loss(logits, p.targets, p.frame_lens, p.target_lens, blank=BLANK, reduction="sum")
+    boundary = make_boundary(p.target_lens, p.frame_lens)
+    return rnnt_loss(logits=logits, symbols=p.targets, termination_symbol=BLANK, boundary=boundary, reduction="sum")
 
 
 def step(p: LossProblem, loss_fn: Callable[[LossProblem], torch.Tensor]) -> float:

@@ -15,9 +15,11 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
@@ -78,6 +80,59 @@ def command_line() -> str:
         elif not arg.startswith("--markdown-out="):
             args.append(arg)
     return " ".join(["python", shlex.quote(script_str), *(shlex.quote(a) for a in args)])
+
+
+# --------------------------------------------------------------------------
+# earlier versions of the library
+# --------------------------------------------------------------------------
+
+
+def git_show(commit: str, path: str) -> str:
+    """The text of ``path`` at ``commit`` of this repository (``git show``); exits with a message if git cannot."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{commit}:{path}"], check=True, capture_output=True, text=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as err:
+        detail = getattr(err, "stderr", "") or str(err)
+        raise SystemExit(
+            f"cannot read {path} at commit {commit} with git ({detail.strip()}); run the benchmark in a git "
+            "clone of the repository with its history (not a shallow clone or an archive)."
+        ) from err
+
+
+def load_modules_at(commit: str, paths: Sequence[str], alias: str) -> Dict[str, types.ModuleType]:
+    """Import modules of this repository as they were at ``commit``, next to today's.
+
+    Each ``icefall_lite/.../name.py`` is executed from ``git show`` as module
+    ``alias.name``; imports of one of the listed modules by another (``from
+    icefall_lite.nn.name import ...``) are pointed at the loaded copy, every
+    other import at today's library.
+
+    Args:
+      commit: the commit to read.
+      paths: repository paths of the modules, dependencies first.
+      alias: name of the package the copies are registered under in ``sys.modules``.
+    Returns:
+      ``name`` (file stem) -> module.
+    """
+    package = types.ModuleType(alias)
+    package.__path__ = []  # type: ignore[attr-defined]
+    sys.modules[alias] = package
+    renames = {path[: -len(".py")].replace("/", "."): f"{alias}.{Path(path).stem}" for path in paths}
+    modules: Dict[str, types.ModuleType] = {}
+    for path in paths:
+        source = git_show(commit, path)
+        for old, new in renames.items():
+            source = source.replace(f"from {old} import", f"from {new} import")
+        name = f"{alias}.{Path(path).stem}"
+        module = types.ModuleType(name)
+        module.__file__ = f"{commit[:7]}:{path}"
+        sys.modules[name] = module
+        exec(compile(source, module.__file__, "exec"), module.__dict__)
+        setattr(package, Path(path).stem, module)
+        modules[Path(path).stem] = module
+    return modules
 
 
 # --------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from icefall_lite.nn.model import (
     count_parameters,
     model_config_from_args,
 )
-from icefall_lite.nn.rnnt_loss import rnnt_loss
+from icefall_lite.nn.rnnt_loss import rnnt_loss_torchaudio
 from icefall_lite.train.checkpoint import CheckpointError, load_state_dict_checked
 from icefall_lite.train.optim import Eve
 
@@ -65,7 +65,9 @@ def test_pruned_loss_with_full_range_equals_full_rnnt_loss():
     dec = model.decoder(sos_y)
     logits = model.joiner(enc.unsqueeze(2), dec.unsqueeze(1))
     targets = torch.tensor([ids + [0] * (4 - len(ids)) for ids in y], dtype=torch.int32)
-    full = rnnt_loss(logits, targets, enc_lens2, torch.tensor([len(i) for i in y]), blank=blank, reduction="none")
+    full = rnnt_loss_torchaudio(
+        logits, targets, enc_lens2, torch.tensor([len(i) for i in y]), blank=blank, reduction="none"
+    )
     torch.testing.assert_close(pruned, full, rtol=1e-5, atol=1e-4)
     assert torch.equal(enc_lens, enc_lens2)
     assert ctc is None

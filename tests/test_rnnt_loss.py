@@ -19,10 +19,10 @@ from icefall_lite.nn.rnnt_loss import (
     get_rnnt_prune_ranges,
     make_boundary,
     mutual_information_recursion,
-    rnnt_loss,
     rnnt_loss_pruned,
     rnnt_loss_simple,
     rnnt_loss_smoothed,
+    rnnt_loss_torchaudio,
 )
 
 Tensor = torch.Tensor
@@ -266,7 +266,9 @@ def test_rnnt_loss_matches_reference(device, logsumexp_chunk, monkeypatch):
         targets[b, u:] = -1 if b % 2 else 999  # padding (any value) must be ignored
 
     x = logits.clone().to(device).requires_grad_()
-    loss = rnnt_loss(x, targets.to(device), frames.to(device), syms.to(device), blank=blank, reduction="none")
+    loss = rnnt_loss_torchaudio(
+        x, targets.to(device), frames.to(device), syms.to(device), blank=blank, reduction="none"
+    )
     w = _weights(B)
     (loss * w.to(device)).sum().backward()
     grad = x.grad.cpu()
@@ -291,13 +293,13 @@ def test_rnnt_loss_reductions():
     frames, syms = _lengths()
     logits = torch.randn(B, T_MAX, U_MAX + 1, C, generator=g, dtype=F64)
     targets = torch.randint(1, C, (B, U_MAX), generator=g)
-    none = rnnt_loss(logits, targets, frames, syms, reduction="none")
+    none = rnnt_loss_torchaudio(logits, targets, frames, syms, reduction="none")
     assert none.shape == (B,)
-    torch.testing.assert_close(rnnt_loss(logits, targets, frames, syms, reduction="sum"), none.sum())
-    torch.testing.assert_close(rnnt_loss(logits, targets, frames, syms, reduction="mean"), none.sum() / B)
-    torch.testing.assert_close(rnnt_loss(logits, targets, frames, syms), none.sum() / B)  # default mean
+    torch.testing.assert_close(rnnt_loss_torchaudio(logits, targets, frames, syms, reduction="sum"), none.sum())
+    torch.testing.assert_close(rnnt_loss_torchaudio(logits, targets, frames, syms, reduction="mean"), none.sum() / B)
+    torch.testing.assert_close(rnnt_loss_torchaudio(logits, targets, frames, syms), none.sum() / B)  # default mean
     with pytest.raises(ValueError):
-        rnnt_loss(logits, targets, frames, syms, reduction="batchmean")
+        rnnt_loss_torchaudio(logits, targets, frames, syms, reduction="batchmean")
 
 
 # --------------------------------------------------------------------------
@@ -318,7 +320,10 @@ def test_rnnt_loss_simple_matches_reference():
     am_r = am.detach().clone().requires_grad_()
     refs = []
     for b, (T_b, U_b) in enumerate(LENGTHS):
-        lp = lambda t, u, b=b: (lm_r[b, u] + am_r[b, t]).log_softmax(-1)
+
+        def lp(t, u, b=b):
+            return (lm_r[b, u] + am_r[b, t]).log_softmax(-1)
+
         refs.append(ref_rnnt_nll(lp, symbols[b].tolist(), T_b, U_b, 0))
     ref = torch.stack(refs)
     lm_rg, am_rg = torch.autograd.grad((ref * w).sum(), [lm_r, am_r])
@@ -333,7 +338,7 @@ def test_rnnt_loss_simple_equals_full_loss_on_additive_logits():
     frames, syms = _lengths()
     boundary = make_boundary(syms, frames)
     simple, (px_post, py_post) = rnnt_loss_simple(lm, am, symbols, 0, boundary, reduction="none", return_grad=True)
-    full = rnnt_loss(lm[:, None] + am[:, :, None], symbols, frames, syms, blank=0, reduction="none")
+    full = rnnt_loss_torchaudio(lm[:, None] + am[:, :, None], symbols, frames, syms, blank=0, reduction="none")
     torch.testing.assert_close(simple, full, **TOL)
     # posteriors: each sequence's blank arcs carry total mass T_b, symbol arcs U_b
     torch.testing.assert_close(py_post.sum(dim=(1, 2)), frames.to(F64), **TOL)
@@ -441,8 +446,8 @@ def _joiner_case(seed: int, dtype=F64, D: int = 5):
     return am, lm, W, symbols
 
 
-def _joiner(a: Tensor, l: Tensor, W: Tensor) -> Tensor:
-    return torch.tanh(a + l) @ W
+def _joiner(a: Tensor, lm_out: Tensor, W: Tensor) -> Tensor:
+    return torch.tanh(a + lm_out) @ W
 
 
 def test_pruned_loss_with_full_range_equals_full_loss():
@@ -460,7 +465,7 @@ def test_pruned_loss_with_full_range_equals_full_loss():
 
     params2 = [p.clone().requires_grad_() for p in (am, lm, W)]
     full_logits = _joiner(params2[0][:, :, None], params2[1][:, None], params2[2])
-    full = rnnt_loss(full_logits, symbols, frames, syms, reduction="none")
+    full = rnnt_loss_torchaudio(full_logits, symbols, frames, syms, reduction="none")
     g_full = torch.autograd.grad((full * w).sum(), params2)
 
     torch.testing.assert_close(pruned.detach(), full.detach(), **TOL)
@@ -664,19 +669,21 @@ def test_float32_agrees_with_float64():
 
     def all_losses(dtype):
         a = am.to(dtype).requires_grad_()
-        l = lm.to(dtype).requires_grad_()
+        lm_in = lm.to(dtype).requires_grad_()
         Wd = W.to(dtype)
         out = {}
-        out["simple"] = rnnt_loss_simple(l @ Wd, a @ Wd, symbols, 0, boundary, reduction="none")
-        out["smoothed"] = rnnt_loss_smoothed(l @ Wd, a @ Wd, symbols, 0, 0.25, 0.1, boundary, reduction="none")
-        out["full"] = rnnt_loss(_joiner(a[:, :, None], l[:, None], Wd), symbols, frames, syms, reduction="none")
-        _, (gx, gy) = rnnt_loss_simple(l @ Wd, a @ Wd, symbols, 0, boundary, return_grad=True)
+        out["simple"] = rnnt_loss_simple(lm_in @ Wd, a @ Wd, symbols, 0, boundary, reduction="none")
+        out["smoothed"] = rnnt_loss_smoothed(lm_in @ Wd, a @ Wd, symbols, 0, 0.25, 0.1, boundary, reduction="none")
+        out["full"] = rnnt_loss_torchaudio(
+            _joiner(a[:, :, None], lm_in[:, None], Wd), symbols, frames, syms, reduction="none"
+        )
+        _, (gx, gy) = rnnt_loss_simple(lm_in @ Wd, a @ Wd, symbols, 0, boundary, return_grad=True)
         ranges = get_rnnt_prune_ranges(gx.double(), gy.double(), boundary, 3)
         out["pruned"] = rnnt_loss_pruned(
-            _joiner(*do_rnnt_pruning(a, l, ranges), Wd), symbols, ranges, 0, boundary, reduction="none"
+            _joiner(*do_rnnt_pruning(a, lm_in, ranges), Wd), symbols, ranges, 0, boundary, reduction="none"
         )
         total = sum(v.sum() for v in out.values())
-        ga, gl = torch.autograd.grad(total, [a, l])
+        ga, gl = torch.autograd.grad(total, [a, lm_in])
         return {k: v.detach().double() for k, v in out.items()}, ga.double(), gl.double()
 
     l64, ga64, gl64 = all_losses(F64)

@@ -424,6 +424,32 @@ def test_compute_loss_with_tail_padding_and_ctc(tiny_data):
     assert unpadded["frames"] == info["frames"]
 
 
+def test_delay_penalty_applies_after_the_warm_up_as_icefall(tiny_data):
+    """--delay-penalty reaches both losses once warmup >= 2 (icefall's stateless3 rule), never before or in
+    validation (warmup 1.0)."""
+    params, model, _, _, sp = _params_and_model(tiny_data, "--delay-penalty", "0.5")
+    model.eval()
+    batch = _batch()
+    lens = batch["supervisions"]["num_frames"]
+    token_ids = sp.encode(batch["supervisions"]["text"], out_type=int)
+
+    def direct(delay_penalty, warmup, pruned_scale):
+        with torch.no_grad():
+            simple, pruned, _, _ = model(
+                batch["inputs"], lens, token_ids, prune_range=params.prune_range, am_scale=params.am_scale,
+                lm_scale=params.lm_scale, warmup=warmup, delay_penalty=delay_penalty,
+            )  # fmt: skip
+        return float(0.5 * simple.sum() + pruned_scale * pruned.sum())
+
+    _, trained = compute_loss(params, model, sp, batch, is_training=False, warmup=3.0)
+    assert trained["loss"] == pytest.approx(direct(0.5, 3.0, 1.0), rel=1e-6)
+    assert abs(trained["loss"] - direct(0.0, 3.0, 1.0)) > 1e-3 * abs(trained["loss"])
+    _, second_warmup = compute_loss(params, model, sp, batch, is_training=False, warmup=1.5)
+    assert second_warmup["loss"] == pytest.approx(direct(0.0, 1.5, 0.1), rel=1e-6)
+    _, validation = compute_loss(params, model, sp, batch, is_training=False)
+    assert validation["loss"] == pytest.approx(direct(0.0, 1.0, 1.0), rel=1e-6)
+
+
 def test_max_minutes_stops_validates_and_records_progress(tiny_data, tmp_path):
     proc = run_train(tiny_data, tmp_path / "exp", "--max-minutes", "0.0001", "--num-epochs", "3")
     assert proc.returncode == 0, proc.stderr
@@ -484,6 +510,7 @@ ICEFALL_VALUES = {
     "enable_musan": True,
     "ctc_loss_scale": 0.0,
     "tail_pad_frames": 0,
+    "delay_penalty": 0.0,
 }
 
 

@@ -131,6 +131,7 @@ class Transducer(nn.Module):
         am_scale: float = 0.0,
         lm_scale: float = 0.0,
         warmup: float = 1.0,
+        delay_penalty: float = 0.0,
     ) -> Tuple[Tensor, Tensor, Optional[Tensor], Tensor]:
         """
         Args:
@@ -140,6 +141,8 @@ class Transducer(nn.Module):
           prune_range: s_range of the pruned loss.
           am_scale, lm_scale: smoothing scales of the simple loss.
           warmup: training progress in units of the model warm-up.
+          delay_penalty: k2's penalty on symbol delay in both losses (arXiv 2211.00490), which
+            rewards emitting symbols earlier; 0 = none.
         Returns:
           simple_loss (N,), pruned_loss (N,) (per-utterance, summed over the
           utterance, not normalised), ctc_loss (N,) (None without a CTC
@@ -168,6 +171,7 @@ class Transducer(nn.Module):
                 lm_only_scale=lm_scale,
                 am_only_scale=am_scale,
                 boundary=boundary,
+                delay_penalty=delay_penalty,
                 reduction="none",
                 return_grad=True,
             )
@@ -183,6 +187,7 @@ class Transducer(nn.Module):
                 ranges=ranges,
                 termination_symbol=blank_id,
                 boundary=boundary,
+                delay_penalty=delay_penalty,
                 reduction="none",
             )
         ctc_loss = None if self.ctc_output is None else self.ctc_loss(encoder_out, encoder_out_lens, y)

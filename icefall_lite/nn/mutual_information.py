@@ -1,20 +1,23 @@
-"""The lattice recursion of k2's ``mutual_information.py`` and the ``boundary`` helpers, in pure PyTorch.
+"""The lattice recursions of k2's ``mutual_information.py`` and the ``boundary`` helpers, in pure PyTorch.
 
 Part of :mod:`icefall_lite.nn.rnnt_loss` (which re-exports the public names and
 states the lattice conventions): :func:`make_boundary` builds the ``(B, 4)``
 boundary from lengths; :func:`mutual_information_recursion` is the recursion
-every RNN-T loss reduces to, with an analytic backward.
+every RNN-T loss reduces to (k2's arguments, shapes and results, for the
+regular and the modified lattice), with an analytic backward computed in
+float64 whatever the input dtype; :func:`joint_mutual_information_recursion`
+splits the total score into the contributions of several ``px``/``py`` terms.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 Tensor = torch.Tensor
 
-__all__ = ["make_boundary", "mutual_information_recursion"]
+__all__ = ["make_boundary", "fix_for_boundary", "mutual_information_recursion", "joint_mutual_information_recursion"]
 
 _NEG_INF = float("-inf")
 
@@ -76,14 +79,16 @@ def _check_boundary(boundary: Tensor, B: int, S: int, T: int) -> List[List[int]]
     return rows
 
 
-def _fix_for_boundary(px: Tensor, boundary: Optional[Tensor]) -> Tensor:
-    """Set ``px[b, :, t_end_b] = -inf`` (no symbol after the last frame).
+def fix_for_boundary(px: Tensor, boundary: Optional[Tensor] = None) -> Tensor:
+    """Set ``px[b, :, t_end_b] = -inf`` (no symbol after the last frame), as k2's
+    ``fix_for_boundary`` (regular RNN-T only).
 
     Args:
       px: ``(B, S, T+1)``; column ``T`` is already ``-inf``.
-      boundary: ``(B, 4)`` or None (then nothing to do).
+      boundary: ``(B, 4)`` or None (then ``px`` is returned as it is).
     Returns:
-      ``(B, S, T+1)`` (a new tensor; autograd-safe).
+      ``(B, S, T+1)``: a new tensor (k2 writes into ``px`` and returns it; here
+      ``px`` is left alone, so the function is safe inside autograd graphs).
     """
     if boundary is None:
         return px
@@ -96,105 +101,229 @@ def _fix_for_boundary(px: Tensor, boundary: Optional[Tensor]) -> Tensor:
 # mutual-information recursion
 # --------------------------------------------------------------------------
 #
-# Cells (s, t) are processed one anti-diagonal d = s + t at a time.  All
-# lattice quantities are stored "skewed" as (D, B, S+3) tensors, D = S+T+1:
+# Both lattices are processed one "step" at a time, where every arc leads from
+# step d to step d + 1:
 #
-#     Z[d, b, s+1] = z[b, s, d - s]        (-inf where d - s is out of range)
+#   regular  (px (B, S, T+1)): step of cell (s, t) = s + t (anti-diagonals),
+#            px[s, t]: (s, t) -> (s+1, t), py[s, t]: (s, t) -> (s, t+1);
+#   modified (px (B, S, T)):   step of cell (s, t) = t (frames),
+#            px[s, t]: (s, t) -> (s+1, t+1), py[s, t]: (s, t) -> (s, t+1).
 #
-# Columns 0 and S+2 are permanent -inf padding, so that both neighbours of a
-# cell, (s-1, t) and (s, t-1) [forward] or (s+1, t) and (s, t+1) [backward],
-# lie on diagonal d-1 [d+1] at column offsets -1/0 [+1/0]: each diagonal is one
-# batched logaddexp over contiguous memory.
+# Lattice quantities are stored step-major as (D, B, S+3) tensors,
+#
+#     Z[d, b, s+1] = z[b, s, t]  for the cell (s, t) of step d  (-inf if none),
+#
+# with columns 0 and S+2 as permanent padding.  In both lattices the px arc
+# into cell (d, c) comes from (d-1, c-1) and the py arc from (d-1, c), so a
+# step of either recursion reads its predecessors as two contiguous windows of
+# the previous step's row, one column apart.
 
 
-def _skew(x: Tensor, S: int, D: int) -> Tensor:
-    """Skew a lattice tensor.
+# The dtype the recursions run in, whatever the input dtype.  The scores of a
+# long lattice are large (|p| ~ 1000 for an utterance), and float32 rounding
+# of them (~3e-5 at 500) would show in every arc weight; float64 makes the
+# float32 posteriors as accurate as float32 can hold them.  The per-step
+# tensors are only (2, B, S+3): float64 costs no measurable time.
+_WORK_DTYPE = torch.float64
+
+
+def _step_of(s: int, t: int, modified: bool) -> int:
+    """Step index of cell ``(s, t)``."""
+    return t if modified else s + t
+
+
+def _num_steps(S: int, T: int, modified: bool) -> int:
+    """Number of steps ``D`` of an ``(S+1) x (T+1)`` lattice."""
+    return T + 1 if modified else S + T + 1
+
+
+def _cells_view(
+    buf: Tensor, shape: Tuple[int, int, int], modified: bool, step_offset: int, k: int, col_offset: int
+) -> Tensor:
+    """A ``(B, R, W)`` view of a step-major buffer:
+    ``[b, s, t] -> buf[step(s, t) + step_offset, k, b, s + col_offset]``.
 
     Args:
-      x: ``(B, R, W)``, ``R <= S + 1`` rows (symbol index ``s``) and ``W``
-        columns (frame index ``t``).
-      S: number of symbols of the lattice.
-      D: number of diagonals, ``S + T + 1``.
+      buf: contiguous ``(D', 2, B, C)``.
+      shape: ``(B, R, W)``; every addressed element must lie in ``buf``.
+      modified: which lattice; step_offset, k, col_offset: as in the formula.
     Returns:
-      ``(D, B, S+3)`` with ``out[d, b, s+1] = x[b, s, d-s]`` and ``-inf``
-      wherever ``d-s`` is not in ``[0, W)`` or ``s >= R``.
+      A strided view (no copy), so a layout change is one strided copy.
     """
-    B, R, W = x.shape
-    device = x.device
-    out = torch.full((D, B, S + 3), _NEG_INF, dtype=x.dtype, device=device)
-    if R == 0 or W == 0:
-        return out
-    x_pad = torch.cat([x, torch.full((B, R, 1), _NEG_INF, dtype=x.dtype, device=device)], dim=2)
-    d_idx = torch.arange(D, device=device).unsqueeze(1)  # (D, 1)
-    s_idx = torch.arange(R, device=device).unsqueeze(0)  # (1, R)
-    t_idx = d_idx - s_idx  # (D, R)
-    t_idx = torch.where((t_idx >= 0) & (t_idx < W), t_idx, torch.full_like(t_idx, W))
-    gathered = x_pad[:, s_idx.expand(D, R), t_idx]  # (B, D, R)
-    out[:, :, 1 : R + 1] = gathered.permute(1, 0, 2)
-    return out
+    _, K, B, C = buf.shape
+    row = K * B * C  # elements per step
+    stride_s = 1 if modified else row + 1
+    return buf.as_strided(shape, (C, stride_s, row), buf.storage_offset() + step_offset * row + k * B * C + col_offset)
 
 
-def _unskew(z: Tensor, R: int, W: int) -> Tensor:
-    """Inverse of :func:`_skew` for the cells of an ``R x W`` grid.
+def _to_steps(x: Tensor, arcs: Tensor, k: int, modified: bool) -> None:
+    """Write ``x`` ``(B, R, W)`` into ``arcs[:, k]`` step-major: ``arcs[step(s, t), k, b, s+1] = x[b, s, t]``.
 
     Args:
-      z: ``(D, B, S+1)``, the skewed tensor without its padding columns
-        (``z[d, b, s] <-> cell (s, d-s)``).
-    Returns:
-      ``(B, R, W)`` with ``out[b, s, t] = z[s+t, b, s]``.
+      x: ``px`` (``R = S``) or ``py`` (``R = S + 1``).
+      arcs: ``(D, 2, B, S+3)`` contiguous, filled with ``-inf`` by the caller.
+      k: 0 for ``px``, 1 for ``py``.
     """
-    device = z.device
-    s_idx = torch.arange(R, device=device).unsqueeze(1).expand(R, W)
-    d_idx = s_idx + torch.arange(W, device=device).unsqueeze(0)
-    return z[d_idx, :, s_idx].permute(2, 0, 1).contiguous()  # (R, W, B) -> (B, R, W)
+    if x.numel() > 0:
+        _cells_view(arcs, tuple(x.shape), modified, 0, k, 1).copy_(x)
 
 
-def _group_by_diagonal(rows: List[List[int]], s_col: int, t_col: int) -> Dict[int, Tuple[List[int], List[int]]]:
-    """Map diagonal ``s+t`` -> (batch indices, skewed columns ``s+1``)."""
+def _group_by_step(
+    rows: List[List[int]], s_col: int, t_col: int, modified: bool
+) -> Dict[int, Tuple[List[int], List[int]]]:
+    """Map step -> (batch indices, step-major columns ``s+1``) of one corner of every boundary row."""
     groups: Dict[int, Tuple[List[int], List[int]]] = {}
     for b, row in enumerate(rows):
         s, t = row[s_col], row[t_col]
-        bs, cols = groups.setdefault(s + t, ([], []))
+        bs, cols = groups.setdefault(_step_of(s, t, modified), ([], []))
         bs.append(b)
         cols.append(s + 1)
     return groups
 
 
-def _neighbour_view(buf: Tensor, i: int, S: int) -> Tensor:
-    """The two predecessor terms of every direction's diagonal ``i``, as one strided view.
-
-    ``buf`` is ``(D, K, B, S+3)`` (K = 1: forward only; K = 2: forward and
-    backward) and row ``i - 1`` holds every direction's previous diagonal. The
-    forward step reads columns ``[0, S]`` (cell (s-1, t)) and ``[1, S+1]``
-    (cell (s, t-1)); the backward step, stored reversed, reads ``[1, S+1]``
-    (cell (s, t+1)) and ``[2, S+2]`` (cell (s+1, t)). Both pairs are two
-    windows one element apart, and direction k's pair starts k elements
-    further, so the whole read is one overlapping view.
-
-    Returns:
-      ``(K, 2, B, S+1)`` view of ``buf[i - 1]``: ``[k, j, b, s] = buf[i-1, k, b, s + j + k]``.
-    """
-    _, K, B, W = buf.shape
-    return buf.as_strided((K, 2, B, S + 1), (B * W + 1, 1, W, 1), buf.storage_offset() + (i - 1) * K * B * W)
+# The recursions' buffer is one flat storage: rows of K * B * (S+3) scores
+# (K = 1: forward; K = 2: forward and backward), one per step, with one -inf
+# element before the first row and after the last.  Every op of the loop then
+# reads and writes contiguous memory: a step's two predecessor terms are the
+# previous row read one element apart (the neighbours of a cell are the
+# adjacent elements), and the padding columns 0 and S+2 of every (k, b) row
+# compute to -inf because every arc into them is -inf.
 
 
-def _neighbour_arcs(PX: Tensor, PY: Tensor, S: int, d_last: int, with_backward: bool) -> Tensor:
-    """The arc scores that go with :func:`_neighbour_view`, laid out to be added to it in one op.
+def _neighbour_views(store: Tensor, rows: int, K: int, BW: int) -> List[Tensor]:
+    """For every step ``i >= 1``, the two predecessor terms of every direction, as one strided view.
+
+    The forward step (k = 0) needs the scores of columns ``c-1`` (px arc) and
+    ``c`` (py arc) of the previous step; the backward step (k = 1), whose
+    previous row holds the *next* step's scores, needs ``c`` (py arc) and
+    ``c+1`` (px arc).  Term m of direction k is the previous row shifted by
+    ``m + k - 1`` elements.
 
     Args:
-      PX, PY: skewed ``(D, B, S+3)`` arc scores (:func:`_skew`).
+      store: the flat buffer (see above); rows: number of steps; K: directions;
+      BW: ``B * (S+3)``.
     Returns:
-      ``(d_last, K, 2, B, S+1)``, row ``i - 1`` for step ``i``: forward (k = 0)
-      ``px`` of arc (s-1, t) -> (s, t) and ``py`` of (s, t-1) -> (s, t) on
-      diagonal ``i - 1``; backward (k = 1) ``py`` of (s, t) -> (s, t+1) and
-      ``px`` of (s, t) -> (s+1, t) on diagonal ``e = d_last - i``.
+      ``rows - 1`` views ``(2, K, BW)``; view ``i - 1`` is
+      ``[m, k, j] = row_{i-1}[k * BW + j + m + k - 1]``.
     """
-    forward = torch.stack([PX[:d_last, :, 0 : S + 1], PY[:d_last, :, 1 : S + 2]], dim=1)  # (d_last, 2, B, S+1)
-    if not with_backward:
-        return forward.unsqueeze(1)
-    e = torch.arange(d_last - 1, -1, -1, device=PX.device)  # diagonal of the backward step i = 1 .. d_last
-    backward = torch.stack([PY[e, :, 1 : S + 2], PX[e, :, 1 : S + 2]], dim=1)
-    return torch.stack([forward, backward], dim=1)
+    if rows < 2:
+        return []
+    size = (rows - 1, 2, K, BW)
+    return list(store.as_strided(size, (K * BW, 1, BW + 1, 1), store.storage_offset()).unbind(0))
+
+
+def _neighbour_arcs(arcs: Tensor, d_last: int, with_backward: bool) -> Tensor:
+    """The arc scores that go with :func:`_neighbour_views`, laid out to be added to them in one op.
+
+    Args:
+      arcs: step-major ``(D, 2, B, S+3)`` (``[:, 0]`` px, ``[:, 1]`` py).
+    Returns:
+      ``(d_last, 2, K, B*(S+3))``, row ``i - 1`` for step ``i``: forward
+      (k = 0) the px arc into each cell (leaving column ``c-1`` of step
+      ``i - 1``) and the py arc (leaving column ``c``); backward (k = 1) the
+      py and the px arc leaving each cell of step ``e = d_last - i``.
+    """
+    D, _, B, W = arcs.shape
+    K = 2 if with_backward else 1
+    flat = arcs[:d_last].reshape(d_last, 2, B * W)
+    out = torch.empty((d_last, 2, K, B * W), dtype=arcs.dtype, device=arcs.device)
+    out[:, 0, 0, 0] = _NEG_INF
+    out[:, 0, 0, 1:] = flat[:, 0, :-1]
+    out[:, 1, 0] = flat[:, 1]
+    if with_backward:
+        out[:, :, 1] = flat.flip(0)[:, [1, 0]]  # row i - 1: step d_last - i
+    return out
+
+
+def _recursions(
+    arcs: Tensor,
+    starts: Dict[int, Tuple[List[int], List[int]]],
+    ends: Dict[int, Tuple[List[int], List[int]]],
+    d_first: int,
+    d_last: int,
+    with_backward: bool,
+) -> Tensor:
+    """Forward and (optionally) backward log-score recursions, run in the same steps.
+
+    Step ``i`` computes the forward scores of step ``i`` and the backward
+    scores of step ``d_last - i`` (independent of each other): one add of the
+    predecessors' scores and the arcs for both directions, and one logaddexp,
+    both on contiguous memory -- two tensor ops per step, whose views are all
+    made before the loop.
+
+    Args:
+      arcs: ``(D, 2, B, S+3)`` step-major px and py.
+      starts, ends: step -> (batch indices, columns) of the begin / end cells.
+      d_first, d_last: first and last step that matter.
+      with_backward: also run the backward recursion.
+    Returns:
+      ``(D, K, B, S+3)``: ``[d, 0]`` the forward scores ``alpha`` of step
+      ``d`` (``p`` of k2); with the backward, ``[i, 1]`` the backward scores of
+      step ``d_last - i`` (log-sum over the paths from a cell to the end
+      cell); ``-inf`` beyond ``d_last``.
+    """
+    D, _, B, W = arcs.shape
+    K = 2 if with_backward else 1
+    rows, BW = D, B * W  # rows after d_last stay -inf
+    store = torch.full((rows * K * BW + 2,), _NEG_INF, dtype=arcs.dtype, device=arcs.device)
+    buf = store[1:-1].view(rows, K, B, W)
+    row_views = store[1:-1].view(rows, K * BW).unbind(0)
+    neighbours = _neighbour_views(store, rows, K, BW)
+    arc_rows = _neighbour_arcs(arcs, d_last, with_backward).unbind(0)
+    scratch = torch.empty((2, K * BW), dtype=arcs.dtype, device=arcs.device)
+    first_terms, second_terms, scratch_pairs = scratch[0], scratch[1], scratch.view(2, K, BW)
+    # The backward direction starts at step d_last, so it runs over all of them.
+    for i in range(0 if with_backward else d_first, d_last + 1):
+        if i > 0:
+            torch.add(neighbours[i - 1], arc_rows[i - 1], out=scratch_pairs)
+            torch.logaddexp(first_terms, second_terms, out=row_views[i])
+        if i in starts:
+            bs, cols = starts[i]
+            buf[i, 0, bs, cols] = 0.0
+        if with_backward and d_last - i in ends:
+            bs, cols = ends[d_last - i]
+            buf[i, 1, bs, cols] = 0.0
+    return buf
+
+
+def _lattice_view(z: Tensor, shape: Tuple[int, int, int], modified: bool, col_offset: int) -> Tensor:
+    """A ``(B, R, W)`` view of a step-major ``z`` ``(D, B, C)`` (any strides):
+    ``[b, s, t] -> z[step(s, t), b, s + col_offset]``; every addressed step must be ``< D``."""
+    step_stride, b_stride, c_stride = z.stride()
+    s_stride = c_stride if modified else c_stride + step_stride
+    return z.as_strided(shape, (b_stride, s_stride, step_stride), z.storage_offset() + col_offset * c_stride)
+
+
+def _posteriors(
+    buf: Tensor, d_last: int, px: Tensor, py: Tensor, scores: Tensor, modified: bool
+) -> Tuple[Tensor, Tensor]:
+    """Arc occupancies ``exp(alpha + arc + beta(next cell) - total)``.
+
+    In float64 the forward and backward scores carry absolute errors of
+    ~1e-13 even at |score| ~ 1000, so this is exact to float32 precision; the
+    same formula in float32 has relative errors of ~1e-4 (issue 28).
+
+    Args:
+      buf: ``(D, 2, B, S+3)`` from :func:`_recursions`; d_last: last step.
+      px, py: the arc scores (lattice layout); scores: ``(B,)`` totals (float64).
+    Returns:
+      ``px_grad``, ``py_grad`` in ``px``'s dtype; zero for sequences with score ``-inf``.
+    """
+    D, _, B, W = buf.shape
+    beta_next = torch.full((D, B, W), _NEG_INF, dtype=buf.dtype, device=buf.device)
+    beta_next[:d_last] = buf[:d_last, 1].flip(0)  # row d: backward scores of step d + 1
+    total = torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores)).reshape(B, 1, 1)
+    grads = []
+    # the px arc leaving cell (s, t) enters column s+2 of the next step, the py arc column s+1
+    for arc, next_col in ((px, 2), (py, 1)):
+        if arc.numel() == 0:
+            grads.append(torch.zeros_like(arc))
+            continue
+        shape = tuple(arc.shape)
+        log_post = _lattice_view(buf[:, 0], shape, modified, 1) + arc
+        log_post += _lattice_view(beta_next, shape, modified, next_col)
+        grads.append(log_post.sub_(total).exp_().to(arc.dtype))
+    return grads[0], grads[1]
 
 
 def _mutual_information(
@@ -202,70 +331,38 @@ def _mutual_information(
 ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """Forward (and optionally backward) lattice recursion, no autograd.
 
-    Step ``i`` computes the forward scores of diagonal ``i`` and, with
-    ``with_grad``, the backward scores of diagonal ``d_last - i`` (independent
-    of each other): one add of the predecessors' scores and the arc scores
-    for both directions, and one logaddexp -- two kernel launches per step
-    instead of three per direction.
-
     Args:
-      px: ``(B, S, T+1)``; py: ``(B, S+1, T)``; boundary: ``(B, 4)`` int64.
+      px: ``(B, S, T+1)`` (regular) or ``(B, S, T)`` (modified); py: ``(B, S+1, T)``;
+      boundary: ``(B, 4)`` int64.
       with_grad: also compute the occupancy posteriors.
     Returns:
       ``scores`` ``(B,)`` = ``p[b, s_end, t_end]``, and if ``with_grad``
-      ``px_grad`` ``(B, S, T+1)`` = d score / d px and ``py_grad``
+      ``px_grad`` (shape of ``px``) = d score / d px and ``py_grad``
       ``(B, S+1, T)`` = d score / d py (else None, None).  Sequences with
       score ``-inf`` get all-zero posteriors.
     """
     B, S, T1 = px.shape
-    T = T1 - 1
+    T = py.shape[2]
+    modified = T1 == T
     rows = _check_boundary(boundary, B, S, T)
-    D = S + T + 1
-    device, dtype = px.device, px.dtype
+    D = _num_steps(S, T, modified)
+    device = px.device
 
-    PX = _skew(px, S, D)  # (D, B, S+3); column S+1 stays -inf (no px row S)
-    PY = _skew(py, S, D)
-    starts = _group_by_diagonal(rows, 0, 1)
-    ends = _group_by_diagonal(rows, 2, 3)
-    d_last = max(ends) if ends else 0  # no cell beyond this diagonal matters
+    arcs = torch.full((D, 2, B, S + 3), _NEG_INF, dtype=_WORK_DTYPE, device=device)
+    _to_steps(px, arcs, 0, modified)  # column S+1 stays -inf: there is no px row S
+    _to_steps(py, arcs, 1, modified)
+    starts = _group_by_step(rows, 0, 1, modified)
+    ends = _group_by_step(rows, 2, 3, modified)
+    d_first = min(starts) if starts else 0
+    d_last = max(ends) if ends else 0  # no cell beyond this step matters
 
-    # buf[i, 0] = alpha of diagonal i: alpha[d, b, s+1] = p[b, s, d-s];
-    # buf[i, 1] = beta of diagonal d_last - i: log-sum over paths from (s, d-s) to the end.
-    K = 2 if with_grad else 1
-    buf = torch.full((d_last + 1, K, B, S + 3), _NEG_INF, dtype=dtype, device=device)
-    arcs = _neighbour_arcs(PX, PY, S, d_last, with_grad)
-    scratch = torch.empty((K, 2, B, S + 1), dtype=dtype, device=device)
-    cells = buf[:, :, :, 1 : S + 2].unbind(0)  # (K, B, S+1) per step
-    for i in range(d_last + 1):
-        if i > 0:
-            torch.add(_neighbour_view(buf, i, S), arcs[i - 1], out=scratch)
-            torch.logaddexp(scratch[:, 0], scratch[:, 1], out=cells[i])
-        if i in starts:
-            bs, cols = starts[i]
-            buf[i, 0, bs, cols] = 0.0
-        if with_grad and d_last - i in ends:
-            bs, cols = ends[d_last - i]
-            buf[i, 1, bs, cols] = 0.0
-
-    alpha = buf[:, 0]  # (d_last + 1, B, S+3)
-    end_d = boundary[:, 2] + boundary[:, 3]
-    batch = torch.arange(B, device=device)
-    scores = alpha[end_d, batch, boundary[:, 2] + 1]  # (B,)
+    buf = _recursions(arcs, starts, ends, d_first, d_last, with_grad)
+    end_step = boundary[:, 3] if modified else boundary[:, 2] + boundary[:, 3]
+    scores = buf[end_step, 0, torch.arange(B, device=device), boundary[:, 2] + 1]  # (B,) float64
     if not with_grad:
-        return scores, None, None
-
-    # ---- posteriors: exp(alpha + arc + beta(next) - total); -inf total -> 0
-    beta = torch.full((D + 1, B, S + 3), _NEG_INF, dtype=dtype, device=device)
-    beta[: d_last + 1] = buf[:, 1].flip(0)
-    total = torch.where(scores == _NEG_INF, torch.zeros_like(scores), scores)
-    total = total.reshape(1, B, 1)
-    a = torch.full((D, B, S + 1), _NEG_INF, dtype=dtype, device=device)
-    a[: d_last + 1] = alpha[:, :, 1 : S + 2]
-    gx = (a + PX[:, :, 1 : S + 2] + beta[1:, :, 2 : S + 3] - total).exp()
-    gy = (a + PY[:, :, 1 : S + 2] + beta[1:, :, 1 : S + 2] - total).exp()
-    px_grad = _unskew(gx, S, T + 1)
-    py_grad = _unskew(gy, S + 1, T)
-    return scores, px_grad, py_grad
+        return scores.to(px.dtype), None, None
+    px_grad, py_grad = _posteriors(buf, d_last, px, py, scores, modified)
+    return scores.to(px.dtype), px_grad, py_grad
 
 
 class _MutualInformationFunction(torch.autograd.Function):
@@ -286,54 +383,73 @@ class _MutualInformationFunction(torch.autograd.Function):
         return g * px_grad, g * py_grad, None
 
 
+def _check_px_py(px: Tensor, py: Tensor) -> Tuple[int, int, int]:
+    """Validate ``px`` ``(B, S, T+1)`` or ``(B, S, T)`` against ``py`` ``(B, S+1, T)``; returns ``(B, S, T)``."""
+    if px.ndim != 3 or py.ndim != 3:
+        raise ValueError(f"px and py must be 3-D, got {tuple(px.shape)} and {tuple(py.shape)}")
+    B, S, T1 = px.shape
+    T = py.shape[2]
+    if py.shape != (B, S + 1, T) or T1 not in (T, T + 1):
+        raise ValueError(
+            f"py must be (B, S+1, T) and px (B, S, T+1) (regular) or (B, S, T) (modified); "
+            f"got px {tuple(px.shape)}, py {tuple(py.shape)}"
+        )
+    if px.dtype != py.dtype or px.device != py.device:
+        raise ValueError("px and py must have the same dtype and device")
+    if not px.is_floating_point():
+        raise ValueError(f"px must be floating point, got {px.dtype}")
+    return B, S, T
+
+
 def mutual_information_recursion(
     px: Tensor,
     py: Tensor,
     boundary: Optional[Tensor] = None,
     return_grad: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]]]:
-    """Log-sum over all monotone lattice paths (k2's mutual-information recursion).
+    """Log-sum over all monotone lattice paths (k2's ``mutual_information_recursion``).
 
-    ``p[b, s_begin, t_begin] = 0`` and::
+    ``p[b, s_begin, t_begin] = 0`` and, regular (``px`` of ``T+1`` columns)::
 
         p[b, s, t] = logaddexp(p[b, s-1, t] + px[b, s-1, t],
                                p[b, s, t-1] + py[b, s, t-1])
 
+    or modified (``px`` of ``T`` columns: a symbol also consumes a frame)::
+
+        p[b, s, t] = logaddexp(p[b, s-1, t-1] + px[b, s-1, t-1],
+                               p[b, s, t-1] + py[b, s, t-1])
+
     (terms with an index below the begin corner are absent).
 
-    The recursion runs one anti-diagonal ``s + t`` at a time (a Python loop of
-    ``S + T + 1`` steps of two batched tensor ops), the backward recursion in
-    the same steps; the gradient is computed analytically from the two, so
-    memory is ``O(B * S * T)``.
+    The forward and the backward recursion run together, one step at a time
+    (an anti-diagonal ``s + t``, or a frame for the modified lattice), two
+    batched tensor ops per step; the occupancy posteriors are then
+    ``exp(alpha + arc + beta - total)``.  Everything runs in float64 and only
+    the results are cast back: float32 log-scores of a long lattice are
+    large (~1000), and their rounding made float32 posteriors wrong by ~1e-4
+    relative (issue 28); in float64 they are exact to float32 precision and
+    each sequence's posteriors sum to its number of symbols and frames.
+    Memory is ``O(B * S * (S + T))``.
 
     Args:
-      px: ``(B, S, T+1)`` float32/float64, symbol-arc log-scores.  For RNN-T
+      px: ``(B, S, T+1)`` (regular) or ``(B, S, T)`` (modified),
+        float32/float64, symbol-arc log-scores.  For regular RNN-T
         ``px[:, :, T]`` (and ``px[b, :, t_end_b]``) should be ``-inf``.
       py: ``(B, S+1, T)`` same dtype/device, frame-arc log-scores.
-      boundary: ``(B, 4)`` int64 ``[s_begin, t_begin, s_end, t_end]``;
+      boundary: ``(B, 4)`` int64 ``[s_begin, t_begin, s_end, t_end]`` with
+        ``0 <= s_begin <= s_end <= S`` and ``0 <= t_begin <= t_end <= T``;
         None means ``[0, 0, S, T]``.
       return_grad: also return ``(px_grad, py_grad)``, shapes of ``px``/``py``:
         ``d scores[b] / d px[b]`` and ``d scores[b] / d py[b]``, i.e. the
-        posterior occupancy of every arc (zero for unreachable arcs and for
-        sequences whose score is ``-inf``).  These are detached.
+        posterior occupancy of every arc (zero for arcs outside the boundary
+        and for sequences whose score is ``-inf``).  These are detached.
 
     Returns:
       ``scores`` ``(B,)`` = ``p[b, s_end, t_end]``, or
       ``(scores, (px_grad, py_grad))`` if ``return_grad``.  ``scores`` is
       differentiable w.r.t. ``px`` and ``py``.
     """
-    if px.ndim != 3 or py.ndim != 3:
-        raise ValueError(f"px and py must be 3-D, got {tuple(px.shape)} and {tuple(py.shape)}")
-    B, S, T1 = px.shape
-    T = T1 - 1
-    if py.shape != (B, S + 1, T):
-        raise ValueError(
-            f"py must have shape (B, S+1, T) = {(B, S + 1, T)} for px of shape {tuple(px.shape)}, got {tuple(py.shape)}"
-        )
-    if px.dtype != py.dtype or px.device != py.device:
-        raise ValueError("px and py must have the same dtype and device")
-    if not px.is_floating_point():
-        raise ValueError(f"px must be floating point, got {px.dtype}")
+    B, S, T = _check_px_py(px, py)
     if boundary is None:
         boundary = _default_boundary(B, S, T, px.device)
     else:
@@ -350,3 +466,44 @@ def mutual_information_recursion(
         assert px_grad is not None and py_grad is not None
         return scores, (px_grad, py_grad)
     return scores
+
+
+def joint_mutual_information_recursion(
+    px: Sequence[Tensor],
+    py: Sequence[Tensor],
+    boundary: Optional[Tensor] = None,
+) -> Tensor:
+    """The recursion on ``sum(px)``, ``sum(py)``, with its total split by term (k2's function of this name).
+
+    Every ``px[n]`` has the shape of a ``px`` of
+    :func:`mutual_information_recursion` (``(B, S, T+1)`` or ``(B, S, T)``),
+    every ``py[n]`` ``(B, S+1, T)``.  With ``g_x``, ``g_y`` the arc
+    occupancies of the summed lattice, term ``n`` contributes
+    ``sum(g_x * px[n]) + sum(g_y * py[n])``; the difference between the total
+    log-score and the sum of these (log-of-sum against sum-of-logs) is added
+    to term 0.
+
+    Args:
+      px: a non-empty sequence of ``N`` tensors of one shape.
+      py: a sequence of ``N`` tensors of one shape.
+      boundary: ``(B, 4)`` int64 or None, as in :func:`mutual_information_recursion`.
+    Returns:
+      ``(N, B)``, summing over dim 0 to the total log-score of each sequence.
+      Its gradient w.r.t. ``px[n]`` is the occupancy ``g_x`` (times the
+      incoming gradient of row ``n``), likewise for ``py[n]``.
+    """
+    N = len(px)
+    if N == 0 or len(py) != N:
+        raise ValueError(f"px and py must be sequences of the same non-zero length, got {len(px)} and {len(py)}")
+    px_all = torch.stack(list(px), dim=0)  # (N, B, S, T1)
+    py_all = torch.stack(list(py), dim=0)  # (N, B, S+1, T)
+    with torch.no_grad():
+        total, (px_occ, py_occ) = mutual_information_recursion(
+            px_all.sum(dim=0), py_all.sum(dim=0), boundary, return_grad=True
+        )
+    lowest = torch.finfo(px_all.dtype).min  # -inf * 0 occupancy would be nan
+    x_part = torch.einsum("nbst,bst->nb", px_all.clamp(min=lowest), px_occ)
+    y_part = torch.einsum("nbst,bst->nb", py_all.clamp(min=lowest), py_occ)
+    parts = x_part + y_part  # (N, B)
+    offset = (total - parts.detach().sum(dim=0)).unsqueeze(0)  # (1, B), no gradient
+    return torch.cat([parts[:1] + offset, parts[1:]], dim=0)

@@ -4,7 +4,18 @@ Part of :mod:`icefall_lite.nn.rnnt_loss` (which re-exports the public names and
 states the lattice conventions): the trivial joiner ``lm + am``
 (:func:`get_rnnt_logprobs`, :func:`get_rnnt_logprobs_smoothed`), full logits
 ``(B, T, S+1, C)`` (:func:`get_rnnt_logprobs_joint`) and pruned logits
-``(B, T, s_range, C)`` (:func:`get_rnnt_logprobs_pruned`).
+``(B, T, s_range, C)`` (:func:`get_rnnt_logprobs_pruned`,
+:func:`get_hat_logprobs_pruned`).
+
+Every function takes k2's ``rnnt_type``:
+
+- ``"regular"``: a symbol keeps the frame; ``px`` is ``(B, S, T+1)`` with
+  ``-inf`` in column ``T`` and in column ``t_end_b`` of each sequence.
+- ``"modified"``: a symbol also advances the frame (at most one symbol per
+  frame); ``px`` is ``(B, S, T)``.
+- ``"constrained"``: the lattice of ``"modified"``, but emitting symbol ``s``
+  on frame ``t`` also pays the blank of the next context on that frame:
+  ``px[b, s, t] += py[b, s+1, t]``.
 """
 
 from __future__ import annotations
@@ -13,16 +24,66 @@ from typing import Optional, Tuple
 
 import torch
 
-from icefall_lite.nn.mutual_information import _NEG_INF, _fix_for_boundary
+from icefall_lite.nn.mutual_information import _NEG_INF, fix_for_boundary
 
 Tensor = torch.Tensor
 
-__all__ = ["get_rnnt_logprobs", "get_rnnt_logprobs_smoothed", "get_rnnt_logprobs_joint", "get_rnnt_logprobs_pruned"]
+__all__ = [
+    "RNNT_TYPES",
+    "get_rnnt_logprobs",
+    "get_rnnt_logprobs_smoothed",
+    "get_rnnt_logprobs_joint",
+    "get_rnnt_logprobs_pruned",
+    "get_hat_logprobs_pruned",
+]
+
+RNNT_TYPES = ("regular", "modified", "constrained")
 
 
 # --------------------------------------------------------------------------
 # px / py for the different joiners
 # --------------------------------------------------------------------------
+
+
+def check_rnnt_type(rnnt_type: str, S: int, T: int, boundary: Optional[Tensor]) -> None:
+    """Reject an unknown ``rnnt_type``, and lattices the modified ones cannot cross.
+
+    The modified and constrained lattices consume a frame with every symbol,
+    so they need ``T_b >= S_b`` for every sequence (``T >= S`` without a
+    boundary), as k2 requires.
+
+    Args:
+      rnnt_type: one of :data:`RNNT_TYPES`.
+      S, T: lattice size; boundary: ``(B, 4)`` or None.
+    """
+    if rnnt_type not in RNNT_TYPES:
+        raise ValueError(f"rnnt_type must be one of {RNNT_TYPES}, got {rnnt_type!r}")
+    if rnnt_type == "regular":
+        return
+    if boundary is None:
+        if T < S:
+            raise ValueError(f"rnnt_type {rnnt_type!r} needs T >= S, got T={T} and S={S}")
+    elif bool((boundary[:, 3] < boundary[:, 2]).any()):
+        raise ValueError(
+            f"rnnt_type {rnnt_type!r} needs t_end >= s_end for every sequence, got boundary {boundary.tolist()}"
+        )
+
+
+def finish_px(px: Tensor, py: Tensor, rnnt_type: str, boundary: Optional[Tensor]) -> Tensor:
+    """Shape symbol-arc scores ``px`` ``(B, S, T)`` for ``rnnt_type``.
+
+    Regular: append the ``-inf`` column ``T`` and set ``px[b, :, t_end_b] =
+    -inf`` -> ``(B, S, T+1)``; constrained: add the blank score of the next
+    context, ``py[:, 1:]`` -> ``(B, S, T)``; modified: unchanged.
+
+    Args:
+      px: ``(B, S, T)``; py: ``(B, S+1, T)``; boundary: ``(B, 4)`` or None.
+    """
+    if rnnt_type == "regular":
+        return fix_for_boundary(_append_neg_inf_column(px), boundary)
+    if rnnt_type == "constrained":
+        return px + py[:, 1:, :]
+    return px
 
 
 def _check_lm_am_symbols(lm: Tensor, am: Tensor, symbols: Tensor, termination_symbol: int) -> Tuple[int, int, int, int]:
@@ -73,25 +134,27 @@ def get_rnnt_logprobs(
     am: Tensor,
     symbols: Tensor,
     termination_symbol: int,
+    rnnt_type: str = "regular",
     boundary: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """px/py for the trivial joiner ``log_softmax(lm[b, s] + am[b, t])``.
+    """px/py for the trivial joiner ``log_softmax(lm[b, s] + am[b, t])`` (k2's arguments, in k2's order).
 
     Args:
       lm: ``(B, S+1, C)`` prediction-network part of the logits.
       am: ``(B, T, C)`` encoder part of the logits.
       symbols: ``(B, S)`` int64 targets in ``[0, C)``.
       termination_symbol: blank id.
+      rnnt_type: ``"regular"`` | ``"modified"`` | ``"constrained"``.
       boundary: ``(B, 4)`` or None.
     Returns:
-      ``px`` ``(B, S, T+1)`` (``-inf`` at ``t = T`` and ``t = t_end_b``),
-      ``py`` ``(B, S+1, T)``.
+      ``px`` ``(B, S, T+1)`` (regular: ``-inf`` at ``t = T`` and ``t = t_end_b``)
+      or ``(B, S, T)`` (modified, constrained), ``py`` ``(B, S+1, T)``.
     """
     _, _, _, _, normalizers, px_am, px_lm, py_am, py_lm = _simple_parts(lm, am, symbols, termination_symbol)
     S = symbols.shape[1]
-    px = _append_neg_inf_column(px_am + px_lm - normalizers[:, :S])
+    check_rnnt_type(rnnt_type, S, am.shape[1], boundary)
     py = py_am + py_lm - normalizers
-    return _fix_for_boundary(px, boundary), py
+    return finish_px(px_am + px_lm - normalizers[:, :S], py, rnnt_type, boundary), py
 
 
 def get_rnnt_logprobs_smoothed(
@@ -102,6 +165,7 @@ def get_rnnt_logprobs_smoothed(
     lm_only_scale: float = 0.1,
     am_only_scale: float = 0.1,
     boundary: Optional[Tensor] = None,
+    rnnt_type: str = "regular",
 ) -> Tuple[Tensor, Tensor]:
     """px/py interpolated (in log space) between three models, as k2:
 
@@ -119,6 +183,7 @@ def get_rnnt_logprobs_smoothed(
     B, S1, C = lm.shape
     S = S1 - 1
     T = am.shape[1]
+    check_rnnt_type(rnnt_type, S, T, boundary)
     tiny = torch.finfo(lm.dtype).tiny
 
     lm_sums = lm_probs.sum(dim=2, keepdim=True)  # (B, S+1, 1)
@@ -139,8 +204,8 @@ def get_rnnt_logprobs_smoothed(
     # zero scale never multiplies -inf.
     px = px_joint * combined_scale + px_lmonly * lm_only_scale + px_amonly * am_only_scale
     py = py_joint * combined_scale + py_lmonly * lm_only_scale + py_amonly * am_only_scale
-    px = _append_neg_inf_column(px.expand(B, S, T))
-    return _fix_for_boundary(px, boundary), py.expand(B, S + 1, T)
+    py = py.expand(B, S + 1, T)
+    return finish_px(px.expand(B, S, T), py, rnnt_type, boundary), py
 
 
 # Rows of ``logits`` whose logsumexp is taken at once in ``_LogSoftmaxArcs``:
@@ -221,19 +286,21 @@ def get_rnnt_logprobs_joint(
     logits: Tensor,
     symbols: Tensor,
     termination_symbol: int,
+    rnnt_type: str = "regular",
     boundary: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """px/py from full joiner output.
+    """px/py from full joiner output (k2's arguments, in k2's order).
 
     Args:
       logits: ``(B, T, S+1, C)`` unnormalised.
       symbols: ``(B, S)`` int64 in ``[0, C)``.
       termination_symbol: blank id.
+      rnnt_type: ``"regular"`` | ``"modified"`` | ``"constrained"``.
       boundary: ``(B, 4)`` or None.
     Returns:
-      ``px`` ``(B, S, T+1)``, ``py`` ``(B, S+1, T)`` (log-softmax entries;
-      computed as ``logits - logsumexp`` so no normalised copy of ``logits``
-      is kept).
+      ``px`` ``(B, S, T+1)`` (regular) or ``(B, S, T)``, ``py`` ``(B, S+1, T)``
+      (log-softmax entries; computed as ``logits - logsumexp`` so no
+      normalised copy of ``logits`` is kept).
     """
     if logits.ndim != 4:
         raise ValueError(f"logits must be (B, T, S+1, C), got {tuple(logits.shape)}")
@@ -243,35 +310,19 @@ def get_rnnt_logprobs_joint(
         raise ValueError(f"symbols must be (B, S) = {(B, S)}, got {tuple(symbols.shape)}")
     if not 0 <= termination_symbol < C:
         raise ValueError(f"termination_symbol {termination_symbol} not in [0, {C})")
+    check_rnnt_type(rnnt_type, S, T, boundary)
     term = torch.full((B, 1), termination_symbol, dtype=torch.int64, device=symbols.device)
     symbols_ext = torch.cat([symbols.to(torch.int64), term], dim=1)  # (B, S+1); px of row S is dropped
     px, py = _log_softmax_arcs(logits, symbols_ext.reshape(B, 1, S1).expand(B, T, S1), termination_symbol)
     px = px[:, :, :S].transpose(1, 2)  # (B, S, T)
-    py = py.transpose(1, 2)  # (B, S+1, T)
-    px = _append_neg_inf_column(px)
-    return _fix_for_boundary(px, boundary), py.contiguous()
+    py = py.transpose(1, 2).contiguous()  # (B, S+1, T)
+    return finish_px(px, py, rnnt_type, boundary), py
 
 
-def get_rnnt_logprobs_pruned(
-    logits: Tensor,
-    symbols: Tensor,
-    ranges: Tensor,
-    termination_symbol: int,
-    boundary: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
-    """px/py from pruned joiner output; cells outside the window are ``-inf``.
-
-    Args:
-      logits: ``(B, T, R, C)``; ``logits[b, t, r]`` belongs to symbol
-        position ``s = ranges[b, t, r]``.
-      symbols: ``(B, S)`` int64 in ``[0, C)``.
-      ranges: ``(B, T, R)`` int64 in ``[0, S]``, distinct along ``R`` (as
-        from :func:`get_rnnt_prune_ranges`).
-      termination_symbol: blank id.
-      boundary: ``(B, 4)`` or None.
-    Returns:
-      ``px`` ``(B, S, T+1)``, ``py`` ``(B, S+1, T)``.
-    """
+def _check_pruned(
+    logits: Tensor, symbols: Tensor, ranges: Tensor, termination_symbol: int
+) -> Tuple[int, int, int, int, int]:
+    """Validate the pruned-loss inputs; returns ``(B, T, R, C, S)``."""
     if logits.ndim != 4:
         raise ValueError(f"logits must be (B, T, s_range, C), got {tuple(logits.shape)}")
     B, T, R, C = logits.shape
@@ -284,15 +335,96 @@ def get_rnnt_logprobs_pruned(
         raise ValueError(f"s_range {R} > S + 1 = {S + 1}")
     if not 0 <= termination_symbol < C:
         raise ValueError(f"termination_symbol {termination_symbol} not in [0, {C})")
-    ranges = ranges.to(torch.int64)
+    return B, T, R, C, S
 
+
+def _window_symbols(symbols: Tensor, ranges: Tensor, termination_symbol: int) -> Tensor:
+    """The symbol each window cell would emit: ``(B, T, R)`` int64, ``symbols[b, ranges[b, t, r]]``
+    with the termination symbol for position ``S``."""
+    B, T, _ = ranges.shape
+    S = symbols.shape[1]
     term = torch.full((B, 1), termination_symbol, dtype=torch.int64, device=symbols.device)
     symbols_ext = torch.cat([symbols.to(torch.int64), term], dim=1)  # (B, S+1)
-    pruned_symbols = torch.gather(symbols_ext.unsqueeze(1).expand(B, T, S + 1), 2, ranges)  # (B, T, R)
-    px_win, py_win = _log_softmax_arcs(logits, pruned_symbols, termination_symbol)
+    return torch.gather(symbols_ext.unsqueeze(1).expand(B, T, S + 1), 2, ranges)
 
-    full = torch.full((B, T, S + 1), _NEG_INF, dtype=logits.dtype, device=logits.device)
+
+def _unprune(
+    px_win: Tensor, py_win: Tensor, ranges: Tensor, S: int, rnnt_type: str, boundary: Optional[Tensor]
+) -> Tuple[Tensor, Tensor]:
+    """Scatter window scores ``(B, T, R)`` onto the full lattice (``-inf`` outside the windows).
+
+    Returns:
+      ``px`` ``(B, S, T+1)`` (regular) or ``(B, S, T)``, ``py`` ``(B, S+1, T)``.
+    """
+    B, T, _ = ranges.shape
+    full = torch.full((B, T, S + 1), _NEG_INF, dtype=px_win.dtype, device=px_win.device)
     px = full.scatter(2, ranges, px_win)[:, :, :S].transpose(1, 2)  # (B, S, T)
     py = full.scatter(2, ranges, py_win).transpose(1, 2).contiguous()  # (B, S+1, T)
-    px = _append_neg_inf_column(px)
-    return _fix_for_boundary(px, boundary), py
+    return finish_px(px, py, rnnt_type, boundary), py
+
+
+def get_rnnt_logprobs_pruned(
+    logits: Tensor,
+    symbols: Tensor,
+    ranges: Tensor,
+    termination_symbol: int,
+    boundary: Optional[Tensor],
+    rnnt_type: str = "regular",
+) -> Tuple[Tensor, Tensor]:
+    """px/py from pruned joiner output; cells outside the window are ``-inf`` (k2's arguments).
+
+    Args:
+      logits: ``(B, T, R, C)``; ``logits[b, t, r]`` belongs to symbol
+        position ``s = ranges[b, t, r]``.
+      symbols: ``(B, S)`` int64 in ``[0, C)``.
+      ranges: ``(B, T, R)`` int64 in ``[0, S]``, distinct along ``R`` (as
+        from :func:`get_rnnt_prune_ranges`).
+      termination_symbol: blank id.
+      boundary: ``(B, 4)`` or None (required positionally, as in k2).
+      rnnt_type: ``"regular"`` | ``"modified"`` | ``"constrained"``.
+    Returns:
+      ``px`` ``(B, S, T+1)`` (regular) or ``(B, S, T)``, ``py`` ``(B, S+1, T)``.
+    """
+    B, T, R, C, S = _check_pruned(logits, symbols, ranges, termination_symbol)
+    check_rnnt_type(rnnt_type, S, T, boundary)
+    ranges = ranges.to(torch.int64)
+    px_win, py_win = _log_softmax_arcs(logits, _window_symbols(symbols, ranges, termination_symbol), termination_symbol)
+    return _unprune(px_win, py_win, ranges, S, rnnt_type, boundary)
+
+
+def get_hat_logprobs_pruned(
+    logits: Tensor,
+    symbols: Tensor,
+    ranges: Tensor,
+    termination_symbol: int,
+    boundary: Optional[Tensor],
+    rnnt_type: str = "regular",
+) -> Tuple[Tensor, Tensor]:
+    """px/py of the Hybrid Autoregressive Transducer (arXiv 2003.07705) from pruned joiner output, as k2.
+
+    The blank is a Bernoulli variable with logit ``logits[..., 0]``; the
+    non-blank symbols share the remaining probability by a softmax over
+    ``logits[..., 1:]``:
+
+    ``py = log sigmoid(logits[..., 0])``,
+    ``px = logits[..., sym] - logsumexp(logits[..., 1:]) + log(1 - sigmoid(logits[..., 0]))``.
+
+    Args:
+      logits: ``(B, T, R, C)``; symbols: ``(B, S)`` int64 in ``[1, C)``;
+      ranges: ``(B, T, R)`` int64 in ``[0, S]``;
+      termination_symbol: must be 0 (the blank is the first logit);
+      boundary: ``(B, 4)`` or None; rnnt_type: as :func:`get_rnnt_logprobs_pruned`.
+    Returns:
+      ``px`` ``(B, S, T+1)`` (regular) or ``(B, S, T)``, ``py`` ``(B, S+1, T)``.
+    """
+    if termination_symbol != 0:
+        raise ValueError(f"the HAT loss needs termination_symbol 0, got {termination_symbol}")
+    B, T, R, C, S = _check_pruned(logits, symbols, ranges, termination_symbol)
+    check_rnnt_type(rnnt_type, S, T, boundary)
+    ranges = ranges.to(torch.int64)
+    blank_logit = logits[..., 0]
+    py_win = torch.nn.functional.logsigmoid(blank_logit)  # (B, T, R)
+    non_blank_shift = py_win - blank_logit - torch.logsumexp(logits[..., 1:], dim=3)  # log(1 - sigmoid) - lse
+    sym = _window_symbols(symbols, ranges, termination_symbol)
+    px_win = torch.gather(logits, 3, sym.unsqueeze(3)).squeeze(3) + non_blank_shift
+    return _unprune(px_win, py_win, ranges, S, rnnt_type, boundary)

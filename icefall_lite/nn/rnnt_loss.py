@@ -1,34 +1,41 @@
-"""Pure-PyTorch RNN-T losses, named as k2 names them.
+"""Pure-PyTorch RNN-T losses with k2's API.
 
 k2 (``k2/python/k2/rnnt_loss.py``, ``mutual_information.py``) is not
-installable next to a modern torch, so this module re-implements the parts an
-icefall pruned-transducer recipe uses, with the same names and argument
-orders, so a reader who knows k2 finds their way and a k2 backend can be
-swapped in:
+installable next to a modern torch, so this module re-implements the
+functions an icefall recipe uses, with k2's names, argument names, argument
+orders, defaults, return shapes and semantics (k2's own tests of
+``rnnt_loss.py`` and ``mutual_information.py`` pass against it on CPU):
 
-- :func:`mutual_information_recursion`: the lattice recursion every loss
-  reduces to, as a ``torch.autograd.Function`` with an analytic backward
-  (forward/backward scores -> occupancy posteriors).
+- :func:`mutual_information_recursion`, :func:`joint_mutual_information_recursion`:
+  the lattice recursion every loss reduces to, with an analytic backward run
+  in float64, so float32 gradients carry no rounding of the large lattice
+  scores (issue 28).
 - :func:`rnnt_loss_simple`, :func:`rnnt_loss_smoothed`: the "trivial joiner"
   losses (joint = lm + am) used to find pruning bounds.
 - :func:`get_rnnt_prune_ranges`, :func:`do_rnnt_pruning`,
-  :func:`rnnt_loss_pruned`: the pruned loss of arXiv 2206.13236.
-- :func:`rnnt_loss`: the ordinary RNN-T loss on full ``(B, T, U+1, V)``
-  logits, with torchaudio's argument order.
+  :func:`rnnt_loss_pruned`: the pruned loss of arXiv 2206.13236 (and the HAT
+  variant, ``use_hat_loss=True``); :func:`get_rnnt_prune_ranges_deprecated`,
+  k2's earlier way of choosing the windows.
+- :func:`rnnt_loss`: the RNN-T loss on full ``(B, T, S+1, C)`` logits, k2's
+  signature.
+- :func:`rnnt_loss_torchaudio`: the same loss with torchaudio's argument
+  order (lengths instead of a boundary), which :func:`rnnt_loss` had before.
+
+Every loss takes k2's ``rnnt_type`` (``"regular"``, ``"modified"``,
+``"constrained"``; see :mod:`icefall_lite.nn.rnnt_logprobs`), ``delay_penalty``
+(see :func:`apply_delay_penalty`) and ``reduction``.
 
 The lattice recursion and the ``boundary`` helpers live in
 :mod:`icefall_lite.nn.mutual_information`, the ``px``/``py`` scores of the
 joiners in :mod:`icefall_lite.nn.rnnt_logprobs`; this module holds the losses
 and re-exports every public name.
 
-Only the standard ("regular") RNN-T topology is implemented: a real symbol
-keeps the frame, the termination/blank symbol advances it.
-
 Conventions
 -----------
 Lattice: ``p[b, s, t]`` is the log-score of having emitted ``s`` symbols and
-consumed ``t`` frames; ``px[b, s, t]`` scores ``(s, t) -> (s+1, t)`` (emit
-symbol ``s``), ``py[b, s, t]`` scores ``(s, t) -> (s, t+1)`` (emit blank).
+consumed ``t`` frames; ``px[b, s, t]`` scores emitting symbol ``s`` from cell
+``(s, t)`` (to ``(s+1, t)`` for regular RNN-T, to ``(s+1, t+1)`` for modified
+and constrained), ``py[b, s, t]`` scores ``(s, t) -> (s, t+1)`` (blank).
 
 ``boundary`` is an int64 tensor ``(B, 4)`` with rows
 ``[s_begin, t_begin, s_end, t_end]``; for transducer training it is
@@ -46,8 +53,14 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from icefall_lite.nn.mutual_information import make_boundary, mutual_information_recursion
+from icefall_lite.nn.mutual_information import (
+    fix_for_boundary,
+    joint_mutual_information_recursion,
+    make_boundary,
+    mutual_information_recursion,
+)
 from icefall_lite.nn.rnnt_logprobs import (
+    get_hat_logprobs_pruned,
     get_rnnt_logprobs,
     get_rnnt_logprobs_joint,
     get_rnnt_logprobs_pruned,
@@ -58,17 +71,23 @@ Tensor = torch.Tensor
 
 __all__ = [
     "make_boundary",
+    "fix_for_boundary",
     "mutual_information_recursion",
+    "joint_mutual_information_recursion",
     "get_rnnt_logprobs",
     "get_rnnt_logprobs_smoothed",
     "get_rnnt_logprobs_joint",
     "get_rnnt_logprobs_pruned",
+    "get_hat_logprobs_pruned",
+    "apply_delay_penalty",
     "rnnt_loss_simple",
     "rnnt_loss_smoothed",
     "get_rnnt_prune_ranges",
+    "get_rnnt_prune_ranges_deprecated",
     "do_rnnt_pruning",
     "rnnt_loss_pruned",
     "rnnt_loss",
+    "rnnt_loss_torchaudio",
 ]
 
 
@@ -83,13 +102,54 @@ def _reduce(loss: Tensor, reduction: Optional[str]) -> Tensor:
     raise ValueError(f"reduction should be 'none', 'mean' or 'sum', given {reduction!r}")
 
 
-def _lattice_loss(
-    px: Tensor, py: Tensor, boundary: Optional[Tensor], reduction: Optional[str], return_grad: bool = False
-) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]]]:
-    """The reduced ``-log`` total score of the lattice ``px`` ``(B, S, T+1)``, ``py`` ``(B, S+1, T)``.
+def apply_delay_penalty(px: Tensor, boundary: Optional[Tensor], rnnt_type: str, delay_penalty: float) -> Tensor:
+    """k2's delay penalty (k2 issue 955): reward early symbols, penalise late ones.
 
-    With ``return_grad``: ``(loss, (px_grad, py_grad))``, the occupancy posteriors.
+    For ``delay_penalty > 0`` every symbol arc on frame ``t`` gets
+    ``delay_penalty * ((T_b - 1) / 2 - t)`` added (``T_b = t_end`` of the
+    sequence, ``T`` without a boundary), so the loss changes by
+    ``delay_penalty`` times the mean frame of the symbols minus the middle
+    frame.  ``delay_penalty <= 0`` leaves ``px`` unchanged, as in k2.  The
+    penalty is computed in ``px``'s dtype (k2 computes it in float32).
+
+    Args:
+      px: ``(B, S, T+1)`` (regular) or ``(B, S, T)``.
+      boundary: ``(B, 4)`` or None; rnnt_type: which of the two ``px`` shapes.
+      delay_penalty: the scale.
+    Returns:
+      ``px`` plus the penalty (a new tensor), or ``px`` itself.
     """
+    if delay_penalty <= 0.0:
+        return px
+    B, _, T0 = px.shape
+    T = T0 - 1 if rnnt_type == "regular" else T0
+    if boundary is None:
+        t_end = torch.full((B,), T, dtype=px.dtype, device=px.device)
+    else:
+        t_end = boundary[:, 3].to(device=px.device, dtype=px.dtype)
+    offset = ((t_end - 1) / 2).reshape(B, 1, 1)
+    frames = torch.arange(T0, device=px.device, dtype=px.dtype).reshape(1, 1, T0)
+    return px + (offset - frames) * delay_penalty
+
+
+def _lattice_loss(
+    px: Tensor,
+    py: Tensor,
+    boundary: Optional[Tensor],
+    rnnt_type: str,
+    delay_penalty: float,
+    reduction: Optional[str],
+    return_grad: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]]]:
+    """The reduced ``-log`` total score of the lattice ``px``, ``py`` ``(B, S+1, T)``
+    after the delay penalty.
+
+    With ``return_grad``: ``(loss, (px_grad, py_grad))``, the occupancy posteriors
+    (of the penalised lattice, as k2).
+    """
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"reduction should be 'none', 'mean' or 'sum', given {reduction!r}")
+    px = apply_delay_penalty(px, boundary, rnnt_type, delay_penalty)
     out = mutual_information_recursion(px, py, boundary, return_grad)
     if return_grad:
         scores, grads = out  # type: ignore[misc]
@@ -108,22 +168,28 @@ def rnnt_loss_simple(
     symbols: Tensor,
     termination_symbol: int,
     boundary: Optional[Tensor] = None,
+    rnnt_type: str = "regular",
+    delay_penalty: float = 0.0,
     reduction: Optional[str] = "mean",
     return_grad: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]]]:
-    """RNN-T loss with the trivial joiner ``logits = lm[b, s] + am[b, t]``.
+    """RNN-T loss with the trivial joiner ``logits = lm[b, s] + am[b, t]`` (k2's signature).
 
     Args:
       lm: ``(B, S+1, C)``; am: ``(B, T, C)``; symbols: ``(B, S)`` int64;
       termination_symbol: blank id; boundary: ``(B, 4)`` or None;
+      rnnt_type: ``"regular"`` | ``"modified"`` | ``"constrained"``;
+      delay_penalty: see :func:`apply_delay_penalty`;
       reduction: ``"none"`` | ``"mean"`` (over batch) | ``"sum"``;
       return_grad: also return the occupancy posteriors for pruning.
     Returns:
       loss (``(B,)`` or scalar) = ``-log P(symbols | am, lm)``, or
-      ``(loss, (px_grad (B, S, T+1), py_grad (B, S+1, T)))``.
+      ``(loss, (px_grad, py_grad))`` with ``px_grad`` of ``px``'s shape
+      (``(B, S, T+1)`` regular, ``(B, S, T)`` otherwise) and ``py_grad``
+      ``(B, S+1, T)``: ``d(-loss_b) / d px``, ``d(-loss_b) / d py`` per sequence.
     """
-    px, py = get_rnnt_logprobs(lm, am, symbols, termination_symbol, boundary)
-    return _lattice_loss(px, py, boundary, reduction, return_grad)
+    px, py = get_rnnt_logprobs(lm, am, symbols, termination_symbol, rnnt_type=rnnt_type, boundary=boundary)
+    return _lattice_loss(px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad)
 
 
 def rnnt_loss_smoothed(
@@ -134,17 +200,21 @@ def rnnt_loss_smoothed(
     lm_only_scale: float = 0.1,
     am_only_scale: float = 0.1,
     boundary: Optional[Tensor] = None,
+    rnnt_type: str = "regular",
+    delay_penalty: float = 0.0,
     reduction: Optional[str] = "mean",
     return_grad: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]]]:
     """Simple RNN-T loss with LM-only / AM-only smoothing (see
-    :func:`get_rnnt_logprobs_smoothed`).  With both scales 0 it equals
-    :func:`rnnt_loss_simple`.
+    :func:`get_rnnt_logprobs_smoothed`), k2's signature.  With both scales 0
+    it equals :func:`rnnt_loss_simple`.
 
     Args/Returns: as :func:`rnnt_loss_simple`, plus the two scales.
     """
-    px, py = get_rnnt_logprobs_smoothed(lm, am, symbols, termination_symbol, lm_only_scale, am_only_scale, boundary)
-    return _lattice_loss(px, py, boundary, reduction, return_grad)
+    px, py = get_rnnt_logprobs_smoothed(
+        lm, am, symbols, termination_symbol, lm_only_scale, am_only_scale, boundary=boundary, rnnt_type=rnnt_type
+    )
+    return _lattice_loss(px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad)
 
 
 def _monotonic_lower_bound(x: Tensor) -> Tensor:
@@ -152,19 +222,81 @@ def _monotonic_lower_bound(x: Tensor) -> Tensor:
     return torch.flip(torch.cummin(torch.flip(x, dims=[1]), dim=1).values, dims=[1])
 
 
-def _adjust_pruning_lower_bound(s_begin: Tensor, s_range: int) -> Tensor:
+def _adjust_pruning_lower_bound(s_begin: Tensor, max_step: int) -> Tensor:
     """Make window starts ``(B, T)`` usable: non-decreasing, ``s_begin[:, 0] = 0``,
-    and ``s_begin[t+1] - s_begin[t] <= s_range - 1`` (no symbol skipped).
+    and ``s_begin[t+1] - s_begin[t] <= max_step`` (no symbol skipped).
 
     Each constraint only ever lowers entries, so a later frame's start (in
     particular the forced last-frame value) is never raised.
+
+    Args:
+      s_begin: ``(B, T)`` int64 proposed starts.
+      max_step: ``s_range - 1`` for the regular lattice, 1 for the modified
+        ones (one symbol per frame).
     """
     B, T = s_begin.shape
     s_begin = _monotonic_lower_bound(s_begin)
-    # s[t+1] - s[t] <= R-1  <=>  t*(R-1) - s[t] non-decreasing
-    ramp = (s_range - 1) * torch.arange(T, device=s_begin.device, dtype=s_begin.dtype)
-    shifted = _monotonic_lower_bound(ramp - s_begin).clamp(min=0)  # clamp: s[t] <= t*(R-1)
+    # s[t+1] - s[t] <= m  <=>  t*m - s[t] non-decreasing
+    ramp = max_step * torch.arange(T, device=s_begin.device, dtype=s_begin.dtype)
+    shifted = _monotonic_lower_bound(ramp - s_begin).clamp(min=0)  # clamp: s[t] <= t*m
     return ramp - shifted
+
+
+def _prune_range_size(boundary: Tensor, S: int, s_range: int, regular: bool) -> int:
+    """The window size k2 uses for a requested ``s_range``.
+
+    Regular lattices need ``(s_range - 1) * T_b >= U_b`` for some path to
+    survive: ``s_range`` is raised to ``max_b (U_b - 1) // T_b + 2`` (k2's
+    formula, truncating division); then it is capped at ``S + 1``.
+
+    Returns:
+      The window size ``R``; raises ValueError if it is below 2 (regular,
+      ``S > 0``) or 1 (modified).
+    """
+    if regular and boundary.shape[0] > 0:
+        U_b, T_b = boundary[:, 2], boundary[:, 3].clamp(min=1)
+        needed = int((torch.div(U_b - 1, T_b, rounding_mode="trunc") + 2).max().item())
+        s_range = max(s_range, needed)
+    s_range = min(s_range, S + 1)
+    if regular and s_range < 2 and S > 0:
+        raise ValueError(f"s_range must be >= 2 for the regular RNN-T, got {s_range}")
+    if not regular and s_range < 1:
+        raise ValueError(f"s_range must be >= 1 for the modified RNN-T, got {s_range}")
+    return s_range
+
+
+def _check_grads_boundary(px_grad: Tensor, py_grad: Tensor, boundary: Tensor) -> Tuple[int, int, int, bool]:
+    """Validate occupancy posteriors and boundary; returns ``(B, S, T, regular)``."""
+    if px_grad.ndim != 3 or py_grad.ndim != 3:
+        raise ValueError("px_grad and py_grad must be 3-D")
+    B, S, T1 = px_grad.shape
+    T = py_grad.shape[2]
+    if py_grad.shape != (B, S + 1, T) or T1 not in (T, T + 1):
+        raise ValueError(
+            f"py_grad must be (B, S+1, T) and px_grad (B, S, T+1) or (B, S, T); "
+            f"got {tuple(px_grad.shape)}, {tuple(py_grad.shape)}"
+        )
+    if boundary is None or boundary.shape != (B, 4):
+        raise ValueError(f"boundary must be a (B, 4) = ({B}, 4) int64 tensor")
+    return B, S, T, T1 == T + 1
+
+
+def _finish_prune_ranges(s_begin: Tensor, boundary: Tensor, s_range: int, regular: bool) -> Tensor:
+    """Force the last frames' windows to end at ``U_b``, adjust, and expand to ranges.
+
+    Args:
+      s_begin: ``(B, T)`` proposed starts; boundary: ``(B, 4)``.
+    Returns:
+      ``(B, T, s_range)`` int64.
+    """
+    T = s_begin.shape[1]
+    device = s_begin.device
+    U_b, T_b = boundary[:, 2], boundary[:, 3]
+    t_idx = torch.arange(T, device=device).unsqueeze(0)
+    last = (U_b - s_range + 1).clamp(min=0).unsqueeze(1)  # (B, 1)
+    s_begin = torch.where(t_idx < (T_b - 1).unsqueeze(1), s_begin, last)
+    s_begin = _adjust_pruning_lower_bound(s_begin, s_range - 1 if regular else 1)
+    return s_begin.unsqueeze(2) + torch.arange(s_range, device=device)
 
 
 def get_rnnt_prune_ranges(
@@ -181,48 +313,62 @@ def get_rnnt_prune_ranges(
     ``sum_{k<R} py_grad[s0+k, t] - px_grad[s0-1, t]`` (``px_grad[-1] = 0``).
     Then, per sequence: frames ``t >= T_b - 1`` get ``max(U_b - R + 1, 0)``
     (so the last real frame's window ends at ``U_b``), and the starts are made
-    non-decreasing, start at 0 and advance by at most ``R - 1`` per frame.
+    non-decreasing, start at 0 and advance by at most ``R - 1`` per frame
+    (1 for the modified lattices, which emit at most one symbol per frame).
 
-    ``R`` is capped at ``S + 1`` and raised, if needed, to
-    ``max_b ceil(U_b / T_b) + 1`` so that some path survives pruning.
+    ``R`` is raised, for the regular lattice, to ``max_b (U_b - 1) // T_b + 2``
+    so that some path survives pruning, then capped at ``S + 1`` (as k2, which
+    also prints a warning for either change; this function does not).
 
     Args:
-      px_grad: ``(B, S, T+1)``; py_grad: ``(B, S+1, T)`` (from
+      px_grad: ``(B, S, T+1)`` (regular) or ``(B, S, T)`` (modified,
+        constrained); py_grad: ``(B, S+1, T)`` (from
         ``rnnt_loss_simple(..., return_grad=True)``).
       boundary: ``(B, 4)`` int64 ``[0, 0, U_b, T_b]``.
-      s_range: requested window size ``R >= 2``.
+      s_range: requested window size ``R`` (>= 2 regular, >= 1 modified).
     Returns:
       ``ranges`` ``(B, T, R')`` int64, ``ranges[b, t] = s0[b, t] + arange(R')``,
       all entries in ``[0, S]``.
     """
-    if px_grad.ndim != 3 or py_grad.ndim != 3:
-        raise ValueError("px_grad and py_grad must be 3-D")
-    B, S, T1 = px_grad.shape
-    T = T1 - 1
-    if py_grad.shape != (B, S + 1, T):
-        raise ValueError(f"py_grad must be (B, S+1, T) = {(B, S + 1, T)}, got {tuple(py_grad.shape)}")
-    if boundary is None or boundary.shape != (B, 4):
-        raise ValueError(f"boundary must be a (B, 4) = ({B}, 4) int64 tensor")
-    if s_range < 2 and S > 0:
-        raise ValueError(f"s_range must be >= 2 for the standard RNN-T, got {s_range}")
+    B, S, T, regular = _check_grads_boundary(px_grad, py_grad, boundary)
     device = px_grad.device
     boundary = boundary.to(device=device, dtype=torch.int64)
-
-    U_b, T_b = boundary[:, 2], boundary[:, 3]
-    needed = int(((U_b + T_b.clamp(min=1) - 1) // T_b.clamp(min=1)).max().item()) + 1 if B > 0 else 1
-    s_range = min(max(s_range, needed), S + 1)
+    s_range = _prune_range_size(boundary, S, s_range, regular)
 
     # window mass: (B, S+2-R, T)
     blk = py_grad.unfold(1, s_range, 1).sum(dim=3)
-    px_pad = torch.cat([torch.zeros((B, 1, T1), dtype=px_grad.dtype, device=device), px_grad], dim=1)
+    px_pad = torch.cat([torch.zeros((B, 1, px_grad.shape[2]), dtype=px_grad.dtype, device=device), px_grad], dim=1)
     score = blk - px_pad[:, : S + 2 - s_range, :T]
-    s_begin = score.argmax(dim=1)  # (B, T)
+    return _finish_prune_ranges(score.argmax(dim=1), boundary, s_range, regular)
 
-    t_idx = torch.arange(T, device=device).unsqueeze(0)
-    last = (U_b - s_range + 1).clamp(min=0).unsqueeze(1)  # (B, 1)
-    s_begin = torch.where(t_idx < (T_b - 1).unsqueeze(1), s_begin, last)
-    s_begin = _adjust_pruning_lower_bound(s_begin, s_range)
-    return s_begin.unsqueeze(2) + torch.arange(s_range, device=device)
+
+def get_rnnt_prune_ranges_deprecated(
+    px_grad: Tensor,
+    py_grad: Tensor,
+    boundary: Tensor,
+    s_range: int,
+) -> Tensor:
+    """k2's earlier pruning windows, kept in k2 for comparison (its tests call it).
+
+    The window start ``s0`` of frame ``t`` maximises the total occupancy of
+    rows ``[s0, s0 + R)`` of column ``t``: ``sum_k (px_grad + py_grad)[s0+k, t]``
+    (``px_grad`` row ``S`` and ``py_grad`` column ``T`` taken as 0), without
+    the correction for symbol arcs entering the window that
+    :func:`get_rnnt_prune_ranges` applies; the last-frame rule and the
+    adjustments are the same.  ``R`` is only capped at ``S + 1``.
+
+    Args/Returns: as :func:`get_rnnt_prune_ranges`.
+    """
+    B, S, T, regular = _check_grads_boundary(px_grad, py_grad, boundary)
+    device = px_grad.device
+    boundary = boundary.to(device=device, dtype=torch.int64)
+    s_range = min(s_range, S + 1)
+    if s_range < (2 if regular and S > 0 else 1):
+        raise ValueError(f"s_range {s_range} too small for the {'regular' if regular else 'modified'} RNN-T")
+    occupancy = py_grad.clone()  # (B, S+1, T)
+    occupancy[:, :S] += px_grad[:, :, :T]
+    score = occupancy.unfold(1, s_range, 1).sum(dim=3)  # (B, S+2-R, T)
+    return _finish_prune_ranges(score.argmax(dim=1), boundary, s_range, regular)
 
 
 def do_rnnt_pruning(am: Tensor, lm: Tensor, ranges: Tensor) -> Tuple[Tensor, Tensor]:
@@ -254,24 +400,58 @@ def rnnt_loss_pruned(
     ranges: Tensor,
     termination_symbol: int,
     boundary: Optional[Tensor] = None,
+    rnnt_type: str = "regular",
+    delay_penalty: float = 0.0,
     reduction: Optional[str] = "mean",
+    use_hat_loss: bool = False,
 ) -> Tensor:
-    """RNN-T loss over the pruned lattice (arcs outside the windows removed).
+    """RNN-T loss over the pruned lattice (arcs outside the windows removed), k2's signature.
 
     Args:
       logits: ``(B, T, R, C)`` joiner output on the windows
         (from :func:`do_rnnt_pruning` + joiner).
       symbols: ``(B, S)`` int64; ranges: ``(B, T, R)`` int64;
       termination_symbol: blank id; boundary: ``(B, 4)`` or None;
-      reduction: ``"none"`` | ``"mean"`` (over batch) | ``"sum"``.
+      rnnt_type: ``"regular"`` | ``"modified"`` | ``"constrained"``;
+      delay_penalty: see :func:`apply_delay_penalty`;
+      reduction: ``"none"`` | ``"mean"`` (over batch) | ``"sum"``;
+      use_hat_loss: score the windows with :func:`get_hat_logprobs_pruned`
+        (HAT; blank id 0) instead of a softmax.
     Returns:
       ``(B,)`` losses or a scalar.  Equals the full loss when ``R = S + 1``.
     """
-    px, py = get_rnnt_logprobs_pruned(logits, symbols, ranges, termination_symbol, boundary)
-    return _lattice_loss(px, py, boundary, reduction)  # type: ignore[return-value]
+    get_logprobs = get_hat_logprobs_pruned if use_hat_loss else get_rnnt_logprobs_pruned
+    px, py = get_logprobs(logits, symbols, ranges, termination_symbol, boundary, rnnt_type=rnnt_type)
+    return _lattice_loss(px, py, boundary, rnnt_type, delay_penalty, reduction)  # type: ignore[return-value]
 
 
 def rnnt_loss(
+    logits: Tensor,
+    symbols: Tensor,
+    termination_symbol: int,
+    boundary: Optional[Tensor] = None,
+    rnnt_type: str = "regular",
+    delay_penalty: float = 0.0,
+    reduction: Optional[str] = "mean",
+) -> Tensor:
+    """Full RNN-T loss on joiner output, k2's signature.
+
+    Args:
+      logits: ``(B, T, S+1, C)`` unnormalised joiner output (float32/64).
+      symbols: ``(B, S)`` int64 in ``[0, C)``.
+      termination_symbol: blank id.
+      boundary: ``(B, 4)`` ``[0, 0, U_b, T_b]`` or None (``[0, 0, S, T]``).
+      rnnt_type: ``"regular"`` | ``"modified"`` | ``"constrained"``.
+      delay_penalty: see :func:`apply_delay_penalty`.
+      reduction: ``"none"`` -> ``(B,)``, ``"sum"``, or ``"mean"`` over the batch.
+    Returns:
+      ``-log P(symbols | logits)`` per sequence, reduced.
+    """
+    px, py = get_rnnt_logprobs_joint(logits, symbols, termination_symbol, rnnt_type=rnnt_type, boundary=boundary)
+    return _lattice_loss(px, py, boundary, rnnt_type, delay_penalty, reduction)  # type: ignore[return-value]
+
+
+def rnnt_loss_torchaudio(
     logits: Tensor,
     targets: Tensor,
     logit_lengths: Tensor,
@@ -279,7 +459,14 @@ def rnnt_loss(
     blank: int = 0,
     reduction: str = "mean",
 ) -> Tensor:
-    """Full RNN-T loss, torchaudio argument order.
+    """Full regular RNN-T loss with torchaudio's argument order
+    (``torchaudio.functional.rnnt_loss``; what :func:`rnnt_loss` was here
+    before it took k2's signature).
+
+    The same loss as :func:`rnnt_loss` with ``boundary = [0, 0,
+    target_lengths, logit_lengths]``.  Differences from torchaudio: the blank
+    id defaults to 0 (torchaudio: -1, the last class); there is no ``clamp``
+    and no ``fused_log_softmax`` (the log-softmax is always taken here).
 
     Args:
       logits: ``(B, T, U+1, V)`` unnormalised joiner output (float32/64).
@@ -287,7 +474,7 @@ def rnnt_loss(
         ignored (any value, e.g. padding -1).
       logit_lengths: ``(B,)`` frames ``T_b <= T``.
       target_lengths: ``(B,)`` symbols ``U_b <= U``.
-      blank: blank id.
+      blank: blank id; a negative id counts from the end, as in torchaudio.
       reduction: ``"none"`` -> ``(B,)``, ``"sum"``, or ``"mean"`` = mean over
         the batch.
     Returns:
@@ -307,6 +494,5 @@ def rnnt_loss(
     boundary = make_boundary(target_lengths.to(device), logit_lengths.to(device))
     targets = targets.to(device=device, dtype=torch.int64)
     valid = torch.arange(U, device=device).unsqueeze(0) < boundary[:, 2:3]
-    symbols = torch.where(valid, targets, torch.full_like(targets, blank))
-    px, py = get_rnnt_logprobs_joint(logits, symbols, blank, boundary)
-    return _lattice_loss(px, py, boundary, reduction)  # type: ignore[return-value]
+    symbols = torch.where(valid, targets, torch.full_like(targets, blank % V))
+    return rnnt_loss(logits, symbols, blank % V, boundary=boundary, reduction=reduction)

@@ -85,6 +85,14 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         f"{NUM_TAIL_PADDED_FRAMES} before the encoder (0 = none, as icefall's training).",
     )
     group.add_argument(
+        "--delay-penalty",
+        type=float,
+        default=0.0,
+        help="Penalise symbol delay in the simple and pruned losses, to make a streaming model emit symbols "
+        "earlier (k2's delay_penalty; icefall's stateless3 flag, see arXiv 2211.00490); applied once the "
+        "warm-up is over (batch >= 2 x --model-warm-step), never in validation; 0 = off.",
+    )
+    group.add_argument(
         "--use-fp16", type=str2bool, default=False, help="Mixed precision with a GradScaler (CUDA only)."
     )
     add_gradient_control_arguments(parser)
@@ -93,7 +101,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """argparse errors naming the flag for bad values of :func:`add_training_arguments`' flags."""
     check_positive(parser, args, ["prune_range", "model_warm_step"])
-    for name in ("ctc_loss_scale", "tail_pad_frames"):
+    for name in ("ctc_loss_scale", "tail_pad_frames", "delay_penalty"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     for name in ("dropout", "layer_dropout"):

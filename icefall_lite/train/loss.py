@@ -43,6 +43,12 @@ def loss_scales(params: Mapping[str, Any], warmup: float) -> Tuple[float, float]
     return params["simple_loss_scale"], pruned_loss_scale(warmup)
 
 
+def delay_penalty_at(params: Mapping[str, Any], warmup: float) -> float:
+    """--delay-penalty as icefall's lstm_transducer_stateless3 applies it: only once ``warmup >= 2``
+    (after both warm-up phases), so never in validation (computed at warmup 1.0)."""
+    return params["delay_penalty"] if warmup >= 2.0 else 0.0
+
+
 def compute_loss(
     params: Mapping[str, Any],
     model: nn.Module,
@@ -63,7 +69,7 @@ def compute_loss(
 
     Args:
       params: ``tail_pad_frames``, ``prune_range``, ``am_scale``, ``lm_scale``,
-        ``loss_ramp``, ``simple_loss_scale``, ``ctc_loss_scale``.
+        ``loss_ramp``, ``simple_loss_scale``, ``ctc_loss_scale``, ``delay_penalty``.
       batch: a lhotse batch: ``inputs`` (N, T, C) and ``supervisions``.
       warmup: training progress in units of the model warm-up (1.0 = warmed up).
     """
@@ -84,6 +90,7 @@ def compute_loss(
             am_scale=params["am_scale"],
             lm_scale=params["lm_scale"],
             warmup=warmup,
+            delay_penalty=delay_penalty_at(params, warmup),
         )
         is_finite = torch.isfinite(simple_loss) & torch.isfinite(pruned_loss)
         if ctc_loss is not None:

@@ -21,6 +21,7 @@ ICEFALL_PRESET: Dict[str, Any] = {
     "simple_loss_scale": 0.5,
     "ctc_loss_scale": 0.0,
     "tail_pad_frames": 0,
+    "delay_penalty": 0.0,
     "dropout": 0.1,  # icefall's RNNEncoderLayer: dropout 0.1, layer_dropout 0.075
     "layer_dropout": 0.075,
     "grad_filter_threshold": 25.0,  # --grad-norm-threshold
