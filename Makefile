@@ -28,7 +28,7 @@ ablation: setup
 # decoding vs sherpa-onnx, the loss recursion before/after fusing); rewrites benchmarks/RESULTS.md. Decoding uses the
 # trained default model (exp/, --epoch 5 --avg 2) and test-clean. About 5 minutes (4 min 24 s measured 2026-11-23).
 bench: setup
-	. $(VENV)/bin/activate && python benchmarks/run_all.py
+	. $(VENV)/bin/activate && python -m benchmarks.run_all
 
 # The learning-speed study: 17 arms x 5 minutes of training each from scratch on the 3-h corpus
 # (--size small, own work dir; one change from the defaults of 2026-11-23 per arm, a second baseline seed, the combination), greedy WER ->

@@ -15,12 +15,12 @@ same load. RTF = wall time / audio duration over the whole cut set. The WER
 of each variant is printed as a check that they decode alike.
 
 Usage (defaults: the trained default model and test-clean, from the repository root):
-  python benchmarks/bench_decode.py --epoch 5 --avg 2 \\
+  python -m benchmarks.bench_decode --epoch 5 --avg 2 \\
       --exp-dir egs/librispeech/ASR/lstm_transducer_stateless/exp \\
       --cuts egs/librispeech/ASR/data/fbank/librispeech_cuts_test-clean.jsonl.gz
 
   # already exported files (encoder-epoch-5-avg-2.onnx, ..., tokens.txt)
-  python benchmarks/bench_decode.py --onnx-dir egs/librispeech/ASR/lstm_transducer_stateless/exp
+  python -m benchmarks.bench_decode --onnx-dir egs/librispeech/ASR/lstm_transducer_stateless/exp
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,22 +40,20 @@ import torch
 from lhotse import load_manifest
 from lhotse.cut import Cut
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.common import RECIPE, Section, add_common_arguments, markdown_table, setup_threads  # noqa: E402
-from icefall_lite.data.bpe import DEFAULT_BPE_MODEL  # noqa: E402
-from icefall_lite.data.features import LOG_EPS, NUM_MEL_BINS, NUM_TAIL_PADDED_FRAMES  # noqa: E402
-from icefall_lite.data.layout import librispeech_cuts_path  # noqa: E402
-from icefall_lite.decoding.decode_run import build_decoding_model  # noqa: E402
-from icefall_lite.decoding.fast_beam_search import fast_beam_search_one_best  # noqa: E402
-from icefall_lite.decoding.greedy_search import greedy_search_batch  # noqa: E402
-from icefall_lite.decoding.modified_beam_search import modified_beam_search  # noqa: E402
-from icefall_lite.export.onnx_export import build_exportable, export_transducer_onnx, onnx_filenames, write_tokens_file  # noqa: E402
-from icefall_lite.export.sherpa import tail_padding  # noqa: E402
-from icefall_lite.nn.model import add_model_arguments  # noqa: E402
-from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS  # noqa: E402
-from icefall_lite.train.averaging import load_averaged_weights  # noqa: E402
-from icefall_lite.utils import script_parser, str2bool  # noqa: E402
+from benchmarks.common import RECIPE, Section, add_common_arguments, markdown_table, setup_threads
+from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
+from icefall_lite.data.features import LOG_EPS, NUM_MEL_BINS, NUM_TAIL_PADDED_FRAMES
+from icefall_lite.data.layout import librispeech_cuts_path
+from icefall_lite.decoding.decode_run import build_decoding_model
+from icefall_lite.decoding.fast_beam_search import fast_beam_search_one_best
+from icefall_lite.decoding.greedy_search import greedy_search_batch
+from icefall_lite.decoding.modified_beam_search import modified_beam_search
+from icefall_lite.export.onnx_export import build_exportable, export_transducer_onnx, onnx_filenames, write_tokens_file
+from icefall_lite.export.sherpa import tail_padding
+from icefall_lite.nn.model import add_model_arguments
+from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
+from icefall_lite.train.averaging import load_averaged_weights
+from icefall_lite.utils import script_parser, str2bool
 
 SAMPLE_RATE = 16000
 

@@ -10,20 +10,16 @@ own backward in the filtered model's step is reported too: it is the overhead
 without the run-to-run noise.
 
 Usage:
-  python benchmarks/bench_filter.py
-  python benchmarks/bench_filter.py --reps 2 --num-batches 1 --max-duration 10   # a quick look
+  python -m benchmarks.bench_filter
+  python -m benchmarks.bench_filter --reps 2 --num-batches 1 --max-duration 10   # a quick look
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from typing import Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     Section,
     add_common_arguments,
     fmt_ms,
@@ -33,15 +29,15 @@ from benchmarks.common import (  # noqa: E402
     setup_threads,
     timed,
 )
-from benchmarks.train_setup import (  # noqa: E402
+from benchmarks.train_setup import (
     TokenTable,
     Trainer,
     add_batch_arguments,
     batch_shape,
     make_batches,
 )
-from icefall_lite.nn.model import DEFAULT_GRAD_FILTER_THRESHOLD  # noqa: E402
-from icefall_lite.utils import script_parser  # noqa: E402
+from icefall_lite.nn.model import DEFAULT_GRAD_FILTER_THRESHOLD
+from icefall_lite.utils import script_parser
 
 GOAL = 0.03
 

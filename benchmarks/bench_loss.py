@@ -16,24 +16,20 @@ ratio. Peak memory is measured in a separate call of each path (the
 allocation accounting slows it down).
 
 Usage:
-  python benchmarks/bench_loss.py                 # B=8, T=200, U=40, V=500, joiner dim 512
-  python benchmarks/bench_loss.py --reps 3 --batch-size 2   # a quick look
+  python -m benchmarks.bench_loss                 # B=8, T=200, U=40, V=500, joiner dim 512
+  python -m benchmarks.bench_loss --reps 3 --batch-size 2   # a quick look
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
 
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     Section,
     add_common_arguments,
     fmt_mb,
@@ -46,8 +42,8 @@ from benchmarks.common import (  # noqa: E402
     peak_memory_bytes,
     setup_threads,
 )
-from icefall_lite.nn.joiner import Joiner  # noqa: E402
-from icefall_lite.nn.rnnt_loss import (  # noqa: E402
+from icefall_lite.nn.joiner import Joiner
+from icefall_lite.nn.rnnt_loss import (
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
     make_boundary,
@@ -55,8 +51,8 @@ from icefall_lite.nn.rnnt_loss import (  # noqa: E402
     rnnt_loss_pruned,
     rnnt_loss_smoothed,
 )
-from icefall_lite.nn.scaling import ScaledLinear  # noqa: E402
-from icefall_lite.utils import script_parser  # noqa: E402
+from icefall_lite.nn.scaling import ScaledLinear
+from icefall_lite.utils import script_parser
 
 BLANK = 0
 

@@ -7,23 +7,19 @@ paths are timed side by side (interleaved repetitions, medians) and their peak
 memory is measured as in benchmark 1.
 
 Usage:
-  python benchmarks/bench_loss_scaling.py
-  python benchmarks/bench_loss_scaling.py --reps 1 --frames 100 200   # a quick look
+  python -m benchmarks.bench_loss_scaling
+  python -m benchmarks.bench_loss_scaling --reps 1 --frames 100 200   # a quick look
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.bench_loss import compare, make_problem  # noqa: E402
-from benchmarks.common import (  # noqa: E402
+from benchmarks.bench_loss import compare, make_problem
+from benchmarks.common import (
     Section,
     add_common_arguments,
     fmt_mb,
@@ -32,7 +28,7 @@ from benchmarks.common import (  # noqa: E402
     memory_method,
     setup_threads,
 )
-from icefall_lite.utils import script_parser  # noqa: E402
+from icefall_lite.utils import script_parser
 
 
 def get_parser() -> argparse.ArgumentParser:

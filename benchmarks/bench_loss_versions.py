@@ -26,24 +26,20 @@ inputs:
     each vocabulary size, the two versions interleaved.
 
 Usage:
-  python benchmarks/bench_loss_versions.py                     # B=8, T=200, S=40; V=500 (a), V=100 and 500 (b)
-  python benchmarks/bench_loss_versions.py --reps 3 --vocab-sizes 100   # a quick look
+  python -m benchmarks.bench_loss_versions                     # B=8, T=200, S=40; V=500 (a), V=100 and 500 (b)
+  python -m benchmarks.bench_loss_versions --reps 3 --vocab-sizes 100   # a quick look
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import types
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     Section,
     add_common_arguments,
     fmt_ms,
@@ -54,8 +50,8 @@ from benchmarks.common import (  # noqa: E402
     paired_ratio,
     setup_threads,
 )
-from icefall_lite.nn import rnnt_loss as today  # noqa: E402
-from icefall_lite.utils import script_parser  # noqa: E402
+from icefall_lite.nn import rnnt_loss as today
+from icefall_lite.utils import script_parser
 
 # The last commit whose recursion computed posteriors from float32 alpha + beta.
 PREVIOUS_COMMIT = "5c6a8d7299c033c98bbffc47b60b45d0a5fce109"

@@ -18,25 +18,21 @@ two versions' scores and gradients (the baseline's float32 rounding: today's
 recursion runs in float64).
 
 Usage:
-  python benchmarks/bench_recursion.py                      # B=8, U=40, T=200 and two other sizes
-  python benchmarks/bench_recursion.py --reps 5 --sizes 8x40x200
+  python -m benchmarks.bench_recursion                      # B=8, U=40, T=200 and two other sizes
+  python -m benchmarks.bench_recursion --reps 5 --sizes 8x40x200
 """
 
 from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import types
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     REPO,
     Section,
     add_common_arguments,
@@ -47,9 +43,9 @@ from benchmarks.common import (  # noqa: E402
     paired_ratio,
     setup_threads,
 )
-from icefall_lite.nn import mutual_information  # noqa: E402
-from icefall_lite.nn.mutual_information import make_boundary  # noqa: E402
-from icefall_lite.utils import script_parser  # noqa: E402
+from icefall_lite.nn import mutual_information
+from icefall_lite.nn.mutual_information import make_boundary
+from icefall_lite.utils import script_parser
 
 # The last commit with the per-op recursion (three ops per diagonal and direction).
 BASELINE_COMMIT = "3dd81744b60386c9b29ec468cac9fcb6a32a1c01"

@@ -14,23 +14,19 @@
 - The top operators by self CPU time from ``torch.profiler`` over a few steps.
 
 Usage:
-  python benchmarks/bench_throughput.py
-  python benchmarks/bench_throughput.py --reps 2 --num-batches 1 --max-duration 10   # a quick look
+  python -m benchmarks.bench_throughput
+  python -m benchmarks.bench_throughput --reps 2 --num-batches 1 --max-duration 10   # a quick look
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from typing import List, Optional, Sequence
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     Section,
     add_common_arguments,
     markdown_table,
@@ -38,7 +34,7 @@ from benchmarks.common import (  # noqa: E402
     setup_threads,
     timed,
 )
-from benchmarks.train_setup import (  # noqa: E402
+from benchmarks.train_setup import (
     Batch,
     TokenTable,
     Trainer,
@@ -48,7 +44,7 @@ from benchmarks.train_setup import (  # noqa: E402
     lstm_flops_hooks,
     make_batches,
 )
-from icefall_lite.utils import script_parser  # noqa: E402
+from icefall_lite.utils import script_parser
 
 
 def get_parser() -> argparse.ArgumentParser:

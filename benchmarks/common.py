@@ -26,12 +26,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from icefall_lite.utils import write_text_atomic
+
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "egs" / "librispeech" / "ASR"
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from icefall_lite.utils import write_text_atomic  # noqa: E402
 
 # --------------------------------------------------------------------------
 # command line
@@ -66,10 +64,8 @@ def command_line() -> str:
     the running one without ``--markdown-out FILE`` (where the section was
     written changes no number; run_all.py passes a temporary file)."""
     script = Path(sys.argv[0]).resolve()
-    try:
-        script_str = str(script.relative_to(REPO))
-    except ValueError:
-        script_str = str(script)
+    # The benchmarks run as modules of the package benchmarks, from the repository root.
+    runner = ["-m", f"benchmarks.{script.stem}"] if script.parent == REPO / "benchmarks" else [shlex.quote(str(script))]
     args: List[str] = []
     skip_next = False
     for arg in sys.argv[1:]:
@@ -79,7 +75,7 @@ def command_line() -> str:
             skip_next = True
         elif not arg.startswith("--markdown-out="):
             args.append(arg)
-    return " ".join(["python", shlex.quote(script_str), *(shlex.quote(a) for a in args)])
+    return " ".join(["python", *runner, *(shlex.quote(a) for a in args)])
 
 
 # --------------------------------------------------------------------------

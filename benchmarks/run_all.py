@@ -9,9 +9,9 @@ and test-clean (4 min 24 s measured 2026-11-23; half of it the decoding
 benchmark).
 
 Usage (from the repository root; ``make bench`` does this):
-  python benchmarks/run_all.py
-  python benchmarks/run_all.py --only loss filter          # some of them, RESULTS.md untouched
-  python benchmarks/run_all.py --decode-args --epoch 3 --avg 1 --exp-dir /tmp/exp ...   # must come last
+  python -m benchmarks.run_all
+  python -m benchmarks.run_all --only loss filter          # some of them, RESULTS.md untouched
+  python -m benchmarks.run_all --decode-args --epoch 3 --avg 1 --exp-dir /tmp/exp ...   # must come last
 """
 
 from __future__ import annotations
@@ -24,13 +24,11 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from icefall_lite.utils import script_parser, write_text_atomic
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "RESULTS.md"
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from icefall_lite.utils import script_parser, write_text_atomic  # noqa: E402
 
 # name -> script; the order of the sections in RESULTS.md
 BENCHMARKS: Dict[str, str] = {
@@ -79,7 +77,8 @@ def get_parser() -> argparse.ArgumentParser:
 def run_one(name: str, threads: int, extra: Sequence[str], out: Path) -> None:
     command = [
         sys.executable,
-        str(BENCH_DIR / BENCHMARKS[name]),
+        "-m",
+        f"benchmarks.{Path(BENCHMARKS[name]).stem}",
         "--threads",
         str(threads),
         "--markdown-out",
@@ -106,7 +105,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             sections.append(out.read_text())
     if args.only:
         return
-    command = "python benchmarks/run_all.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m benchmarks.run_all" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     text = PREAMBLE.format(command=command, date=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
     text += "\n" + "\n".join(sections)
     write_text_atomic(args.results, text)

@@ -19,4 +19,4 @@ from benchmarks.common import REPO, command_line
 )
 def test_command_line_drops_the_markdown_target_and_quotes(monkeypatch, argv, expected_args):
     monkeypatch.setattr(sys, "argv", [str(REPO / "benchmarks" / "bench_loss.py"), *argv])
-    assert command_line() == f"python benchmarks/bench_loss.py {expected_args}"
+    assert command_line() == f"python -m benchmarks.bench_loss {expected_args}"
