@@ -20,7 +20,8 @@ exported files (``icefall_lite.decoding.streaming.streaming_search``): the encod
 windows of ``T = decode_chunk_len + 5`` feature frames every
 ``decode_chunk_len`` frames with the h/c states of the previous window, and
 the search advances after every window. The initial decoder context is
-``context_size`` blanks, <unk> is treated as blank, one symbol per frame.
+sherpa-onnx's ``[-1] * (context_size - 1) + [blank]``, <unk> is treated as
+blank, one symbol per frame.
 Features are those of the cut manifests (as decode.py), with decode.py's 35
 tail frames of log(1e-10). The utterances of a batch (--max-duration) are
 decoded side by side, each with its own states.
