@@ -102,7 +102,8 @@ def load_checkpoint_file(filename: PathLike) -> Dict[str, Any]:
     except Exception as e:  # torch raises several types for a damaged zip/pickle
         raise CheckpointError(
             f"Checkpoint {filename} cannot be read ({type(e).__name__}: {e}). It is truncated or not a "
-            "torch checkpoint; delete it and resume from an earlier one (e.g. --start-epoch of the previous epoch)."
+            "torch checkpoint: if training wrote it, delete it and resume from an earlier one (e.g. --start-epoch "
+            "of the previous epoch); if it was downloaded, download it again."
         ) from e
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict):
         raise CheckpointError(
@@ -115,7 +116,7 @@ def load_checkpoint_file(filename: PathLike) -> Dict[str, Any]:
 DDP_PREFIX = "module."
 # The names this package used before it took icefall's (``encoder.layers.N.`` for
 # ``encoder.encoder.layers.N.``, ``lstm._scales.<i>`` for ``lstm.<flat weight>_scale``).
-_OLD_NAMES = re.compile(r"(^|\.)encoder\.layers\.\d+\.|\.lstm\._scales\.\d+$")
+_OLD_NAMES = re.compile(r"^encoder\.layers\.\d+\.|\.lstm\._scales\.\d+$")
 _SHOWN_KEYS = 10
 
 
