@@ -13,6 +13,10 @@ Usage (from egs/librispeech/ASR, after train.py):
   ./lstm_transducer_stateless/streaming_decode.py --epoch 5 --avg 2 \\
       --decoding-method modified_beam_search --beam-size 4
 
+  # icefall's published model (one file anywhere: --checkpoint; see decode.py)
+  ./lstm_transducer_stateless/streaming_decode.py --model-preset icefall \\
+      --bpe-model $D/data/lang_bpe_500/bpe.model --checkpoint $D/exp/pretrained.pt --exp-dir $D/exp
+
 The model runs through its streaming API (``Transducer.streaming_forward``,
 ``predict``, ``join``; the same modules export_onnx.py exports, without
 importing ONNX: ``icefall_lite.decoding.streaming.TorchStreamingModel``) as sherpa-onnx runs the
