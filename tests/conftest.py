@@ -119,7 +119,8 @@ def reference_streaming_greedy(model: nn.Module, feats: torch.Tensor, unk_id: in
     """Independent reference for streaming greedy search (9-frame windows every 4 frames, as sherpa-onnx):
     the original (scaled) transducer's encoder on the whole utterance (N=1), cut to the output frames that
     the windows sherpa-onnx runs produce (one per window ``start + 9 < num_frames``), then one plain loop per
-    frame with a context that starts as blanks; blank (0) and ``unk_id`` emit nothing.
+    frame with sherpa-onnx's first context ``[-1] * (context_size - 1) + [blank]``; blank (0) and ``unk_id``
+    emit nothing.
 
     Args:
       feats: (num_frames, 80) features.
@@ -128,7 +129,7 @@ def reference_streaming_greedy(model: nn.Module, feats: torch.Tensor, unk_id: in
     with torch.no_grad():
         enc, _, _ = model.encoder(feats.unsqueeze(0), torch.tensor([feats.size(0)]))
         enc = model.joiner.encoder_proj(enc[0, :num_out])
-        hyp = [0] * model.decoder.context_size
+        hyp = [-1] * (model.decoder.context_size - 1) + [0]
         for frame in enc:
             context = torch.tensor([hyp[-model.decoder.context_size :]])
             dec = model.joiner.decoder_proj(model.decoder(context, need_pad=False)[0, 0])

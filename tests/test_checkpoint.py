@@ -52,7 +52,7 @@ def test_truncated_checkpoint_gives_clear_error(tmp_path):
 
 def test_foreign_and_missing_checkpoint(tmp_path):
     torch.save({"state_dict": {}}, tmp_path / "foreign.pt")
-    with pytest.raises(CheckpointError, match="not an icefall-lite checkpoint"):
+    with pytest.raises(CheckpointError, match="not an icefall or icefall-lite checkpoint"):
         load_checkpoint(tmp_path / "foreign.pt", _model(0))
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "nope.pt", _model(0))

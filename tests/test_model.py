@@ -103,7 +103,7 @@ def test_threshold_zero_has_no_filter_in_graph_and_same_gradients():
     assert sum("GradientFilter" in n for n in _graph_node_names(p_f.sum())) == 2  # one per layer
     # Removing the filters from the filtered model gives bit-identical gradients
     # to the model built with threshold 0.
-    for layer in filtered.encoder.layers:
+    for layer in filtered.encoder.encoder.layers:
         layer.lstm.grad_filter = None
     (0.5 * s.sum() + p.sum()).backward()
     s2, p2, _, _ = filtered(x, x_lens, y)

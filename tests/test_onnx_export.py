@@ -102,17 +102,17 @@ def test_conversion_replaces_every_scaled_module_and_leaves_model_alone(kind):
     left = [type(m).__name__ for m in plain.modules() if isinstance(m, scaled_types)]
     assert not left and not [m for m in plain.modules() if type(m).__name__.startswith("Scaled")]
     lstm_type = nn.LSTM if kind == "no_proj" else LSTMP
-    assert all(type(layer.lstm) is lstm_type for layer in plain.encoder.layers)
+    assert all(type(layer.lstm) is lstm_type for layer in plain.encoder.encoder.layers)
     norms = [m for m in plain.modules() if isinstance(m, NonScaledBasicNorm)]
     assert len(norms) == 1 + TINY["num_encoder_layers"]
-    assert norms[1].eps == pytest.approx(float(model.encoder.layers[0].norm_final.eps.exp()))
+    assert norms[1].eps == pytest.approx(float(model.encoder.encoder.layers[0].norm_final.eps.exp()))
     assert not plain.training
     x = _randn(2, 30, 80, seed=11)
     with torch.no_grad():  # no states given: the LSTMs start from zeros, as the original's
         want, want_lens, _ = model.encoder(x, torch.tensor([30, 25]))
         got, got_lens, _ = plain.encoder(x, torch.tensor([30, 25]))
     assert torch.equal(got_lens, want_lens) and _max_diff(got, want) < TOL
-    assert isinstance(model.encoder.layers[0].lstm, ScaledLSTM)  # the original is untouched
+    assert isinstance(model.encoder.encoder.layers[0].lstm, ScaledLSTM)  # the original is untouched
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 

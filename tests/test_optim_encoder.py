@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from icefall_lite.nn.encoder import RNNEncoder
+from icefall_lite.nn.encoder import RNN
 from icefall_lite.train.optim import Eden, Eve, ScaledAdam
 
 
@@ -51,7 +51,7 @@ def test_eve_first_step_is_adam_and_weight_decay_rule():
 @pytest.mark.parametrize("threshold", [0.0, 25.0])
 def test_encoder_shapes_and_filters(threshold):
     torch.manual_seed(0)
-    enc = RNNEncoder(
+    enc = RNN(
         num_features=80,
         d_model=16,
         dim_feedforward=32,
@@ -73,7 +73,7 @@ def test_encoder_shapes_and_filters(threshold):
 
 def test_encoder_padding_does_not_change_valid_outputs():
     torch.manual_seed(0)
-    enc = RNNEncoder(
+    enc = RNN(
         num_features=80,
         d_model=16,
         dim_feedforward=32,
@@ -97,7 +97,7 @@ def test_encoder_padding_does_not_change_valid_outputs():
 def test_encoder_streaming_states_continue_the_sequence():
     """Running the LSTM stack on two halves, carrying states, equals one pass."""
     torch.manual_seed(0)
-    enc = RNNEncoder(
+    enc = RNN(
         num_features=80,
         d_model=16,
         dim_feedforward=32,
@@ -109,13 +109,13 @@ def test_encoder_streaming_states_continue_the_sequence():
     ).eval()
     emb = torch.randn(10, 2, 16)
     full = emb
-    for layer in enc.layers:
+    for layer in enc.encoder.layers:
         full, _ = layer(full)
     first, second = emb[:6], emb[6:]
     states = [None] * 3
-    for i, layer in enumerate(enc.layers):
+    for i, layer in enumerate(enc.encoder.layers):
         first, states[i] = layer(first)
-    for i, layer in enumerate(enc.layers):
+    for i, layer in enumerate(enc.encoder.layers):
         second, _ = layer(second, states[i])
     torch.testing.assert_close(torch.cat([first, second]), full, rtol=1e-5, atol=1e-6)
 

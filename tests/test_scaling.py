@@ -20,7 +20,7 @@ from icefall_lite.nn.scaling import (
 
 def _zero_scales_and_copy(scaled: ScaledLSTM, plain: nn.LSTM) -> None:
     with torch.no_grad():
-        for scale in scaled._scales:
+        for scale in scaled.scales():
             scale.zero_()
         for name in scaled._flat_weights_names:
             getattr(plain, name).copy_(getattr(scaled, name))
@@ -90,7 +90,7 @@ def test_scaled_lstm_init_effective_weight_scale():
     torch.manual_seed(0)
     hidden = 64
     lstm = ScaledLSTM(32, hidden, grad_filter_threshold=0.0)
-    w = lstm.weight_hh_l0 * lstm._scales[1].exp()
+    w = lstm.weight_hh_l0 * lstm.weight_hh_l0_scale.exp()
     # U(+-sqrt(3) std) has std `std`; times hidden^-0.5/std -> std hidden^-0.5.
     assert float(w.std()) == pytest.approx(hidden**-0.5, rel=0.05)
     assert torch.equal(lstm.bias_ih_l0, torch.zeros_like(lstm.bias_ih_l0))
@@ -112,8 +112,18 @@ def test_scaled_linear_and_conv_match_functional():
     torch.testing.assert_close(conv(img), expected, rtol=0, atol=0)
 
 
+def test_scaled_lstm_scale_names_are_icefalls():
+    """icefall's ScaledLSTM: one ``<flat weight name>_scale`` parameter per flat weight, after the LSTM's own."""
+    lstm = ScaledLSTM(4, 8, proj_size=4, grad_filter_threshold=10.0)
+    flat = ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0", "weight_hr_l0"]
+    assert [n for n, _ in lstm.named_parameters()] == flat + [f"{n}_scale" for n in flat]
+    assert list(lstm.state_dict()) == flat + [f"{n}_scale" for n in flat]
+    assert [float(s) for s in lstm.scales()] == [float(getattr(lstm, f"{n}_scale")) for n in flat]
+
+
 def test_scaled_embedding():
     emb = ScaledEmbedding(10, 4, padding_idx=0)
+    assert list(emb.state_dict()) == ["scale", "weight"]  # icefall's order
     ids = torch.tensor([[0, 3, 9]])
     out = emb(ids)
     assert torch.equal(out[0, 0], torch.zeros(4))

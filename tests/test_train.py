@@ -305,7 +305,7 @@ def test_print_diagnostics_prints_and_exits(tiny_data, tmp_path):
     proc = run_train(tiny_data, tmp_path / "diag", "--print-diagnostics", "true")
     assert proc.returncode == 0, proc.stderr
     assert "module output statistics" in proc.stderr
-    assert "encoder.layers.0.lstm: value rms=" in proc.stderr
+    assert "encoder.encoder.layers.0.lstm: value rms=" in proc.stderr
     assert "Diagnostics printed; exiting" in proc.stderr
     assert not list((tmp_path / "diag").glob("epoch-*.pt"))
 
@@ -366,9 +366,9 @@ def test_training_flags_reach_the_model(tiny_data):
     _, model, *_ = _params_and_model(tiny_data)
     assert model.ctc_output is None
     # The defaults chosen by the learning-speed study: no dropout, no layer dropout.
-    assert model.encoder.layers[0].dropout.p == 0.0 and model.encoder.layers[0].layer_dropout == 0.0
+    assert model.encoder.encoder.layers[0].dropout.p == 0.0 and model.encoder.encoder.layers[0].layer_dropout == 0.0
     _, model, *_ = _params_and_model(tiny_data, "--dropout", "0.3", "--layer-dropout", "0", "--ctc-loss-scale", "0.2")
-    for layer in model.encoder.layers:
+    for layer in model.encoder.encoder.layers:
         assert layer.dropout.p == 0.3 and layer.feed_forward[3].p == 0.3 and layer.layer_dropout == 0.0
     assert model.ctc_output is not None and model.ctc_output[0].p == 0.3
 
@@ -563,7 +563,7 @@ def test_error_clip_clamps_the_gradient_arriving_at_every_encoder_layer():
         layer_dropout=0.0,
     )
     model.eval()  # the balancers act at random in training mode; the gradients flow all the same
-    layers = model.encoder.layers
+    layers = model.encoder.encoder.layers
     x = torch.randn(2, 7, 16)
     weights = torch.randn(2, 7, 16) * 50  # d loss / d top output, mostly beyond the clip
     value = 3.0

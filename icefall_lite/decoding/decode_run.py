@@ -166,17 +166,20 @@ def make_suffix(params: Mapping[str, Any]) -> str:
     ``params`` has ``epoch``, ``iter``, ``avg``, ``decoding_method``,
     ``use_averaged_model`` and the settings of the method: ``context_size``
     and ``max_sym_per_frame`` (greedy), ``beam_size`` (modified beam) or
-    ``beam``, ``max_contexts``, ``max_states`` (fast beam).
+    ``beam``, ``max_contexts``, ``max_states`` (fast beam). With a
+    ``checkpoint`` (``--checkpoint exp/pretrained.pt``) the suffix starts with
+    the file's name instead (``pretrained-context-2-max-sym-per-frame-1``).
     """
     method = params["decoding_method"]
-    suffix = checkpoint_suffix(params["epoch"], params["iter"], params["avg"])
+    checkpoint = params.get("checkpoint")
+    suffix = checkpoint_suffix(params["epoch"], params["iter"], params["avg"], checkpoint)
     if "fast_beam_search" in method:
         suffix += f"-beam-{params['beam']}-max-contexts-{params['max_contexts']}-max-states-{params['max_states']}"
     elif "beam_search" in method:
         suffix += f"-{method}-beam-size-{params['beam_size']}"
     else:
         suffix += f"-context-{params['context_size']}-max-sym-per-frame-{params['max_sym_per_frame']}"
-    if params["use_averaged_model"]:
+    if params["use_averaged_model"] and checkpoint is None:
         suffix += "-use-averaged-model"
     return suffix
 

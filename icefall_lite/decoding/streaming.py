@@ -16,9 +16,12 @@ with all utterances of a batch decoded side by side, each with its own states.
 After every chunk, greedy search or icefall's modified beam search
 (:class:`~icefall_lite.decoding.greedy_search.GreedyBatchSearch`,
 :class:`~icefall_lite.decoding.modified_beam_search.ModifiedBeamSearch`) advances by the chunk's
-encoder frames. As in sherpa-onnx and icefall's ``streaming_decode.py``, the
-initial decoder context is ``context_size`` blanks and at most one symbol is
-emitted per frame; ``unk_id`` is treated like blank, as sherpa-onnx does.
+encoder frames. As in sherpa-onnx, the initial decoder context is
+``[-1] * (context_size - 1) + [blank_id]`` (the offline searches' and
+sherpa-onnx's since 2023; icefall's ``streaming_decode.py`` starts from
+``context_size`` blanks, which differs now that the blank row is learned) and
+at most one symbol is emitted per frame; ``unk_id`` is treated like blank, as
+sherpa-onnx does.
 
 Tail padding (frames appended after the speech so the last words come out) is
 the caller's business, as it is sherpa-onnx's user's.
@@ -182,7 +185,8 @@ def _make_search(
     device: torch.device,
 ) -> Union[GreedyBatchSearch, ModifiedBeamSearch]:
     """The frame-by-frame search of ``decoding_method`` over the model's decoder and joiner."""
-    initial_context = [blank_id] * model.meta.context_size
+    # sherpa-onnx's first context (GetEmptyResult); -1 embeds to zero, blank's row is learned.
+    initial_context = [-1] * (model.meta.context_size - 1) + [blank_id]
     if decoding_method == "greedy_search":
         return GreedyBatchSearch(model.run_decoder, model.run_joiner, initial_context, num_streams, skip_ids, device)
     if decoding_method == "modified_beam_search":

@@ -13,8 +13,13 @@ from icefall_lite.nn.scaling import ScaledConv1d, ScaledEmbedding
 class Decoder(nn.Module):
     """Embedding + depthwise Conv1d over the last ``context_size`` tokens + ReLU.
 
-    Negative token ids (the ``-1`` used to pad the initial context) embed to
-    zero, and so does ``blank_id`` (its embedding row is the padding row).
+    Negative token ids (the ``-1`` that pads the initial context
+    ``[-1] * (context_size - 1) + [blank_id]``) embed to zero. ``blank_id`` is
+    an ordinary row of the embedding, learned in training (no ``padding_idx``),
+    as in icefall's ``lstm_transducer_stateless3``.
+
+    Parameter names as icefall's: ``embedding.scale``, ``embedding.weight``
+    and, for ``context_size > 1``, ``conv.weight``, ``conv.weight_scale``.
 
     Args:
       vocab_size: number of tokens, blank included.
@@ -31,7 +36,7 @@ class Decoder(nn.Module):
         self.decoder_dim = decoder_dim
         self.blank_id = blank_id
         self.context_size = context_size
-        self.embedding = ScaledEmbedding(vocab_size, decoder_dim, padding_idx=blank_id)
+        self.embedding = ScaledEmbedding(vocab_size, decoder_dim)
         self.conv = (
             ScaledConv1d(decoder_dim, decoder_dim, kernel_size=context_size, groups=decoder_dim, bias=False)
             if context_size > 1

@@ -1,5 +1,9 @@
 """The LSTM encoder: Conv2dSubsampling followed by a stack of RNNEncoderLayers.
 
+The module tree is icefall's (``RNN`` with ``encoder_embed`` and
+``encoder``, an ``RNNEncoder`` whose ``layers`` are the
+``RNNEncoderLayer`` modules), so a state dict here has icefall's names.
+
 As icefall's ``lstm_transducer_stateless3/lstm.py`` describes it (our own
 code): every layer is a ScaledLSTM (with a GradientFilter when
 ``grad_filter_threshold > 0``) plus a feed-forward block, residual
@@ -134,8 +138,9 @@ class RNNEncoderLayer(nn.Module):
             nn.Dropout(dropout),
             ScaledLinear(dim_feedforward, d_model, initial_scale=0.25),
         )
-        self.balancer = ActivationBalancer(d_model, channel_dim=-1, min_positive=0.45, max_positive=0.55, max_abs=6.0)
+        # icefall's order of the children (norm_final before balancer), so the state dict's order is icefall's too.
         self.norm_final = BasicNorm(d_model)
+        self.balancer = ActivationBalancer(d_model, channel_dim=-1, min_positive=0.45, max_positive=0.55, max_abs=6.0)
         self.dropout = nn.Dropout(dropout)
 
     def forward(
@@ -164,7 +169,67 @@ class RNNEncoderLayer(nn.Module):
 
 
 class RNNEncoder(nn.Module):
-    """Conv2dSubsampling + ``num_layers`` RNNEncoderLayers; (N, T, F) -> (N, T', d_model).
+    """The stack of ``num_layers`` :class:`RNNEncoderLayer` modules: (T, N, d_model) -> (T, N, d_model).
+
+    icefall's ``RNNEncoder`` (``model.encoder.encoder``): its only child is
+    ``layers``, so the layer parameters are named
+    ``encoder.encoder.layers.<i>.*`` as in icefall's checkpoints. The
+    layers' arguments are :class:`RNNEncoderLayer`'s.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        dim_feedforward: int,
+        rnn_hidden_size: int,
+        num_layers: int,
+        grad_filter_threshold: float,
+        dropout: float,
+        layer_dropout: float,
+    ) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.rnn_hidden_size = rnn_hidden_size
+        self.num_layers = num_layers
+        self.layers = nn.ModuleList(
+            [
+                RNNEncoderLayer(
+                    d_model, dim_feedforward, rnn_hidden_size, grad_filter_threshold, dropout, layer_dropout
+                )
+                for _ in range(num_layers)
+            ]
+        )
+
+    def forward(
+        self, src: Tensor, states: Optional[EncoderStates] = None, warmup: float = 1.0
+    ) -> Tuple[Tensor, EncoderStates]:
+        """
+        Args:
+          src: (T, N, d_model).
+          states: optional (h (L, N, d_model), c (L, N, rnn_hidden_size)) to
+            continue from; zeros when None.
+          warmup: training progress in units of the model warm-up.
+        Returns:
+          (T, N, d_model) output and the final (h, c) of every layer.
+        """
+        new_h: List[Tensor] = []
+        new_c: List[Tensor] = []
+        for i, layer in enumerate(self.layers):
+            layer_states = None if states is None else (states[0][i : i + 1], states[1][i : i + 1])
+            src, (h, c) = layer(src, layer_states, warmup=warmup)
+            new_h.append(h)
+            new_c.append(c)
+        return src, (torch.cat(new_h, dim=0), torch.cat(new_c, dim=0))
+
+
+class RNN(nn.Module):
+    """The encoder, icefall's ``RNN``: Conv2dSubsampling ``encoder_embed`` then the
+    :class:`RNNEncoder` ``encoder``; (N, T, F) -> (N, T', d_model).
+
+    The module tree (and so every parameter name) is icefall's
+    ``lstm_transducer_stateless3`` encoder: ``encoder_embed.*`` and
+    ``encoder.layers.<i>.*``, which are ``encoder.encoder_embed.*`` and
+    ``encoder.encoder.layers.<i>.*`` in the transducer.
 
     Every size is an argument without a default: the presets of
     :data:`icefall_lite.nn.model.MODEL_PRESETS` hold the numbers. The
@@ -191,13 +256,8 @@ class RNNEncoder(nn.Module):
         self.rnn_hidden_size = rnn_hidden_size
         self.num_layers = num_layers
         self.encoder_embed = Conv2dSubsampling(num_features, d_model)
-        self.layers = nn.ModuleList(
-            [
-                RNNEncoderLayer(
-                    d_model, dim_feedforward, rnn_hidden_size, grad_filter_threshold, dropout, layer_dropout
-                )
-                for _ in range(num_layers)
-            ]
+        self.encoder = RNNEncoder(
+            d_model, dim_feedforward, rnn_hidden_size, num_layers, grad_filter_threshold, dropout, layer_dropout
         )
 
     def get_init_states(self, batch_size: int = 1, device: Optional[torch.device] = None) -> EncoderStates:
@@ -242,17 +302,13 @@ class RNNEncoder(nn.Module):
         """
         x = self.encoder_embed(x).permute(1, 0, 2)  # (T', N, d_model)
         lengths = subsampled_length(x_lens)
-        new_h: List[Tensor] = []
-        new_c: List[Tensor] = []
-        for i, layer in enumerate(self.layers):
-            layer_states = None if states is None else (states[0][i : i + 1], states[1][i : i + 1])
-            x, (h, c) = layer(x, layer_states, warmup=warmup)
-            new_h.append(h)
-            new_c.append(c)
-        return x.permute(1, 0, 2), lengths, (torch.cat(new_h, dim=0), torch.cat(new_c, dim=0))
+        x, new_states = self.encoder(x, states, warmup=warmup)
+        return x.permute(1, 0, 2), lengths, new_states
 
     def gradient_filters(self) -> List[Tuple[int, GradientFilter]]:
         """``[(layer_index, filter)]`` for the layers that have one (for logging)."""
         return [
-            (i, layer.lstm.grad_filter) for i, layer in enumerate(self.layers) if layer.lstm.grad_filter is not None
+            (i, layer.lstm.grad_filter)
+            for i, layer in enumerate(self.encoder.layers)
+            if layer.lstm.grad_filter is not None
         ]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from icefall_lite.nn.decoder import Decoder
-from icefall_lite.nn.encoder import EncoderStates, RNNEncoder
+from icefall_lite.nn.encoder import RNN, EncoderStates
 from icefall_lite.nn.joiner import Joiner
 from icefall_lite.nn.rnnt_loss import (
     do_rnnt_pruning,
@@ -53,7 +53,7 @@ class Transducer(nn.Module):
 
     def __init__(
         self,
-        encoder: RNNEncoder,
+        encoder: RNN,
         decoder: Decoder,
         joiner: Joiner,
         encoder_dim: int,
@@ -217,7 +217,7 @@ def build_transducer(
     :func:`add_model_arguments`; :func:`model_config_from_args` turns flags
     into these arguments and is the one place they are validated.
     """
-    encoder = RNNEncoder(
+    encoder = RNN(
         num_features=num_features,
         d_model=encoder_dim,
         dim_feedforward=dim_feedforward,

@@ -103,9 +103,12 @@ class ScaledConv2d(_ScaledConv, nn.Conv2d):
 
 
 class ScaledEmbedding(nn.Module):
-    """Embedding with weight ~ N(0, 0.1) and a log-scale initialised to log(10).
+    """Embedding with weight ~ N(0, 0.1) and a log-scale ``scale`` initialised to log(10).
 
-    ``padding_idx`` rows embed to zero and get no gradient.
+    The parameters are ``scale`` then ``weight``, in icefall's order. A
+    ``padding_idx`` row (none unless given; the transducer's decoder gives
+    none, so its blank row is learned, as icefall's) embeds to zero and gets
+    no gradient.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: Optional[int] = None) -> None:
@@ -113,8 +116,8 @@ class ScaledEmbedding(nn.Module):
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.padding_idx = padding_idx
-        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
         self.scale = nn.Parameter(torch.tensor(math.log(10.0)))
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
         with torch.no_grad():
             nn.init.normal_(self.weight, std=0.1)
             if padding_idx is not None:
@@ -129,6 +132,11 @@ class ScaledEmbedding(nn.Module):
 
 class ScaledLSTM(nn.LSTM):
     """Unidirectional ``nn.LSTM`` (optionally with projection) with one log-scale per flat weight.
+
+    The log-scale of flat weight ``<name>`` (``weight_ih_l0``, ...,
+    ``weight_hr_l0``) is the parameter ``<name>_scale``, registered after the
+    LSTM's own parameters, as in icefall's ``ScaledLSTM``; :meth:`scales` lists
+    them in the order of ``_flat_weights_names``.
 
     The effective flat weights are ``w * exp(s)``. When
     ``grad_filter_threshold > 0`` a :class:`GradientFilter` sees the input and
@@ -153,11 +161,13 @@ class ScaledLSTM(nn.LSTM):
             raise ValueError("ScaledLSTM takes (T, N, C) input; batch_first is not supported")
         super().__init__(*args, **kwargs)
         log_scale = math.log(initial_scale)
-        self._scales = nn.ParameterList([nn.Parameter(torch.tensor(log_scale)) for _ in self._flat_weights_names])
+        self._scale_names: List[str] = [f"{name}_scale" for name in self._flat_weights_names]
+        for scale_name in self._scale_names:
+            self.register_parameter(scale_name, nn.Parameter(torch.tensor(log_scale)))
         std = 0.1 / initial_speed
         bound = math.sqrt(3.0) * std
         with torch.no_grad():
-            for name, scale in zip(self._flat_weights_names, self._scales):
+            for name, scale in zip(self._flat_weights_names, self.scales()):
                 param = getattr(self, name)
                 if "weight" in name:
                     nn.init.uniform_(param, -bound, bound)
@@ -168,8 +178,12 @@ class ScaledLSTM(nn.LSTM):
             GradientFilter(batch_dim=1, threshold=grad_filter_threshold) if grad_filter_threshold > 0 else None
         )
 
+    def scales(self) -> List[nn.Parameter]:
+        """The log-scales ``<name>_scale``, in the order of ``_flat_weights_names``."""
+        return [getattr(self, name) for name in self._scale_names]
+
     def _flat_scaled_weights(self) -> List[Tensor]:
-        return [getattr(self, name) * scale.exp() for name, scale in zip(self._flat_weights_names, self._scales)]
+        return [getattr(self, name) * scale.exp() for name, scale in zip(self._flat_weights_names, self.scales())]
 
     def forward(
         self, input: Tensor, hx: Optional[Tuple[Tensor, Tensor]] = None

@@ -11,11 +11,15 @@ Checkpoint selection (as icefall's decode.py and export scripts):
 - ``use_averaged_model`` false: the element-wise mean of the ``model`` entries
   of ``epoch-(E-A+1).pt .. epoch-E.pt`` (or of the ``A`` newest
   ``checkpoint-<batch>.pt`` with batch <= I).
+- ``--checkpoint PATH`` (any file in icefall's format, e.g. icefall's
+  published ``pretrained.pt``, anywhere): its ``model`` entry as it is; the
+  flags above are not used.
 
 :func:`select_checkpoints` makes the :class:`CheckpointPlan`,
 :func:`averaged_state_dict` computes its weights, :func:`load_averaged_weights`
 does both and loads them into a model; :func:`checkpoint_suffix` is the
-``epoch-E-avg-A`` / ``iter-I-avg-A`` part of icefall's result and export file names.
+``epoch-E-avg-A`` / ``iter-I-avg-A`` (or, with ``--checkpoint``, the file's name) part of
+icefall's result and export file names.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -109,21 +113,36 @@ class CheckpointPlan:
 
     ``averaged_model``: the average between ``filenames[0]`` (excluded) and
     ``filenames[1]`` from their ``model_avg``; else the mean of the ``model``
-    entries of all ``filenames``.
+    entries of all ``filenames``. ``one_file``: ``--checkpoint``, the ``model``
+    entry of the one file.
     """
 
     filenames: List[Path]
     averaged_model: bool
+    one_file: bool = False
 
     def describe(self) -> str:
         """E.g. ``the averaged model from exp/epoch-5.pt (excluded) to exp/epoch-8.pt``."""
+        if self.one_file:
+            return f"the model of {self.filenames[0]}"
         if self.averaged_model:
             return f"the averaged model from {self.filenames[0]} (excluded) to {self.filenames[1]}"
         return "the average of " + ", ".join(str(f) for f in self.filenames)
 
 
-def checkpoint_suffix(epoch: int, iter: int, avg: int) -> str:
-    """icefall's file-name suffix: ``iter-<iter>-avg-<avg>`` when ``iter > 0``, else ``epoch-<epoch>-avg-<avg>``."""
+def checkpoint_file_suffix(checkpoint: PathLike) -> str:
+    """The file-name suffix of ``--checkpoint PATH``: the file's name without ``.pt``, characters other than
+    letters, digits, ``.``, ``_`` and ``-`` replaced by ``_`` (``exp/pretrained.pt`` -> ``pretrained``)."""
+    name = Path(checkpoint).name
+    stem = name[: -len(".pt")] if name.endswith(".pt") and len(name) > len(".pt") else name
+    return re.sub(r"[^A-Za-z0-9._-]", "_", stem)
+
+
+def checkpoint_suffix(epoch: int, iter: int, avg: int, checkpoint: Optional[PathLike] = None) -> str:
+    """icefall's file-name suffix: ``iter-<iter>-avg-<avg>`` when ``iter > 0``, else ``epoch-<epoch>-avg-<avg>``;
+    with ``checkpoint`` (``--checkpoint``), :func:`checkpoint_file_suffix` of it."""
+    if checkpoint is not None:
+        return checkpoint_file_suffix(checkpoint)
     return f"iter-{iter}-avg-{avg}" if iter > 0 else f"epoch-{epoch}-avg-{avg}"
 
 
@@ -266,9 +285,27 @@ def load_averaged_weights(
     return plan
 
 
+def load_checkpoint_weights(model: nn.Module, filename: PathLike, device: torch.device) -> CheckpointPlan:
+    """``--checkpoint``: load the ``model`` entry of one file (icefall's ``pretrained.pt`` or ``epoch-N.pt``,
+    or one written here) into ``model``, on ``device``.
+
+    Raises:
+      CheckpointError: a missing, truncated or foreign file, or weights of another architecture or size
+        (naming the first mismatched names).
+    """
+    plan = CheckpointPlan([Path(filename)], averaged_model=False, one_file=True)
+    logging.info(f"Loading {plan.describe()}")
+    state_dict = {k: v.to(device) for k, v in load_checkpoint_file(filename)["model"].items()}
+    load_state_dict_checked(model, state_dict, plan.describe())
+    return plan
+
+
 def load_weights_from_flags(model: nn.Module, flags: Mapping[str, Any], device: torch.device) -> CheckpointPlan:
-    """:func:`load_averaged_weights` of the checkpoint flags in ``flags`` (``exp_dir``, ``epoch``, ``iter``,
+    """:func:`load_checkpoint_weights` of ``flags["checkpoint"]`` when it is set, else
+    :func:`load_averaged_weights` of the checkpoint flags in ``flags`` (``exp_dir``, ``epoch``, ``iter``,
     ``avg``, ``use_averaged_model``; :mod:`icefall_lite.train.checkpoint_args`)."""
+    if flags.get("checkpoint") is not None:
+        return load_checkpoint_weights(model, flags["checkpoint"], device)
     return load_averaged_weights(
         model,
         flags["exp_dir"],

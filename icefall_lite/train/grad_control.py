@@ -139,7 +139,7 @@ class GradientControl:
         if self.error_clip <= 0:
             return
         clip = ErrorClipByValue(self.error_clip)
-        layers = unwrap(model).encoder.layers
+        layers = unwrap(model).encoder.encoder.layers
         for layer in layers:
             add_error_clip(layer, clip)
         logging.info(f"Error clip {clip} on the outputs of {len(layers)} encoder layers")

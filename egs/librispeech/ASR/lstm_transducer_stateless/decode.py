@@ -5,16 +5,16 @@
 Usage (from egs/librispeech/ASR, after train.py):
 
   # greedy search, averaged model between epoch-3.pt (excluded) and epoch-5.pt
-  ./lstm_transducer_stateless/decode.py --epoch 5 --avg 2 \
-      --exp-dir lstm_transducer_stateless/exp --bpe-model data/lang_bpe_500/bpe.model \
+  ./lstm_transducer_stateless/decode.py --epoch 5 --avg 2 \\
+      --exp-dir lstm_transducer_stateless/exp --bpe-model data/lang_bpe_500/bpe.model \\
       --decoding-method greedy_search
 
   # modified beam search
-  ./lstm_transducer_stateless/decode.py --epoch 5 --avg 2 \
+  ./lstm_transducer_stateless/decode.py --epoch 5 --avg 2 \\
       --decoding-method modified_beam_search --beam-size 4
 
   # fast beam search (one best, trivial graph)
-  ./lstm_transducer_stateless/decode.py --epoch 5 --avg 2 \
+  ./lstm_transducer_stateless/decode.py --epoch 5 --avg 2 \\
       --decoding-method fast_beam_search --beam 20.0 --max-contexts 8 --max-states 64
 
   # the averaged model over the batch checkpoints up to checkpoint-6000.pt
@@ -22,6 +22,11 @@ Usage (from egs/librispeech/ASR, after train.py):
 
   # any cut manifest, next to test-clean
   ./lstm_transducer_stateless/decode.py --test-sets test-clean data/fbank/my_cuts.jsonl.gz
+
+  # one model file anywhere, e.g. icefall's published lstm_transducer_stateless3 (README:
+  # "Using icefall's published model"); results in $D/exp/<method>/, suffix "pretrained-..."
+  ./lstm_transducer_stateless/decode.py --model-preset icefall --bpe-model $D/data/lang_bpe_500/bpe.model \\
+      --checkpoint $D/exp/pretrained.pt --exp-dir $D/exp --decoding-method modified_beam_search
 
 Checkpoint selection (as icefall; ``icefall_lite.train.checkpoint.select_checkpoints``):
 
@@ -33,6 +38,8 @@ Checkpoint selection (as icefall; ``icefall_lite.train.checkpoint.select_checkpo
 - ``--use-averaged-model false``: the element-wise mean of the ``model``
   entries of ``epoch-(E-A+1).pt .. epoch-E.pt`` (or of the ``A`` newest
   ``checkpoint-<batch>.pt`` with batch <= I).
+- ``--checkpoint PATH``: the ``model`` entry of that one file (icefall's
+  format), the flags above unused; the suffix starts with the file's name.
 
 Outputs go to ``<exp-dir>/<decoding-method>/``: ``recogs-<set>-<suffix>.txt``,
 ``errs-<set>-<suffix>.txt``, ``wer-summary-<set>-<suffix>.txt`` and

@@ -18,7 +18,9 @@ It writes into --output-dir (default: --exp-dir), as icefall's export-onnx.py:
   tokens.txt
 
 With --iter N the checkpoints are checkpoint-<batch>.pt (batch <= N) and the
-suffix is iter-N-avg-A. sherpa-onnx runs the files with its OnlineRecognizer
+suffix is iter-N-avg-A. With --checkpoint PATH (one model file anywhere, e.g.
+icefall's published exp/pretrained.pt with --model-preset icefall) the suffix
+is the file's name: encoder-pretrained.onnx, ... sherpa-onnx runs the files with its OnlineRecognizer
 (model_type "lstm" is streaming-only):
 
   recognizer = sherpa_onnx.OnlineRecognizer.from_transducer(
@@ -100,7 +102,7 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--decode-chunk-len must be a positive multiple of 4, got {args.decode_chunk_len}")
     if not args.bpe_model.is_file():
         parser.error(f"--bpe-model {args.bpe_model} does not exist; run prepare.sh (stage 4) first")
-    if not args.exp_dir.is_dir():
+    if args.checkpoint is None and not args.exp_dir.is_dir():
         parser.error(f"--exp-dir {args.exp_dir} does not exist; train first (train.py --exp-dir ...)")
     check_model_args(parser, args)
 
@@ -138,7 +140,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     logging.info(f"Number of model parameters: {count_parameters(model)}")
 
     exportable = build_exportable(model, decode_chunk_len=args.decode_chunk_len)
-    suffix = checkpoint_suffix(args.epoch, args.iter, args.avg)
+    suffix = checkpoint_suffix(args.epoch, args.iter, args.avg, args.checkpoint)
     files = export_transducer_onnx(exportable, output_dir, suffix, int8=args.int8)
     write_tokens_file(args.bpe_model, output_dir / "tokens.txt")
     check_onnx(exportable, files, args.int8)

@@ -10,8 +10,9 @@ Usage (from egs/librispeech/ASR, after export_onnx.py --epoch 5 --avg 2):
   ./lstm_transducer_stateless/sherpa_onnx_decode.py --epoch 5 --avg 2 \\
       --decoding-method modified_beam_search --beam-size 4 --int8 true
 
---epoch/--iter/--avg name the files as export_onnx.py did
-(``<onnx-dir>/encoder-epoch-5-avg-2.onnx``, ...; --onnx-dir defaults to
+--epoch/--iter/--avg (or --checkpoint) name the files as export_onnx.py did
+(``<onnx-dir>/encoder-epoch-5-avg-2.onnx``, or ``encoder-pretrained.onnx``
+for ``--checkpoint .../pretrained.pt``, ...; --onnx-dir defaults to
 --exp-dir). The audio of every cut (the recording in the cut manifest) goes
 to sherpa-onnx's OnlineRecognizer, which computes the fbank itself and runs
 the encoder chunk by chunk (model_type "lstm" is streaming-only in
@@ -80,6 +81,13 @@ def get_parser() -> argparse.ArgumentParser:
         "--avg", type=int, default=AVG, help=f"The --avg given to export_onnx.py (names the files). (default: {AVG})"
     )
     parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="The --checkpoint given to export_onnx.py: only its name is used, to name the files "
+        "(pretrained.pt -> encoder-pretrained.onnx, ...); --epoch/--iter/--avg are then not used. (default: none)",
+    )
+    parser.add_argument(
         "--exp-dir", type=Path, default=EXP_DIR, help=f"Results are written below it. (default: {EXP_DIR})"
     )
     parser.add_argument(
@@ -116,15 +124,16 @@ def get_parser() -> argparse.ArgumentParser:
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """argparse errors naming the flag for bad values or missing files; sets ``args.files``,
     ``args.tokens``, ``args.meta`` and ``args.test_set_paths``."""
-    validate_checkpoint_args(parser, args)
+    validate_checkpoint_args(parser, args, checkpoint_must_exist=False)
     check_positive(parser, args, ["beam_size", "num_threads", "num_streams"])
     onnx_dir = args.onnx_dir or args.exp_dir
-    args.files = onnx_filenames(onnx_dir, checkpoint_suffix(args.epoch, args.iter, args.avg), int8=args.int8)
+    suffix = checkpoint_suffix(args.epoch, args.iter, args.avg, args.checkpoint)
+    args.files = onnx_filenames(onnx_dir, suffix, int8=args.int8)
     args.tokens = onnx_dir / "tokens.txt"
     for path in [*args.files.values(), args.tokens]:
         if not path.is_file():
             parser.error(
-                f"{path} does not exist: run export_onnx.py with the same --epoch/--iter/--avg "
+                f"{path} does not exist: run export_onnx.py with the same --epoch/--iter/--avg or --checkpoint "
                 f"(and --output-dir {onnx_dir} if it is not --exp-dir), or pass --onnx-dir"
             )
     args.meta = StreamingMeta.from_metadata(*(read_meta_data(args.files[p]) for p in ("encoder", "decoder", "joiner")))

@@ -13,6 +13,10 @@ Usage (from egs/librispeech/ASR, after train.py):
   ./lstm_transducer_stateless/streaming_decode.py --epoch 5 --avg 2 \\
       --decoding-method modified_beam_search --beam-size 4
 
+  # icefall's published model (one file anywhere: --checkpoint; see decode.py)
+  ./lstm_transducer_stateless/streaming_decode.py --model-preset icefall \\
+      --bpe-model $D/data/lang_bpe_500/bpe.model --checkpoint $D/exp/pretrained.pt --exp-dir $D/exp
+
 The model runs through its streaming API (``Transducer.streaming_forward``,
 ``predict``, ``join``; the same modules export_onnx.py exports, without
 importing ONNX: ``icefall_lite.decoding.streaming.TorchStreamingModel``) as sherpa-onnx runs the
@@ -20,7 +24,8 @@ exported files (``icefall_lite.decoding.streaming.streaming_search``): the encod
 windows of ``T = decode_chunk_len + 5`` feature frames every
 ``decode_chunk_len`` frames with the h/c states of the previous window, and
 the search advances after every window. The initial decoder context is
-``context_size`` blanks, <unk> is treated as blank, one symbol per frame.
+sherpa-onnx's ``[-1] * (context_size - 1) + [blank]``, <unk> is treated as
+blank, one symbol per frame.
 Features are those of the cut manifests (as decode.py), with decode.py's 35
 tail frames of log(1e-10). The utterances of a batch (--max-duration) are
 decoded side by side, each with its own states.
