@@ -5,14 +5,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from lhotse import CutSet, load_manifest
-from test_train import TINY_MODEL, TRAIN, _batch_losses, _free_port, run_train
+from test_train import _batch_losses, _free_port, run_train, train_command
 
 from conftest import recipe_env, with_features
 from icefall_lite.ablation.tb_reader import read_scalars
@@ -21,26 +20,7 @@ from icefall_lite.train.checkpoint import load_checkpoint_file
 
 def _popen_train(work: Path, exp_dir: Path, stderr_path: Path, *extra: str) -> subprocess.Popen:
     """Start train.py; stderr goes to a file (a pipe nobody reads would fill up and block it)."""
-    args = [
-        sys.executable,
-        str(TRAIN),
-        "--exp-dir",
-        str(exp_dir),
-        "--bpe-model",
-        "data/lang_bpe_100/bpe.model",
-        "--max-duration",
-        "30",
-        "--num-workers",
-        "0",
-        "--num-epochs",
-        "1",
-        "--log-interval",
-        "1",
-        "--tensorboard",
-        "false",
-        *TINY_MODEL,
-        *extra,
-    ]
+    args = train_command(exp_dir, *extra)
     return subprocess.Popen(
         args,
         cwd=work,

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import List
 
 import pytest
 import sentencepiece as spm
@@ -50,27 +51,15 @@ def _load_train_module():
 train = _load_train_module()
 
 
+def train_command(exp_dir: Path, *extra: str) -> List[str]:
+    """train.py on the tiny corpus (run in its work dir) with the tiny model, one epoch, logging every batch."""
+    flags = "--bpe-model data/lang_bpe_100/bpe.model --max-duration 30 --num-workers 0 --num-epochs 1"
+    flags += " --log-interval 1 --tensorboard false"
+    return [sys.executable, str(TRAIN), "--exp-dir", str(exp_dir), *flags.split(), *TINY_MODEL, *extra]
+
+
 def run_train(work: Path, exp_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    args = [
-        sys.executable,
-        str(TRAIN),
-        "--exp-dir",
-        str(exp_dir),
-        "--bpe-model",
-        "data/lang_bpe_100/bpe.model",
-        "--max-duration",
-        "30",
-        "--num-workers",
-        "0",
-        "--num-epochs",
-        "1",
-        "--log-interval",
-        "1",
-        "--tensorboard",
-        "false",
-        *TINY_MODEL,
-        *extra,
-    ]
+    args = train_command(exp_dir, *extra)
     return subprocess.run(args, cwd=work, capture_output=True, text=True, env=recipe_env(), timeout=600)
 
 
