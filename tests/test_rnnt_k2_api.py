@@ -871,6 +871,25 @@ def test_signature_is_k2s(name):
     params = inspect.signature(getattr(k2api, name)).parameters
     assert [(p.name, p.default) for p in params.values()] == K2_SIGNATURES[name]
     assert name in k2api.__all__
-    import icefall_lite.rnnt_loss as entry  # the documented entry point re-exports it
 
-    assert getattr(entry, name) is getattr(k2api, name)
+
+@pytest.mark.parametrize("rnnt_type", ["regular", "modified"])
+def test_a_nan_sequence_leaves_the_others_untouched(rnnt_type):
+    """The recursion shares memory between neighbouring sequences; a NaN in one must not reach another
+    (k2 computes each sequence on its own): the others' losses and posteriors are bit-identical, its own NaN."""
+    import icefall_lite.nn.rnnt_loss as api
+
+    gen = torch.Generator().manual_seed(7)
+    B, T, S, V = 3, 12, 4, 9
+    am = torch.randn(B, T, V, generator=gen, dtype=torch.float64)
+    lm = torch.randn(B, S + 1, V, generator=gen, dtype=torch.float64)
+    symbols = torch.randint(1, V, (B, S), generator=gen)
+    boundary = torch.tensor([[0, 0, 4, 12], [0, 0, 3, 10], [0, 0, 2, 8]])
+    kw = dict(symbols=symbols, termination_symbol=0, boundary=boundary, rnnt_type=rnnt_type, reduction="none")
+    clean, (px_clean, py_clean) = api.rnnt_loss_simple(lm, am, return_grad=True, **kw)
+    am[1, 3, 2] = float("nan")
+    dirty, (px_dirty, py_dirty) = api.rnnt_loss_simple(lm, am, return_grad=True, **kw)
+    assert torch.isnan(dirty[1]) and torch.isnan(px_dirty[1]).all() and torch.isnan(py_dirty[1]).all()
+    for b in (0, 2):
+        assert torch.equal(dirty[b], clean[b])
+        assert torch.equal(px_dirty[b], px_clean[b]) and torch.equal(py_dirty[b], py_clean[b])

@@ -339,7 +339,11 @@ def _mutual_information(
       ``scores`` ``(B,)`` = ``p[b, s_end, t_end]``, and if ``with_grad``
       ``px_grad`` (shape of ``px``) = d score / d px and ``py_grad``
       ``(B, S+1, T)`` = d score / d py (else None, None).  Sequences with
-      score ``-inf`` get all-zero posteriors.
+      score ``-inf`` get all-zero posteriors.  A sequence with a NaN or
+      ``+inf`` arc gets a NaN score and NaN posteriors, and the others are
+      untouched: the recursion shares memory between neighbouring sequences
+      (their padding columns meet), so such a sequence runs with ``-inf``
+      arcs and is marked afterwards.
     """
     B, S, T1 = px.shape
     T = py.shape[2]
@@ -347,6 +351,9 @@ def _mutual_information(
     rows = _check_boundary(boundary, B, S, T)
     D = _num_steps(S, T, modified)
     device = px.device
+    broken = _broken_sequences(px, py)  # (B,) bool
+    px = px.masked_fill(broken.reshape(B, 1, 1), _NEG_INF)
+    py = py.masked_fill(broken.reshape(B, 1, 1), _NEG_INF)
 
     arcs = torch.full((D, 2, B, S + 3), _NEG_INF, dtype=_WORK_DTYPE, device=device)
     _to_steps(px, arcs, 0, modified)  # column S+1 stays -inf: there is no px row S
@@ -359,10 +366,21 @@ def _mutual_information(
     buf = _recursions(arcs, starts, ends, d_first, d_last, with_grad)
     end_step = boundary[:, 3] if modified else boundary[:, 2] + boundary[:, 3]
     scores = buf[end_step, 0, torch.arange(B, device=device), boundary[:, 2] + 1]  # (B,) float64
+    scores = scores.masked_fill(broken, float("nan"))
     if not with_grad:
         return scores.to(px.dtype), None, None
     px_grad, py_grad = _posteriors(buf, d_last, px, py, scores, modified)
+    nan = float("nan")
+    px_grad = px_grad.masked_fill(broken.reshape(B, 1, 1), nan)
+    py_grad = py_grad.masked_fill(broken.reshape(B, 1, 1), nan)
     return scores.to(px.dtype), px_grad, py_grad
+
+
+def _broken_sequences(px: Tensor, py: Tensor) -> Tensor:
+    """``(B,)`` True where a sequence has a NaN or ``+inf`` arc score."""
+    bad_px = (torch.isnan(px) | (px == float("inf"))).flatten(1).any(1)
+    bad_py = (torch.isnan(py) | (py == float("inf"))).flatten(1).any(1)
+    return bad_px | bad_py
 
 
 class _MutualInformationFunction(torch.autograd.Function):
