@@ -40,6 +40,7 @@ and described by ``SYNTHETIC.json`` (config ``{"corpus": "digits", ...}``), as
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -248,8 +249,9 @@ def plan_digits(size: DigitsSize, seed: int) -> corpus_lib.CorpusPlan:
 
 
 def digits_config(size_name: str, seed: int) -> dict:
-    """What identifies a built digits corpus (recorded in ``SYNTHETIC.json``)."""
-    return {"corpus": CORPUS_NAME, "size": size_name, "seed": seed, "params": asdict(DIGITS_SIZES[size_name])}
+    """What identifies a built digits corpus (recorded in ``SYNTHETIC.json``), as it reads back from JSON (lists, not tuples)."""
+    config = {"corpus": CORPUS_NAME, "size": size_name, "seed": seed, "params": asdict(DIGITS_SIZES[size_name])}
+    return json.loads(json.dumps(config))
 
 
 def _string_stats(plan: corpus_lib.CorpusPlan) -> Dict[str, dict]:
