@@ -5,6 +5,7 @@
 #   bash prepare.sh                         # synthetic corpus (~10 h train), all stages
 #   bash prepare.sh --size small            # the first 3 h of it (same dev/test parts)
 #   bash prepare.sh --size tiny             # a few dozen utterances (tests, CI)
+#   bash prepare.sh --corpus digits         # synthetic connected digits (11 words, ~3.3 h train)
 #   bash prepare.sh --corpus librispeech    # real LibriSpeech from OpenSLR
 #   bash prepare.sh --stage 2 --stop-stage 3
 #
@@ -12,7 +13,7 @@
 #   0: corpus -> $dl_dir/LibriSpeech  (synthesize, or download with lhotse)
 #   1: lhotse manifests -> data/manifests/librispeech_{recordings,supervisions}_<part>.jsonl.gz
 #   2: 80-dim fbank -> data/fbank/librispeech_cuts_<part>.jsonl.gz, then local/validate_manifest.py
-#   3: noise for mixing: synthetic: the noise corpus (MUSAN's stand-in) -> $dl_dir/noise,
+#   3: noise for mixing: synthetic, digits: the noise corpus (MUSAN's stand-in) -> $dl_dir/noise,
 #      data/fbank/noise_cuts.jsonl.gz; librispeech: MUSAN (downloaded with lhotse) -> $dl_dir/musan,
 #      data/fbank/musan_cuts.jsonl.gz
 #   4: BPE -> data/lang_bpe_<vocab_size>/{transcript_words.txt,bpe.model,tokens.txt}
@@ -27,11 +28,11 @@ set -eou pipefail
 
 stage=0
 stop_stage=4
-corpus=synthetic        # synthetic | librispeech
-size=default            # default | small | tiny (synthetic corpus only)
+corpus=synthetic        # synthetic | digits | librispeech
+size=default            # default | small | tiny (synthetic); default | tiny (digits)
 work_dir=""             # where data/ and download/ go (default: this folder)
 dl_dir=""               # default: $work_dir/download
-vocab_size=""           # default: 100 for the synthetic corpus (2,000 words), 500 for LibriSpeech
+vocab_size=""           # default: 100 for the synthetic corpus (2,000 words), 30 for digits (11 words), 500 for LibriSpeech
 nj=""                   # default: all cores
 seed=42                 # synthetic corpus and noise
 full_libri=false        # librispeech: also train-clean-360 and train-other-500
@@ -49,9 +50,9 @@ log() {
 }
 
 usage() {
-  sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "Options (default): --stage ($stage) --stop-stage ($stop_stage) --corpus ($corpus)"
-  echo "  --size ($size) --work-dir (recipe dir) --dl-dir (WORK_DIR/download) --vocab-size (100 synthetic, 500 librispeech)"
+  echo "  --size ($size) --work-dir (recipe dir) --dl-dir (WORK_DIR/download) --vocab-size (100 synthetic, 30 digits, 500 librispeech)"
   echo "  --nj (all cores) --seed ($seed) --full-libri ($full_libri) --perturb-speed (auto)"
   echo "  --librispeech-url ($librispeech_url) --musan-url ($musan_url)"
 }
@@ -73,8 +74,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-case "$corpus" in synthetic|librispeech) ;; *) echo "prepare.sh: --corpus must be synthetic or librispeech" >&2; exit 2 ;; esac
-case "$size" in default|small|tiny) ;; *) echo "prepare.sh: --size must be default, small or tiny" >&2; exit 2 ;; esac
+case "$corpus" in synthetic|digits|librispeech) ;; *) echo "prepare.sh: --corpus must be synthetic, digits or librispeech" >&2; exit 2 ;; esac
+if [ "$corpus" = digits ]; then
+  case "$size" in default|tiny) ;; *) echo "prepare.sh: --size must be default or tiny with --corpus digits" >&2; exit 2 ;; esac
+else
+  case "$size" in default|small|tiny) ;; *) echo "prepare.sh: --size must be default, small or tiny" >&2; exit 2 ;; esac
+fi
 
 work_dir=${work_dir:-$recipe_dir}
 mkdir -p "$work_dir"
@@ -84,7 +89,7 @@ mkdir -p "$dl_dir"
 dl_dir=$(cd "$dl_dir" && pwd)  # absolute, as icefall's $PWD/download: audio paths in manifests stay valid
 nj=${nj:-$(nproc)}
 if [ -z "$vocab_size" ]; then
-  if [ "$corpus" = synthetic ]; then vocab_size=100; else vocab_size=500; fi
+  case "$corpus" in synthetic) vocab_size=100 ;; digits) vocab_size=30 ;; *) vocab_size=500 ;; esac
 fi
 if [ -z "$perturb_speed" ]; then
   if [ "$corpus" = librispeech ]; then perturb_speed=true; else perturb_speed=false; fi
@@ -125,8 +130,8 @@ run_stage() {
 }
 
 if run_stage 0 "" "get the $corpus corpus into $dl_dir/LibriSpeech"; then
-  if [ "$corpus" = synthetic ]; then
-    "$PYTHON" "$local_dir/synthesize_corpus.py" --dl-dir "$dl_dir" --size "$size" --seed "$seed" --nj "$nj"
+  if [ "$corpus" != librispeech ]; then
+    "$PYTHON" "$local_dir/synthesize_corpus.py" --dl-dir "$dl_dir" --corpus "$corpus" --size "$size" --seed "$seed" --nj "$nj"
   else
     # shellcheck disable=SC2086
     "$PYTHON" "$local_dir/download_librispeech.py" --dl-dir "$dl_dir" --parts $parts --base-url "$librispeech_url"

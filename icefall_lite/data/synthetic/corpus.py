@@ -111,6 +111,14 @@ class Utterance:
         speaker, chapter, _ = self.utt_id.split("-")
         return Path(self.part) / speaker / chapter / f"{self.utt_id}.flac"
 
+    def speech(self) -> np.ndarray:
+        """The clean speech of this utterance (before noise and peak): ``text`` read by ``voice``.
+
+        Subclasses that read their text in pieces override it
+        (:class:`icefall_lite.data.synthetic.digits.DigitUtterance`).
+        """
+        return tts.synthesize(self.voice, self.text)
+
 
 @dataclass
 class CorpusPlan:
@@ -329,7 +337,7 @@ def render_utterance(job: Tuple[Utterance, Path]) -> Tuple[str, float, str]:
     """
     utt, root = job
     try:
-        samples = tts.synthesize(utt.voice, utt.text)
+        samples = utt.speech()
         rng = np.random.default_rng(utt.seed)
         if utt.noise is not None:
             noise = _noise_for(utt, samples.size, rng)
@@ -367,12 +375,28 @@ def built_config(corpus_dir: Path) -> dict:
     return json.loads((corpus_dir / MARKER).read_text())["config"]
 
 
+def describe_config(config: dict) -> str:
+    """``size=<size> seed=<seed>``, preceded by ``corpus=<name>`` for a corpus other than the fortune one."""
+    corpus = f"corpus={config['corpus']} " if "corpus" in config else ""
+    return f"{corpus}size={config['size']} seed={config['seed']}"
+
+
 def existing_corpus(corpus_dir: Path, size_name: str, seed: int) -> bool:
     """True when ``corpus_dir`` already holds this synthetic corpus.
 
     Raises:
         FileExistsError: ``corpus_dir`` holds something else (another size or
             seed, or a real LibriSpeech); the message says what to remove.
+    """
+    return existing_config(corpus_dir, corpus_config(size_name, seed))
+
+
+def existing_config(corpus_dir: Path, wanted: dict) -> bool:
+    """True when ``corpus_dir`` already holds the synthetic corpus whose marker records ``wanted``.
+
+    Raises:
+        FileExistsError: ``corpus_dir`` holds something else (another corpus,
+            size or seed, or a real LibriSpeech); the message says what to remove.
     """
     if not corpus_dir.exists():
         return False
@@ -383,11 +407,10 @@ def existing_corpus(corpus_dir: Path, size_name: str, seed: int) -> bool:
             f"refusing to write into it. Use another --dl-dir or remove it."
         )
     built = built_config(corpus_dir)
-    wanted = corpus_config(size_name, seed)
     if built != wanted:
         raise FileExistsError(
-            f"{corpus_dir} was built with size={built['size']} seed={built['seed']}, "
-            f"not size={size_name} seed={seed}. Remove {corpus_dir} and the data/ "
+            f"{corpus_dir} was built with {describe_config(built)}, "
+            f"not {describe_config(wanted)}. Remove {corpus_dir} and the data/ "
             f"outputs made from it (data/manifests, data/fbank, data/lang_bpe_*) to rebuild."
         )
     return True
@@ -397,18 +420,24 @@ def _part_stats(utts: Sequence[Utterance], seconds: Dict[str, float]) -> Dict[st
     stats: Dict[str, dict] = {}
     for part in PARTS:
         done = [u for u in utts if u.part == part and u.utt_id in seconds]
+        durations = [seconds[u.utt_id] for u in done]
         stats[part] = {
             "utterances": len(done),
-            "hours": round(sum(seconds[u.utt_id] for u in done) / 3600.0, 4),
+            "hours": round(sum(durations) / 3600.0, 4),
             "speakers": len({u.voice for u in done}),
+            "seconds_min_mean_max": [round(f(durations), 2) for f in (min, np.mean, max)] if durations else [],
         }
     return stats
 
 
 def _write_corpus_tree(
-    root: Path, plan: CorpusPlan, size: CorpusSize, size_name: str, seed: int, num_jobs: int
+    root: Path, plan: CorpusPlan, size, config: dict, num_jobs: int, extra_info: Optional[dict] = None
 ) -> Dict[str, dict]:
-    """Synthesize ``plan`` into ``root`` (audio, transcripts, ``.completed`` and the marker); per-part stats."""
+    """Synthesize ``plan`` into ``root`` (audio, transcripts, ``.completed`` and the marker); per-part stats.
+
+    ``size`` gives the babble material (``babble_seconds``, ``babble_talkers``);
+    the marker records ``config`` (what :func:`existing_config` compares) and ``extra_info``.
+    """
     bank = make_babble_bank(plan, size, num_jobs)
     jobs = [(u, root) for u in plan.utterances]
     seconds: Dict[str, float] = {}
@@ -429,11 +458,12 @@ def _write_corpus_tree(
         (root / part).mkdir(exist_ok=True)
         (root / part / ".completed").touch()
     info = {
-        "config": corpus_config(size_name, seed),
+        "config": config,
         "parts": stats,
         "other_snr_db": list(OTHER_SNR_RANGE),
         "oov": {p: {"oov_words": a, "words": b} for p, (a, b) in plan.oov.items()},
         "failed_utterances": failures,
+        **(extra_info or {}),
     }
     (root / MARKER).write_text(json.dumps(info, indent=2))
     return stats
@@ -452,7 +482,7 @@ def build_corpus(dl_dir: Path, size_name: str = "default", seed: int = 42, num_j
     logging.info(f"planned {len(plan.utterances)} utterances (size={size_name}, seed={seed}, {num_jobs} jobs)")
     with atomic_output(corpus_dir) as partial:
         partial.mkdir()
-        stats = _write_corpus_tree(partial, plan, size, size_name, seed, num_jobs)
+        stats = _write_corpus_tree(partial, plan, size, corpus_config(size_name, seed), num_jobs)
     for part, s in stats.items():
         logging.info(f"{part}: {s['utterances']} utterances, {s['hours']:.3f} h, {s['speakers']} speakers")
     logging.info(f"corpus written to {corpus_dir} in {time.time() - start:.1f} s")
