@@ -19,10 +19,11 @@ test: setup
 demo: setup
 	. $(VENV)/bin/activate && bash egs/librispeech/ASR/demo.sh
 
-# Gradient-control ablation: 9 arms x 3 seeds on the stress condition -> RESULTS.md + PNG plots
-# (resumable: a rerun skips finished runs; RESULTS.md gives the measured time).
+# Gradient-control ablation, the primary set: 5 arms x 5 seeds on connected digits + 10 replayed outlier
+# events -> RESULTS.md, ablation-runs/ (run summaries) and PNG plots (about 3 h on 2 cores; resumable: a rerun
+# skips finished runs). The secondary set: ablation.py --set secondary.
 ablation: setup
-	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh && python lstm_transducer_stateless/ablation.py
+	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh --corpus digits --work-dir digits && python lstm_transducer_stateless/ablation.py
 
 # The six benchmarks (loss, scaling, filter overhead, training throughput,
 # decoding vs sherpa-onnx, the loss recursion before/after fusing); rewrites benchmarks/RESULTS.md. Decoding uses the

@@ -1,10 +1,12 @@
-"""The gradient-control ablation: its statistics (spikes, divergence, spread over seeds, per-layer outliers,
-which differences are beyond the spread) against hand-worked series, the arms' train.py flags, and
-lstm_transducer_stateless/ablation.py end to end on the tiny corpus (RESULTS.md table checked against the
-wer-summary files, checkpoints and raw TensorBoard events it came from; the observing filter; plots; a rerun
-that skips finished runs and resumes a cut-off one; a rerun with other settings refused)."""
+"""The gradient-control ablation: its statistics (spikes after warm-up, divergence, spread over seeds,
+per-layer outliers, paired differences with Holm's adjustment) against hand-worked series and closed forms,
+the arms' train.py flags, and lstm_transducer_stateless/ablation.py end to end on the tiny corpus (RESULTS.md
+table checked against the wer-summary files, checkpoints and raw TensorBoard events it came from; the
+observing filter; plots; a rerun that skips finished runs and resumes a cut-off one; a rerun with other
+settings refused; a replayed event whose two branches see the same batches)."""
 
 import importlib.util
+import json
 import math
 import re
 import shlex
@@ -25,17 +27,28 @@ from tensorboard.backend.event_processing.event_file_loader import LegacyEventFi
 from test_train import TINY_MODEL
 
 from conftest import RECIPE, recipe_env
-from icefall_lite.ablation.arms import OBSERVE, Arm, Plan, RunKey, Thresholds, make_arms, seeds_of, select
+from icefall_lite.ablation.arms import (
+    CONDITIONS,
+    OBSERVE,
+    Arm,
+    Plan,
+    RunKey,
+    Thresholds,
+    make_arms,
+    seeds_of,
+    select,
+)
+from icefall_lite.ablation.replay import Event, ReplayKey, ReplayResult, choose_replays
 from icefall_lite.ablation.report import (
     RunResult,
     Spread,
-    comparisons,
     diverged,
-    first_outlier_layer,
     format_table,
     loss_spikes,
     outlier_rows,
-    separated,
+    outlier_steps,
+    paired_comparisons,
+    read_summary,
     steps_filtered,
 )
 from icefall_lite.nn.scaling import ScaledLSTM
@@ -46,7 +59,8 @@ ABLATION = RECIPE / "lstm_transducer_stateless" / "ablation.py"
 ARMS = ["none", "filter", "value"]  # the tiny run's arms, in table order
 SEEDS = [42, 43]
 STEPS = 6
-CUT_OFF = RunKey("default", "filter", 43)
+WARM = 1  # --model-warm-step of the tiny runs: full loss weights from step 2
+CUT_OFF = RunKey("digits", "filter", 43)
 
 
 # --------------------------------------------------------------------------
@@ -54,16 +68,17 @@ CUT_OFF = RunKey("default", "filter", 43)
 # --------------------------------------------------------------------------
 
 
-def test_loss_spikes_counts_steps_above_twice_the_median_before():
-    steady = [(i, 1.0 + 0.01 * (i % 3)) for i in range(60)]
-    assert loss_spikes(steady, window=50) == 0
-    spiky = list(steady)
-    spiky[55] = (55, 2.5)  # median of the 50 before is 1.01: 2.5 > 2.02
-    spiky[57] = (57, 2.0)  # 2.0 < 2.02: not a spike
-    spiky[58] = (58, float("nan"))
-    assert loss_spikes(spiky, window=50) == 2
-    early = [(0, 1.0), (1, 100.0)] + [(i, 1.0) for i in range(2, 60)]
-    assert loss_spikes(early, window=50) == 0, "no spikes before a full window"
+def test_loss_spikes_count_after_warm_up_against_the_median_before():
+    steady = [(i, 1.0 + 0.01 * (i % 3)) for i in range(1, 81)]
+    assert loss_spikes(steady, start=20) == 0
+    spiky = dict(steady)
+    spiky[10] = 50.0  # before the end of warm-up: not counted, and not in any window
+    spiky[25] = 9.0  # only 4 steps after warm-up before it (fewer than 10): not counted
+    spiky[55] = 2.5  # median of the (up to 50) steps after warm-up before it is 1.01: 2.5 > 2.02
+    spiky[57] = 2.0  # 2.0 < 2.02: not a spike
+    spiky[58] = float("nan")
+    assert loss_spikes(sorted(spiky.items()), start=20, window=50) == 2
+    assert loss_spikes(sorted(spiky.items()), start=0, window=50) == 3, "from step 1: step 25 counts too"
 
 
 def test_diverged_compares_the_last_window_with_the_lowest():
@@ -77,18 +92,17 @@ def test_diverged_compares_the_last_window_with_the_lowest():
     assert diverged(falling[:10] + [(10, float("inf"))], 0, window=20)
 
 
-def test_spread_and_separation():
+def test_spread():
     s = Spread.of([1.0, 2.0, 4.0, float("nan")])
     assert (s.mean, s.low, s.high, s.n) == (statistics.mean([1, 2, 4]), 1.0, 4.0, 3)
     assert s.std == pytest.approx(statistics.stdev([1.0, 2.0, 4.0]), rel=1e-12)
     assert s.cell(2) == "2.33 ± 1.53"
     assert Spread.of([5.0]).cell(2) == "5.00" and Spread.of([]).cell(2) == "-"
-    assert separated(Spread.of([1.0, 2.0, 1.5]), Spread.of([2.5, 3.0, 2.7]))
-    assert not separated(Spread.of([1.0, 2.6, 1.5]), Spread.of([2.5, 3.0, 2.7])), "overlapping ranges"
-    assert not separated(Spread.of([1.0, 2.0]), Spread.of([2.5, 3.0])), "two seeds are not enough"
 
 
-def _run(arm: str, seed: int, wer_clean: float, ratios: Dict[int, List[float]], fractions=None) -> RunResult:
+def _run(
+    arm: str, seed: int, wer_clean: float, ratios: Dict[int, List[float]], fractions=None, warm_end: int = 0
+) -> RunResult:
     """A finished run made by hand: per-layer max/median ratios per step, optional fraction filtered."""
     filters = {}
     for layer, xs in ratios.items():
@@ -102,7 +116,7 @@ def _run(arm: str, seed: int, wer_clean: float, ratios: Dict[int, List[float]], 
         "valid_loss": [(steps, 0.5 + wer_clean / 1000)],
     }
     wer = {("greedy_search", "test-clean"): wer_clean, ("greedy_search", "test-other"): wer_clean + 10}
-    return RunResult(RunKey("stress", arm, seed), wer, scalars, filters)
+    return RunResult(RunKey("stress", arm, seed), wer, scalars, filters, warm_end=warm_end)
 
 
 def test_outlier_rows_per_layer_top_first():
@@ -119,9 +133,17 @@ def test_outlier_rows_per_layer_top_first():
     # layer 0: 1 30 2 2 2 2 11 2 -> above 5: 2, above 10: 2, above 25: 1; nearest-rank 99th percentile: 30
     assert (bottom["over 5"], bottom["over 10"], bottom["over 25"]) == (25.0, 25.0, 12.5)
     assert bottom["p99"] == 30 and bottom["median"] == 2
-    assert first_outlier_layer(rows, 5) == 1
-    assert first_outlier_layer(rows, 25) == 0
-    assert first_outlier_layer(rows, 100) is None
+    # From warm_end 3 on, layer 0 has 2, 2 (seed 1) and 11, 2 (seed 2): above 10: 1 of 4, max 11.
+    late = [
+        _run("none", 1, 50.0, {0: [1, 30, 2, 2], 1: [1, 6, 1, 1]}, warm_end=3),
+        _run("none", 2, 50.0, {0: [2, 2, 11, 2], 1: [12, 1, 1, 1]}, warm_end=3),
+    ]
+    bottom_late = outlier_rows(late, [10])[1]
+    assert (bottom_late["over 10"], bottom_late["max"]) == (25.0, 11)
+    # Steps after warm-up with some layer over 25x: 30x at step 2 counts from warm_end 2 (1 of steps 2-4),
+    # not from 3.
+    assert outlier_steps(late[0]) == 0.0
+    assert outlier_steps(_run("none", 1, 50.0, {0: [1, 30, 2, 2], 1: [1, 6, 1, 1]}, warm_end=2)) == 1 / 3
 
 
 def test_steps_filtered_counts_steps_where_any_layer_filtered():
@@ -135,20 +157,72 @@ def test_steps_filtered_counts_steps_where_any_layer_filtered():
     assert steps_filtered(r) == 0.5
 
 
-def test_comparisons_call_real_only_separated_ranges():
+def _t_cdf_df2(t: float) -> float:
+    """Student's t CDF with 2 degrees of freedom, in closed form."""
+    return 0.5 + t / (2 * math.sqrt(2 + t * t))
+
+
+def test_paired_comparisons_per_seed_with_holm():
     arms = {a.name: a for a in make_arms(Thresholds())}
     flat = {0: [1.0] * 4}
     runs = (
         [_run("none", s, w, flat) for s, w in ((1, 60.0), (2, 62.0), (3, 61.0))]
-        + [_run("filter", s, w, flat) for s, w in ((1, 50.0), (2, 52.0), (3, 51.0))]
+        + [_run("filter", s, w, flat) for s, w in ((1, 50.0), (2, 52.0), (3, 51.5))]
         + [_run("clip", s, w, flat) for s, w in ((1, 59.0), (2, 63.0), (3, 61.5))]
+        + [_run("agc", s, w, flat) for s, w in ((1, 58.0), (2, 61.0))]
     )
-    lines = comparisons(runs, arms, ["greedy_search"])
-    (filter_line,) = [line for line in lines if "GradientFilter 25 vs" in line]
-    assert "greedy test-clean -10.00" in filter_line and "greedy test-other -10.00" in filter_line
-    assert "beyond the seed spread: greedy test-clean (better), greedy test-other (better)" in filter_line
-    (clip_line,) = [line for line in lines if line.startswith("stress: clip_grad_norm 5 vs")]
-    assert "greedy test-clean +0.17" in clip_line and "no difference beyond the seed spread" in clip_line
+    cs = {(c.arm, c.metric.header): c for c in paired_comparisons(runs, ["greedy_search"])}
+    f = cs[("filter", "greedy test-clean")]
+    assert f.per_seed == {1: -10.0, 2: -10.0, 3: -9.5}
+    diffs = [-10.0, -10.0, -9.5]
+    mean, sem = statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(3)
+    t = abs(mean) / sem
+    assert f.difference.mean == pytest.approx(mean, abs=1e-12)
+    assert f.difference.p == pytest.approx(2 * (1 - _t_cdf_df2(t)), rel=1e-9)
+    # t(0.975, df 2) = 4.302652729696 (tables)
+    assert f.difference.high - f.difference.mean == pytest.approx(4.302652729696 * sem, rel=1e-9)
+    c = cs[("clip", "greedy test-other")]
+    clip_p = 2 * (
+        1 - _t_cdf_df2(abs(statistics.mean([-1.0, 1.0, 0.5])) / (statistics.stdev([-1.0, 1.0, 0.5]) / 3**0.5))
+    )
+    assert c.difference.p == pytest.approx(clip_p, rel=1e-9)
+    # The family: the four WER comparisons with 3 seeds (agc has 2: outside). Holm: sorted p x (4, 3, 2, 1),
+    # running maximum, capped at 1.
+    fp = f.difference.p
+    assert f.holm_p == pytest.approx(4 * fp, rel=1e-9)
+    assert cs[("filter", "greedy test-other")].holm_p == pytest.approx(4 * fp, rel=1e-9), "running maximum"
+    assert c.holm_p == pytest.approx(min(1.0, 2 * clip_p), rel=1e-9)
+    assert not cs[("agc", "greedy test-clean")].in_family and math.isnan(cs[("agc", "greedy test-clean")].holm_p)
+    assert math.isnan(cs[("filter", "valid loss")].holm_p), "losses are reported, not in the WER family"
+    assert arms["filter"].label == "GradientFilter 25"
+
+
+def test_runs_and_replays_survive_their_summaries(tmp_path):
+    from icefall_lite.ablation.report import write_summary
+
+    r = _run("none", 7, 12.3456789, {0: [1.0, 30.0, 2.0, float("inf")], 1: [1.0, 2.0, 3.0, 4.0]}, warm_end=2)
+    r.scalars["exp_avg_sq_jump"] = [(3, 55.76123456)]
+    write_summary(tmp_path, r)
+    back = read_summary(tmp_path, r.key)
+    assert back.key == r.key and back.warm_end == 2 and back.wer == r.wer
+    assert back.filter_series(0, "max_over_median")[1] == (2, 30.0)
+    assert math.isinf(back.filter_series(0, "max_over_median")[3][1])
+    assert back.series("exp_avg_sq_jump") == [(3, pytest.approx(55.76123, rel=1e-7))]
+    assert read_summary(tmp_path, RunKey("stress", "none", 8)) is None
+
+
+def test_replays_start_at_the_checkpoint_before_the_largest_events():
+    # Events (max over layers > 25) after warm-up (step > 4): steps 6 (40x, layer 1), 7 (30x), 13 (26x), 21 (90x);
+    # step 3's 100x is before warm-up. With checkpoints every 5 steps: intervals (5, 10] (largest: step 6),
+    # (10, 15] and (20, 25].
+    ratios0 = [1.0] * 25
+    ratios1 = [1.0] * 25
+    ratios0[2] = 100.0
+    ratios1[5], ratios0[6], ratios0[12], ratios1[20] = 40.0, 30.0, 26.0, 90.0
+    r = _run("none", 1, 10.0, {0: ratios0, 1: ratios1}, warm_end=4)
+    assert choose_replays(r, 25.0, 5, 2) == [(5, Event(6, 1, 40.0)), (20, Event(21, 1, 90.0))]
+    assert [start for start, _ in choose_replays(r, 25.0, 5, 5)] == [5, 10, 20]
+    assert choose_replays(r, 100.0, 5, 5) == []
 
 
 def test_format_table_cells():
@@ -183,6 +257,7 @@ def test_arms_set_every_control_and_switch_the_others_off():
         "clip",
         "filter",
         "filter-clip",
+        "clip-relative",
         "filter-10",
         "filter-5",
         "agc",
@@ -205,6 +280,7 @@ def test_arms_set_every_control_and_switch_the_others_off():
     assert flags("none") == off
     assert flags("filter-clip")["--grad-filter-threshold"] == "25" and flags("filter-clip")["--clip-grad-norm"] == "5"
     assert flags("filter-5")["--grad-filter-threshold"] == "5" and flags("filter-5")["--clip-grad-norm"] == "0"
+    assert flags("clip-relative") == {**off, "--clip-grad-norm-relative": "2"}
     assert flags("agc") == {**off, "--agc-clipping": "0.08"}
     assert flags("value") == {**off, "--clip-grad-value": "0.1"}
     assert flags("error-clip")["--error-clip"] == "0.0001" and flags("error-clip")["--clip-grad-norm"] == "0"
@@ -301,7 +377,7 @@ def ablation_args(work: Path, out: Path, *extra: str) -> List[str]:
         "--results-dir",
         str(out / "results"),
         "--conditions",
-        "default",
+        "digits",
         "--arms",
         *ARMS,
         "--num-seeds",
@@ -310,6 +386,10 @@ def ablation_args(work: Path, out: Path, *extra: str) -> List[str]:
         str(STEPS),
         "--max-duration",
         "30",
+        "--model-warm-step",
+        str(WARM),
+        "--replays-per-seed",
+        "0",
         "--save-every-n",
         "3",
         "--clip-value",
@@ -365,6 +445,7 @@ def ablation(tiny_data, tmp_path_factory):
             "--keep-last-k",
             "1",
             *Arm("filter", "", filter_threshold=25).train_flags(),
+            *("--model-warm-step", str(WARM), *CONDITIONS["digits"].train_flags),
             *TINY_MODEL,
         ],
         cwd=tiny_data,
@@ -374,8 +455,9 @@ def ablation(tiny_data, tmp_path_factory):
         timeout=300,
     )
     assert partial.returncode == 0, partial.stderr[-3000:]
-    for name in (f"checkpoint-{STEPS}.pt", "ablation-trained.json", "ablation-done.json"):
+    for name in (f"checkpoint-{STEPS}.pt", "ablation-trained.json"):
         (cut_off / name).unlink()
+    (out / "results" / "ablation-runs" / f"{CUT_OFF.relpath}.json").unlink()
     shutil.rmtree(cut_off / "greedy_search")
     shutil.copy(out / "partial" / "checkpoint-3.pt", cut_off / "checkpoint-3.pt")
     before = file_state(out / "exp")
@@ -399,8 +481,8 @@ def test_table_rows_are_mean_and_spread_of_their_sources(ablation):
     assert [r[1] for r in rows] == ["no control (filter observing)", "GradientFilter 25", "clip by value 0.01"]
     for row, arm in zip(rows, ARMS):
         cell = dict(zip(header, row))
-        assert cell["condition"] == "default" and cell["seeds"] == "42, 43" and cell["steps"] == str(STEPS)
-        dirs = [out / "exp" / "default" / arm / f"seed-{s}" for s in SEEDS]
+        assert cell["condition"] == "digits" and cell["seeds"] == "42, 43" and cell["steps"] == str(STEPS)
+        dirs = [out / "exp" / "digits" / arm / f"seed-{s}" for s in SEEDS]
         for test_set in ("test-clean", "test-other"):
             wers = [wer_from_summary(d / "greedy_search", test_set) for d in dirs]
             assert cell[f"greedy {test_set}"] == f"{statistics.mean(wers):.2f} ± {statistics.stdev(wers):.2f}"
@@ -424,7 +506,7 @@ def test_arms_train_what_they_say_and_the_observer_never_filters(ablation):
     expected = {"none": ("inf", "0.0", "0.0"), "filter": ("25.0", "0.0", "0.0"), "value": ("inf", "0.01", "0.0")}
     for arm, (threshold, value, clip) in expected.items():
         for seed in SEEDS:
-            run_dir = out / "exp" / "default" / arm / f"seed-{seed}"
+            run_dir = out / "exp" / "digits" / arm / f"seed-{seed}"
             log = train_log(run_dir)
             assert re.search(rf"^\s+grad_filter_threshold: {threshold}$", log, re.M), (arm, log[:2000])
             assert re.search(rf"^\s+clip_grad_value: {value}$", log, re.M)
@@ -439,7 +521,7 @@ def test_arms_train_what_they_say_and_the_observer_never_filters(ablation):
                 assert set(scales.values()) == {1.0}
     # Seeds differ; arms with the same seed start from the same weights and the same first batch.
     first_loss = {
-        (arm, s): raw_scalars(out / "exp" / "default" / arm / f"seed-{s}" / "tensorboard", "train/loss")[1]
+        (arm, s): raw_scalars(out / "exp" / "digits" / arm / f"seed-{s}" / "tensorboard", "train/loss")[1]
         for arm in ARMS
         for s in SEEDS
     }
@@ -452,20 +534,22 @@ def test_results_md_sections_commands_and_plots(ablation):
     text = (results / "RESULTS.md").read_text()
     assert re.search(r"Date: \d{4}-\d{2}-\d{2}\.", text)
     assert "./lstm_transducer_stateless/ablation.py --work-dir" in text
-    assert "### Where the outliers arise (default, arm `none`" in text
+    assert "### Where the outliers arise (digits, arm `none`" in text
     assert (
         "| layer | max/median: median | 99th percentile | max | % steps over 5 | % steps over 10 | % steps over 25 |"
         in text
     )
     assert "icefall's own ablation" in text and "3.79 / 9.71" in text
-    assert re.search(r"- default: GradientFilter 25 vs no control \(filter observing\): greedy test-clean [+-]", text)
+    assert re.search(r"- digits: GradientFilter 25 minus none: greedy test-clean [+-]", text)
+    assert "fewer than 3 paired seeds: descriptive only" in text
     commands = text.split("<summary>Every command")[1]
     assert commands.count("lstm_transducer_stateless/train.py") == len(ARMS) * len(SEEDS)
     assert commands.count("--iter 6 --avg 1 --use-averaged-model false") == len(ARMS) * len(SEEDS)
+    assert commands.count("(cd ") == 2 * len(ARMS) * len(SEEDS), "run in the data folder, shown from the recipe"
     images = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text)
     assert images == [
-        f"ablation-default-{k}.png"
-        for k in ("grad-norm", "max-over-median", "over-threshold", "filter-fraction", "train-loss")
+        f"ablation-digits-{k}.png"
+        for k in ("grad-norm", "max-over-median", "over-threshold", "filter-fraction", "train-loss", "wer-per-seed")
     ]
     for name in images:
         width, height = png_size(results / name)
@@ -484,12 +568,13 @@ def test_outlier_table_from_the_observing_runs_raw_events(ablation):
         ratios = [
             v
             for s in SEEDS
-            for v in raw_scalars(
-                out / "exp" / "default" / "none" / f"seed-{s}" / "tensorboard",
+            for step, v in raw_scalars(
+                out / "exp" / "digits" / "none" / f"seed-{s}" / "tensorboard",
                 f"grad_filter/layer{layer}/max_over_median",
-            ).values()
+            ).items()
+            if step >= 2 * WARM
         ]
-        assert len(ratios) == STEPS * len(SEEDS)
+        assert len(ratios) == (STEPS - 2 * WARM + 1) * len(SEEDS)
         assert float(cells[3]) == pytest.approx(max(ratios), abs=0.051)
         for threshold, cell in zip((5, 10, 25), cells[4:]):
             assert cell == f"{100 * sum(r > threshold for r in ratios) / len(ratios):.2f}"
@@ -499,14 +584,17 @@ def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
     module = _load_ablation_script()
     parser = module.get_parser()
     args = parser.parse_args(
-        ["--work-dir", str(tiny_data), "--exp-root", str(tmp_path), "--conditions", "stress", "--agc-lambda", "0.05"]
+        [
+            *("--work-dir", str(tiny_data), "--exp-root", str(tmp_path), "--set", "secondary"),
+            *("--conditions", "stress", "--agc-lambda", "0.05"),
+        ]
     )
     s = module.resolve_settings(parser, args)
     assert [k.relpath for k in s.plan.runs[:2]] == ["stress/none/seed-42", "stress/clip/seed-42"]
-    assert len(s.plan.runs) == 9 * 3
-    key = RunKey("stress", "agc", 44)
+    assert len(s.plan.runs) == 9 * 2
+    key = RunKey("stress", "agc", 43)
     train = module.train_command(s, key)
-    decode = module.decode_command(s, key, "greedy_search")
+    decode = module.decode_command(s, "stress", s.run_dir(key), "greedy_search", 300)
     stress = [
         "--num-encoder-layers",
         "8",
@@ -520,8 +608,15 @@ def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
     joined_train, joined_decode = shlex.join(train), shlex.join(decode)
     assert shlex.join(stress) in joined_train and shlex.join(stress) in joined_decode
     assert "--base-lr 0.02" in joined_train and "--base-lr" not in joined_decode
-    assert "--clip-grad-norm 0 --clip-grad-value 0 --agc-clipping 0.05" in joined_train and "--seed 44" in joined_train
+    assert "--clip-grad-norm 0 --clip-grad-value 0 --agc-clipping 0.05" in joined_train and "--seed 43" in joined_train
     assert "--max-batches 300" in joined_train and "--iter 300 --avg 1 --use-averaged-model false" in joined_decode
+    assert "--model-warm-step 100" in joined_train and "--keep-last-k 1" in joined_train
+    primary = module.resolve_settings(parser, parser.parse_args(["--work-dir", str(tiny_data)]))
+    assert [a.name for a in primary.plan.arms] == ["none", "clip", "filter", "filter-clip", "clip-relative"]
+    assert primary.plan.seeds == [42, 43, 44, 45, 46] and primary.replays_per_seed == 2
+    none = shlex.join(module.train_command(primary, RunKey("digits", "none", 42)))
+    assert "--keep-last-k 0" in none and "--save-every-n 25" in none, "the replays start from its checkpoints"
+    assert "--max-batches 600" in none and "--max-duration 60" in none and "--model-warm-step 50" in none
 
 
 def test_rerun_skips_finished_runs_and_resumes_the_cut_off_one(ablation):
@@ -563,7 +658,8 @@ def test_rerun_with_other_settings_is_refused_and_list_shows_the_plan(ablation, 
     args[args.index("--steps") + 1] = "8"
     assert _load_ablation_script().main(args) == 1
     err = capsys.readouterr().err
-    assert "was made with other settings (steps: was 6, now 8)" in err and "use another --exp-root" in err
+    assert "was made with other settings (condition digits: was" in err and "'steps': 8" in err
+    assert "use another --results-dir" in err
     assert not list((out / "exp").rglob("checkpoint-8.pt"))
     args = ablation_args(tiny_data, out)[2:]
     args[args.index("--clip-value") + 1] = "0.5"
@@ -583,7 +679,7 @@ def test_rerun_with_other_settings_is_refused_and_list_shows_the_plan(ablation, 
     lines = listing.stdout.splitlines()
     assert len(lines) == 3 * len(ARMS)
     assert sum("done" in line.split()[1] for line in lines) == 2 * len(ARMS)
-    assert lines[-1].split()[:2] == ["default/value/seed-44", "to"]
+    assert lines[-1].split()[:2] == ["digits/value/seed-44", "to"]
 
 
 def test_bad_thresholds_and_arms_are_refused(tiny_data, tmp_path):
@@ -608,3 +704,34 @@ def test_train_py_tensorboard_tags_round_trip_the_filter_statistics():
     assert TB_TAGS.parse_filter_tag(tag) == (12, "max_over_median")
     assert TB_TAGS.parse_filter_tag("grad_filter/layerx/fraction_filtered") is None
     assert TB_TAGS.parse_filter_tag(TB_TAGS.grad_norm) is None
+
+
+def test_a_replay_trains_both_branches_on_the_same_batches(ablation, tiny_data, isolated_logging):
+    """A replay from step 3 of the none run of seed 42: its checkpoint was not kept (no replays in the tiny
+    set), so the none run is retrained to step 3 first; then both branches train 3 steps. The batch digests
+    agree step by step, the unfiltered branch ends bit-identical to the original run, the filter (threshold
+    1.0001: any sequence above the median) acts and changes the weights."""
+    out = ablation["out"]
+    module = _load_ablation_script()
+    parser = module.get_parser()
+    args = ablation_args(tiny_data, out)[2:] + ["--grad-filter-threshold", "1.0001", "--replay-steps", "3"]
+    s = module.resolve_settings(parser, parser.parse_args(args))
+    key = ReplayKey("digits", 42, 3)
+    result = module.run_replay(s, key, Event(4, 0, 99.0))
+    assert (out / "exp" / "digits" / "none" / "seed-42-retrained" / "checkpoint-3.pt").is_file()
+    none, filt = result.branches["none"], result.branches["filter"]
+    assert [step for step, _ in none.digests] == [4, 5, 6]
+    assert none.digests == filt.digests and len({d for _, d in none.digests}) == 3
+    assert result.identical_batches and result.reproduces_original
+    assert filt.filtered == 1.0 and none.filtered == 0.0
+    branch = out / "exp" / key.relpath
+    original = load_checkpoint_file(out / "exp" / "digits" / "none" / "seed-42" / f"checkpoint-{STEPS}.pt")["model"]
+    unfiltered = load_checkpoint_file(branch / "none" / f"checkpoint-{STEPS}.pt")["model"]
+    filtered = load_checkpoint_file(branch / "filter" / f"checkpoint-{STEPS}.pt")["model"]
+    assert all(torch.equal(original[k], unfiltered[k]) for k in original), "exact resume"
+    assert any(not torch.equal(original[k], filtered[k]) for k in original), "the filter changed the update"
+    # The summary reads back the same, and the report's replay table comes from it.
+    path = out / "results" / "ablation-runs" / f"{key.relpath}.json"
+    back = ReplayResult.from_json(json.loads(path.read_text()))
+    assert back.identical_batches and back.state_damage() == pytest.approx(result.state_damage())
+    assert none.second_moment and len(none.second_moment) == len(filt.second_moment)

@@ -7,13 +7,16 @@ condition, every seed drawn:
 - the percentage of steps above each threshold per layer (that arm, all seeds);
 - the fraction of sequences filtered per layer, one panel per filter arm (mean over seeds);
 - the training loss per step, one panel per arm, one line per seed, the
-  observing arm's seeds in grey behind for reference.
+  observing arm's seeds in grey behind for reference;
+- the WER of every arm, one line per seed across the arms (the pairing);
+- the replayed outlier events: each replay's loss over its window, without
+  and with the filter, the event marked.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import matplotlib
 
@@ -21,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 from icefall_lite.ablation.arms import Arm  # noqa: E402
+from icefall_lite.ablation.replay import ReplayResult  # noqa: E402
 from icefall_lite.ablation.report import RunResult, group_runs, outlier_rows  # noqa: E402
 from icefall_lite.ablation.tb_reader import Series, moving_average  # noqa: E402
 from icefall_lite.utils import atomic_output  # noqa: E402
@@ -186,11 +190,53 @@ def plot_train_loss(
     return _per_arm(groups, arms, f"Training loss (moving average; grey: the seeds of arm '{reference}')", path, draw)
 
 
+def plot_wer_per_seed(
+    groups: Dict[str, List[RunResult]], arms: Dict[str, Arm], keys: Sequence[Tuple[str, str]], path: Path
+) -> Path:
+    """One panel per (method, test set): the arms on x, one line per seed through its WER in every arm."""
+    fig, axes = _grid(len(keys), width=5.5, height=3.6)
+    names = list(groups)
+    for ax, (method, test_set) in zip(axes, keys):
+        seeds = sorted({r.key.seed for runs in groups.values() for r in runs})
+        for seed in seeds:
+            xs, ys = [], []
+            for i, arm in enumerate(names):
+                for r in groups[arm]:
+                    if r.key.seed == seed and (method, test_set) in r.wer:
+                        xs.append(i)
+                        ys.append(r.wer[(method, test_set)])
+            ax.plot(xs, ys, marker="o", ms=3, lw=0.8, color=_seed_color(seed), label=f"seed {seed}")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=30, fontsize=7, ha="right")
+        ax.set_ylabel("WER (%)", fontsize=8)
+        ax.set_title(f"{method.replace('_search', '')} {test_set}", fontsize=9)
+        ax.legend(fontsize=6)
+    fig.suptitle("WER per arm, one line per seed (same initialisation and batches across arms)", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_replays(replays: Sequence[ReplayResult], path: Path) -> Path:
+    """One panel per replay: the loss per step over the window without and with the filter."""
+    fig, axes = _grid(len(replays), width=4.2, height=2.8)
+    for ax, r in zip(axes, replays):
+        for branch, color in (("none", "tab:red"), ("filter", "tab:blue")):
+            ax.plot(*_xy(r.branches[branch].objective), color=color, lw=0.8, label=branch)
+        ax.axvline(r.event.step, color="k", ls=":", lw=0.8, label=f"event {r.event.ratio:.0f}x")
+        ax.set_title(f"seed {r.key.seed}, from step {r.key.start}", fontsize=8)
+        ax.set_xlabel("step", fontsize=7)
+        ax.legend(fontsize=6)
+    fig.suptitle("Replayed outlier events: training loss without (red) and with (blue) the filter", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def write_plots(
     results: Sequence[RunResult],
     arms: Dict[str, Arm],
     out_dir: Path,
     thresholds: Sequence[float],
+    replays: Sequence[ReplayResult] = (),
     observing_arm: str = "none",
 ) -> Dict[str, Path]:
     """Every plot of every condition into ``out_dir``; ``{"<condition> <kind>": path}``."""
@@ -212,4 +258,12 @@ def write_plots(
         out[f"{condition} train-loss"] = plot_train_loss(
             groups, arms, plot_path(out_dir, condition, "train-loss"), observing_arm
         )
+        wer_keys = list(dict.fromkeys(k for runs in groups.values() for r in runs for k in r.wer))
+        if wer_keys:
+            out[f"{condition} wer-per-seed"] = plot_wer_per_seed(
+                groups, arms, wer_keys, plot_path(out_dir, condition, "wer-per-seed")
+            )
+        mine = [r for r in replays if r.key.condition == condition]
+        if mine:
+            out[f"{condition} replays"] = plot_replays(mine, plot_path(out_dir, condition, "replays"))
     return out

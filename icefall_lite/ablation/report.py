@@ -1,17 +1,19 @@
 """The gradient-control ablation's results: what one finished run measured
-(from its TensorBoard scalars, checkpoint and wer-summary files), the spread
-over seeds, the table, where per-sequence gradient outliers arise, the
-findings and the RESULTS.md section.
+(from its TensorBoard scalars and wer-summary files, kept as a small JSON
+summary beside RESULTS.md so that the report outlives the run folders), the
+spread over seeds, the table, where per-sequence gradient outliers arise, the
+paired differences between arms and the RESULTS.md section.
 
-A difference between two arms is called real only when both have at least 3
-seeds and the ranges of their seeds do not overlap (every seed of one arm is
-better than every seed of the other). With 3 seeds each and no true
-difference, this happens by chance in 2 of the 20 equally likely orderings of
-the six values, 10% of comparisons; the report says so.
+Differences between arms are paired by seed (a seed fixes initialisation and
+batch order in every arm): the per-seed difference from the arm without any
+control, its mean, 95% interval and paired t-test p-value, with Holm's
+adjustment over the family of comparisons that have at least
+:data:`MIN_FAMILY_SEEDS` seeds (:mod:`icefall_lite.ablation.paired`).
 
 The recipe's ``lstm_transducer_stateless/ablation.py`` runs the arms
-(:mod:`icefall_lite.ablation.arms`) and hands the results here; the plots are
-in :mod:`icefall_lite.ablation.plots`.
+(:mod:`icefall_lite.ablation.arms`) and the replayed outlier events
+(:mod:`icefall_lite.ablation.replay`) and hands the results here; the plots
+are in :mod:`icefall_lite.ablation.plots`.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from icefall_lite.ablation.arms import Arm, RunKey
+from icefall_lite.ablation.paired import PairedDifference, holm_adjust, paired_difference
 from icefall_lite.ablation.tb_reader import Series, read_scalars, values
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.metrics import load_wer_summary
+from icefall_lite.train.optimizer_state import EVENT_JUMP
 from icefall_lite.train.tb_tags import TrainingScalarTags
 from icefall_lite.utils import replace_marked_section, write_text_atomic
 
@@ -40,20 +44,38 @@ WRITER = "lstm_transducer_stateless/ablation.py"
 DONE_MARKER = "ablation-done.json"
 WALL_FILE = "ablation-wall.json"
 # The losses below are of the transducer objective after warm-up, 0.5 x simple +
-# pruned per frame, whatever weights the warm-up ramp gave them at the step
-# (train/loss changes its weights at --model-warm-step and twice that).
+# pruned per frame, whatever weights the warm-up ramp gave them at the step.
 OBJECTIVE_SIMPLE_SCALE = 0.5
-# Loss spikes: a step whose objective is more than SPIKE_FACTOR times the
-# median of the SPIKE_WINDOW steps before it (from step SPIKE_WINDOW on).
+# Loss spikes: a step after warm-up whose objective is more than SPIKE_FACTOR times the median of the (up to)
+# SPIKE_WINDOW steps before it that are also after warm-up (at least SPIKE_MIN_WINDOW of them).
 SPIKE_FACTOR = 2.0
 SPIKE_WINDOW = 50
+SPIKE_MIN_WINDOW = 10
 # Divergence: training loss (mean of the last DIVERGE_WINDOW steps) more than
 # DIVERGE_FACTOR times its lowest such mean earlier in the run, or a skipped
 # (non-finite) step.
 DIVERGE_FACTOR = 1.5
 DIVERGE_WINDOW = 20
+# An outlier step: some layer's largest per-sequence gradient RMS above OUTLIER_RATIO x the batch median
+# (the recipe's and icefall's filter threshold).
+OUTLIER_RATIO = 25.0
+# Paired differences with at least this many seeds form the family Holm's adjustment controls.
+MIN_FAMILY_SEEDS = 3
+FAMILY_ALPHA = 0.05
 # icefall's ablation (lstm_transducer_stateless3, 960 h, 40 epochs, epoch 40 avg 15; greedy search):
 ICEFALL_GREEDY = {"no filter": (3.79, 9.71), "GradientFilter 25": (3.66, 9.51)}
+# The scalars a run summary keeps (TrainingScalarTags fields).
+KEPT_SCALARS = (
+    "simple_loss",
+    "pruned_loss",
+    "grad_norm",
+    "clip_scale",
+    "skipped_steps",
+    "valid_loss",
+    "exp_avg_sq_jump",
+    "exp_avg_sq_recovery",
+)
+KEPT_FILTER_STATS = ("max_over_median", "fraction_filtered")
 
 
 # --------------------------------------------------------------------------
@@ -106,9 +128,9 @@ def read_wers(run_dir: Path, methods: Sequence[str]) -> Dict[Tuple[str, str], fl
 class RunResult:
     """What one finished run (condition x arm x seed) measured.
 
-    ``scalars``: ``{TrainingScalarTags field: series}``; ``filters``:
-    ``{(layer, stat): series}`` of the per-layer GradientFilter statistics
-    (the observing filter's too).
+    ``scalars``: ``{TrainingScalarTags field: series}`` (:data:`KEPT_SCALARS`); ``filters``:
+    ``{(layer, stat): series}`` of the per-layer GradientFilter statistics (the observing filter's too);
+    ``warm_end``: the first step at the full loss weights.
     """
 
     key: RunKey
@@ -116,6 +138,7 @@ class RunResult:
     scalars: Dict[str, Series]
     filters: Dict[Tuple[int, str], Series] = field(default_factory=dict)
     wall_s: Dict[str, float] = field(default_factory=dict)
+    warm_end: int = 0
 
     def series(self, name: str) -> Series:
         return self.scalars.get(name, [])
@@ -126,8 +149,7 @@ class RunResult:
         return grad_norm[-1][0] if grad_norm else 0
 
     def objective(self) -> Series:
-        """``[(step, 0.5 x simple + pruned loss per frame)]``: the training loss after warm-up, comparable
-        over the whole run."""
+        """``[(step, 0.5 x simple + pruned loss per frame)]``: the training loss after warm-up."""
         pruned = dict(self.series("pruned_loss"))
         return [
             (step, OBJECTIVE_SIMPLE_SCALE * simple + pruned[step])
@@ -141,21 +163,78 @@ class RunResult:
     def filter_series(self, layer: int, stat: str) -> Series:
         return self.filters.get((layer, stat), [])
 
+    def largest_ratio_per_step(self) -> Series:
+        """``[(step, max over layers of max/median)]``."""
+        by_step: Dict[int, float] = {}
+        for layer in self.layers():
+            for step, v in self.filter_series(layer, "max_over_median"):
+                by_step[step] = max(by_step.get(step, v), v)
+        return sorted(by_step.items())
 
-def collect_run(run_dir: Path, key: RunKey, methods: Sequence[str], tags: TrainingScalarTags) -> RunResult:
-    """Read a finished run: WERs, the scalars named by ``tags`` (with the per-layer filter stats), wall time."""
+    def to_json(self) -> Dict:
+        return {
+            "key": {"condition": self.key.condition, "arm": self.key.arm, "seed": self.key.seed},
+            "wer": [[m, t, v] for (m, t), v in self.wer.items()],
+            "scalars": {k: _rounded(v) for k, v in self.scalars.items()},
+            "filters": [[layer, stat, _rounded(v)] for (layer, stat), v in self.filters.items()],
+            "wall_s": self.wall_s,
+            "warm_end": self.warm_end,
+        }
+
+    @staticmethod
+    def from_json(data: Dict) -> "RunResult":
+        return RunResult(
+            RunKey(**data["key"]),
+            {(m, t): v for m, t, v in data["wer"]},
+            {k: [(int(s), float(v)) for s, v in series] for k, series in data["scalars"].items()},
+            {(int(layer), stat): [(int(s), float(v)) for s, v in series] for layer, stat, series in data["filters"]},
+            dict(data["wall_s"]),
+            int(data["warm_end"]),
+        )
+
+
+def _rounded(series: Series) -> List[List[float]]:
+    """7 significant digits (the float32 TensorBoard values need no more); non-finite values as strings."""
+    return [[s, float(f"{v:.7g}") if math.isfinite(v) else str(v)] for s, v in series]
+
+
+def summary_path(summaries_dir: Path, key) -> Path:
+    """Where the summary of a run or a replay (``key``: a RunKey or a ReplayKey) is kept:
+    ``<summaries_dir>/<key.relpath>.json``."""
+    return summaries_dir / f"{key.relpath}.json"
+
+
+def write_summary(summaries_dir: Path, result) -> Path:
+    """The summary of a run or a replay (a RunResult or a ReplayResult: ``key`` and ``to_json()``)."""
+    path = summary_path(summaries_dir, result.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(result.to_json(), separators=(",", ":")) + "\n")
+    return path
+
+
+def read_summary(summaries_dir: Path, key: RunKey) -> Optional[RunResult]:
+    """The run's summary, or None when it has none yet."""
+    data = read_json(summary_path(summaries_dir, key))
+    return None if data is None else RunResult.from_json(data)
+
+
+def collect_run(
+    run_dir: Path, key: RunKey, methods: Sequence[str], tags: TrainingScalarTags, warm_end: int
+) -> RunResult:
+    """Read a finished run: WERs, the scalars kept (with the per-layer filter stats), wall time."""
     scalars = read_scalars(run_dir / "tensorboard")
-    wanted = {
-        name: scalars[getattr(tags, name)]
-        for name in ("simple_loss", "pruned_loss", "grad_norm", "clip_scale", "skipped_steps", "valid_loss")
-        if getattr(tags, name) in scalars
-    }
+    wanted = {name: scalars[getattr(tags, name)] for name in KEPT_SCALARS if getattr(tags, name) in scalars}
     filters = {}
     for tag, series in scalars.items():
         layer_stat = tags.parse_filter_tag(tag)
-        if layer_stat is not None:
+        if layer_stat is not None and layer_stat[1] in KEPT_FILTER_STATS:
             filters[layer_stat] = series
-    return RunResult(key, read_wers(run_dir, methods), wanted, filters, read_json(run_dir / WALL_FILE) or {})
+    return RunResult(key, read_wers(run_dir, methods), wanted, filters, read_json(run_dir / WALL_FILE) or {}, warm_end)
+
+
+# --------------------------------------------------------------------------
+# Metrics of a run
+# --------------------------------------------------------------------------
 
 
 def percentile(xs: Sequence[float], q: float) -> float:
@@ -166,13 +245,14 @@ def percentile(xs: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
-def loss_spikes(loss: Series, factor: float = SPIKE_FACTOR, window: int = SPIKE_WINDOW) -> int:
-    """Steps whose loss is more than ``factor`` x the median of the ``window`` losses before it
-    (a non-finite loss counts as a spike)."""
-    xs = [v for _, v in loss]
+def loss_spikes(loss: Series, start: int = 0, factor: float = SPIKE_FACTOR, window: int = SPIKE_WINDOW) -> int:
+    """Steps after ``start`` whose loss is more than ``factor`` x the median of the (up to) ``window`` losses
+    before it that are also after ``start``, once there are at least SPIKE_MIN_WINDOW (a non-finite loss
+    counts as a spike)."""
+    xs = [v for step, v in loss if step > start]
     count = 0
-    for i in range(window, len(xs)):
-        before = [x for x in xs[i - window : i] if math.isfinite(x)]
+    for i in range(SPIKE_MIN_WINDOW, len(xs)):
+        before = [x for x in xs[max(0, i - window) : i] if math.isfinite(x)]
         if not math.isfinite(xs[i]) or (before and xs[i] > factor * statistics.median(before)):
             count += 1
     return count
@@ -190,26 +270,52 @@ def diverged(loss: Series, skipped_steps: int, factor: float = DIVERGE_FACTOR, w
     return means[-1] > factor * min(means)
 
 
+def _fraction(flags: Sequence[bool]) -> float:
+    return sum(flags) / len(flags) if flags else float("nan")
+
+
 def steps_filtered(result: RunResult) -> float:
     """Fraction of steps at which some layer's filter capped a sequence."""
     by_step: Dict[int, float] = {}
     for layer in result.layers():
         for step, v in result.filter_series(layer, "fraction_filtered"):
             by_step[step] = max(by_step.get(step, 0.0), v)
-    return sum(1 for v in by_step.values() if v > 0) / len(by_step) if by_step else float("nan")
+    return _fraction([v > 0 for v in by_step.values()])
 
 
 def steps_clipped(result: RunResult) -> float:
-    """Fraction of steps whose gradient the clipping (norm, value or AGC) changed: clip scale (post- over
-    pre-clip norm) below 1 (always 1 without such clipping)."""
-    scales = values(result.series("clip_scale"))
-    return sum(1 for x in scales if x < 1.0) / len(scales) if scales else float("nan")
+    """Fraction of steps whose gradient the clipping (norm, relative norm, value or AGC) changed: clip scale
+    (post- over pre-clip norm) below 1 (always 1 without such clipping)."""
+    return _fraction([x < 1.0 for x in values(result.series("clip_scale"))])
+
+
+def outlier_steps(result: RunResult, ratio: float = OUTLIER_RATIO) -> float:
+    """Fraction of the steps after warm-up at which some layer's largest sequence gradient was above
+    ``ratio`` x the batch median."""
+    return _fraction([v > ratio for s, v in result.largest_ratio_per_step() if s >= result.warm_end])
 
 
 def largest_outlier(result: RunResult) -> float:
     """The largest per-sequence gradient RMS over the batch median, any layer, any step."""
-    xs = [v for layer in result.layers() for v in values(result.filter_series(layer, "max_over_median"))]
+    xs = values(result.largest_ratio_per_step())
     return max(xs) if xs else float("nan")
+
+
+def largest_jump(result: RunResult) -> float:
+    """The largest second-moment jump after warm-up (optimizer_state: a tensor's exp_avg_sq after / before)."""
+    xs = [v for s, v in result.series("exp_avg_sq_jump") if s >= result.warm_end and math.isfinite(v)]
+    return max(xs) if xs else float("nan")
+
+
+def jump_steps(result: RunResult) -> float:
+    """Fraction of the steps after warm-up with a second-moment jump above EVENT_JUMP."""
+    return _fraction([v > EVENT_JUMP for s, v in result.series("exp_avg_sq_jump") if s >= result.warm_end])
+
+
+def recovery_steps(result: RunResult) -> float:
+    """Median steps an inflated tensor took to recover (events ending after warm-up); nan when none."""
+    xs = [v for s, v in result.series("exp_avg_sq_recovery") if s >= result.warm_end]
+    return statistics.median(xs) if xs else float("nan")
 
 
 def final_train_loss(result: RunResult) -> float:
@@ -222,6 +328,11 @@ def final_train_loss(result: RunResult) -> float:
 def skipped_steps(result: RunResult) -> int:
     s = result.series("skipped_steps")
     return int(s[-1][1]) if s else 0
+
+
+def valid_loss(result: RunResult) -> float:
+    s = result.series("valid_loss")
+    return s[-1][1] if s else float("nan")
 
 
 @dataclass(frozen=True)
@@ -243,30 +354,31 @@ class Metric:
         return spread.cell(self.digits) + missing
 
 
-def metrics(methods: Sequence[str]) -> List[Metric]:
-    """The table's columns: WERs, losses, spikes, divergence, filtering, outliers, wall time."""
-    out = [
+def wer_metrics(methods: Sequence[str]) -> List[Metric]:
+    return [
         Metric(f"wer/{m}/{t}", f"{m.replace('_search', '')} {t}", (lambda r, m=m, t=t: r.wer[(m, t)]), 2)
         for m in methods
         for t in TEST_SETS
     ]
-    out += [
+
+
+def metrics(methods: Sequence[str]) -> List[Metric]:
+    """The table's columns: WERs, losses, spikes, divergence, outliers, filtering and clipping, the second
+    moment, wall time."""
+    return wer_metrics(methods) + [
         Metric("train_loss", "final train loss", final_train_loss, 3),
-        Metric(
-            "valid_loss",
-            "valid loss",
-            lambda r: r.series("valid_loss")[-1][1] if r.series("valid_loss") else float("nan"),
-            3,
-        ),
-        Metric("spikes", "loss spikes", lambda r: float(loss_spikes(r.objective())), 1),
-        Metric("skipped", "skipped steps", lambda r: float(skipped_steps(r)), 1),
+        Metric("valid_loss", "valid loss", valid_loss, 3),
+        Metric("spikes", "loss spikes", lambda r: float(loss_spikes(r.objective(), r.warm_end)), 1),
         Metric("diverged", "diverged runs", lambda r: float(diverged(r.objective(), skipped_steps(r))), 0, True),
+        Metric("outliers", f"% steps > {OUTLIER_RATIO:g}x", lambda r: 100 * outlier_steps(r), 1),
+        Metric("outlier", "max seq grad / median", largest_outlier, 1),
         Metric("filtered", "% steps filtered", lambda r: 100 * steps_filtered(r), 1),
         Metric("clipped", "% steps clipped", lambda r: 100 * steps_clipped(r), 1),
-        Metric("outlier", "max seq grad / median", largest_outlier, 1),
+        Metric("jump", "max exp_avg_sq jump", largest_jump, 2),
+        Metric("jumps", f"% steps jump > {EVENT_JUMP:g}", lambda r: 100 * jump_steps(r), 1),
+        Metric("recovery", "recovery steps", recovery_steps, 0),
         Metric("wall", "wall min", lambda r: sum(r.wall_s.values()) / 60, 1),
     ]
-    return out
 
 
 # --------------------------------------------------------------------------
@@ -307,14 +419,6 @@ def _num(x: float, digits: int) -> str:
     return f"{x:.3g}" if abs(x) >= 1e4 else f"{x:.{digits}f}"
 
 
-MIN_SEEDS_FOR_REAL = 3
-
-
-def separated(a: Spread, b: Spread) -> bool:
-    """Whether the seed ranges of ``a`` and ``b`` do not overlap, with at least MIN_SEEDS_FOR_REAL seeds each."""
-    return a.n >= MIN_SEEDS_FOR_REAL and b.n >= MIN_SEEDS_FOR_REAL and (a.high < b.low or b.high < a.low)
-
-
 Group = Dict[Tuple[str, str], List[RunResult]]
 
 
@@ -324,10 +428,6 @@ def group_runs(results: Sequence[RunResult]) -> Group:
     for r in results:
         groups.setdefault((r.key.condition, r.key.arm), []).append(r)
     return groups
-
-
-def spreads(runs: Sequence[RunResult], ms: Sequence[Metric]) -> Dict[str, Spread]:
-    return {m.name: Spread.of([m.of(r) for r in runs]) for m in ms}
 
 
 def format_table(results: Sequence[RunResult], arms: Dict[str, Arm], methods: Sequence[str]) -> str:
@@ -353,12 +453,17 @@ def format_table(results: Sequence[RunResult], arms: Dict[str, Arm], methods: Se
 
 
 def outlier_rows(runs: Sequence[RunResult], thresholds: Sequence[float]) -> List[Dict[str, float]]:
-    """Per layer, top layer first, over all steps of ``runs``: median, 99th percentile and maximum of
-    max/median, and the percentage of steps above each threshold."""
+    """Per layer, top layer first, over the steps after warm-up of ``runs``: median, 99th percentile and
+    maximum of max/median, and the percentage of those steps above each threshold."""
     layers = sorted({layer for r in runs for layer in r.layers()}, reverse=True)
     rows = []
     for layer in layers:
-        xs = [v for r in runs for v in values(r.filter_series(layer, "max_over_median"))]
+        xs = [
+            v
+            for r in runs
+            for s, v in r.filter_series(layer, "max_over_median")
+            if s >= r.warm_end and math.isfinite(v)
+        ]
         row = {
             "layer": float(layer),
             "median": percentile(xs, 50),
@@ -381,57 +486,95 @@ def format_outlier_table(rows: Sequence[Dict[str, float]], thresholds: Sequence[
     return "\n".join(lines)
 
 
-def first_outlier_layer(rows: Sequence[Dict[str, float]], threshold: float) -> Optional[int]:
-    """The highest layer (gradients flow down from the top) with a step above ``threshold``."""
-    for row in rows:  # top layer first
-        if row["max"] > threshold:
-            return int(row["layer"])
-    return None
-
-
 # --------------------------------------------------------------------------
-# Findings
-# --------------------------------------------------------------------------
-
-
-def comparisons(
-    results: Sequence[RunResult], arms: Dict[str, Arm], methods: Sequence[str], baseline: str = "none"
-) -> List[str]:
-    """Each arm against ``baseline`` in each condition: the difference of the means of every WER and the
-    validation loss, and whether the seed ranges are apart."""
-    ms = [m for m in metrics(methods) if m.name.startswith("wer/") or m.name == "valid_loss"]
-    groups = group_runs(results)
-    lines = []
-    for (condition, arm), runs in groups.items():
-        if arm == baseline or (condition, baseline) not in groups:
-            continue
-        mine, base = spreads(runs, ms), spreads(groups[(condition, baseline)], ms)
-        parts, real = [], []
-        for m in ms:
-            d = mine[m.name].mean - base[m.name].mean
-            parts.append(f"{m.header} {d:+.{m.digits}f}")
-            if separated(mine[m.name], base[m.name]):
-                real.append(f"{m.header} ({'better' if d < 0 else 'worse'})")
-        verdict = ("beyond the seed spread: " + ", ".join(real)) if real else "no difference beyond the seed spread"
-        lines.append(f"{condition}: {arms[arm].label} vs {arms[baseline].label}: " + "; ".join(parts) + f"; {verdict}.")
-    return lines
-
-
-# --------------------------------------------------------------------------
-# RESULTS.md
+# Paired differences
 # --------------------------------------------------------------------------
 
 
 @dataclass
-class ReportSetup:
-    """What the recipe says about its run: the command, the setup paragraph (conditions, budget, thresholds and
-    why), every command run, the decoding methods, the filter's threshold sweep."""
+class Comparison:
+    """``arm - baseline`` of one metric in one condition, paired by seed; ``holm_p``: Holm-adjusted p within
+    the family (nan outside it)."""
 
-    command: str
-    setup: str
-    commands: List[str]
-    methods: Sequence[str]
-    sweep: Sequence[float]
+    condition: str
+    arm: str
+    metric: Metric
+    per_seed: Dict[int, float]
+    difference: PairedDifference
+    holm_p: float = float("nan")
+
+    @property
+    def in_family(self) -> bool:
+        return self.difference.n >= MIN_FAMILY_SEEDS
+
+
+def paired_comparisons(
+    results: Sequence[RunResult], methods: Sequence[str], baseline: str = "none"
+) -> List[Comparison]:
+    """Every arm against ``baseline`` in its condition, for every WER and the validation loss; Holm's
+    adjustment over the WER comparisons with at least MIN_FAMILY_SEEDS paired seeds (all conditions)."""
+    ms = wer_metrics(methods) + [Metric("valid_loss", "valid loss", valid_loss, 3)]
+    groups = group_runs(results)
+    out: List[Comparison] = []
+    for (condition, arm), runs in groups.items():
+        if arm == baseline or (condition, baseline) not in groups:
+            continue
+        base = {r.key.seed: r for r in groups[(condition, baseline)]}
+        for m in ms:
+            mine = {r.key.seed: m.of(r) for r in runs if r.key.seed in base}
+            theirs = {seed: m.of(base[seed]) for seed in mine}
+            diffs = {seed: mine[seed] - theirs[seed] for seed in mine}
+            out.append(Comparison(condition, arm, m, diffs, paired_difference(mine, theirs)))
+    family = [c for c in out if c.in_family and c.metric.name.startswith("wer/")]
+    for c, p in zip(family, holm_adjust([c.difference.p for c in family])):
+        c.holm_p = p
+    return out
+
+
+def _p(x: float) -> str:
+    return "-" if math.isnan(x) else (f"{x:.3f}" if x >= 0.001 else "<0.001")
+
+
+def format_comparisons(comparisons: Sequence[Comparison], arms: Dict[str, Arm]) -> str:
+    header = ["condition", "arm", "metric", "per-seed differences", "mean", "95% interval", "p", "Holm p"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for c in comparisons:
+        d, digits = c.difference, c.metric.digits
+        per_seed = ", ".join(f"{v:+.{digits}f}" for _, v in sorted(c.per_seed.items()))
+        cells = [
+            c.condition,
+            arms[c.arm].label,
+            c.metric.header,
+            per_seed,
+            "-" if math.isnan(d.mean) else f"{d.mean:+.{digits}f}",
+            d.interval(digits),
+            _p(d.p),
+            _p(c.holm_p) if c.in_family and c.metric.name.startswith("wer/") else "not in family",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def findings(comparisons: Sequence[Comparison], arms: Dict[str, Arm], alpha: float = FAMILY_ALPHA) -> List[str]:
+    """One plain sentence per arm and condition: which WER differences hold after Holm's adjustment."""
+    by_arm: Dict[Tuple[str, str], List[Comparison]] = {}
+    for c in comparisons:
+        if c.metric.name.startswith("wer/"):
+            by_arm.setdefault((c.condition, c.arm), []).append(c)
+    lines = []
+    for (condition, arm), cs in by_arm.items():
+        held = [c for c in cs if c.in_family and c.holm_p <= alpha]
+        parts = [f"{c.metric.header} {c.difference.mean:+.2f} {c.difference.interval(2)}" for c in cs]
+        if held:
+            verdict = "holds after Holm's adjustment: " + ", ".join(
+                f"{c.metric.header} ({'lower' if c.difference.mean < 0 else 'higher'} WER)" for c in held
+            )
+        elif all(not c.in_family for c in cs):
+            verdict = f"fewer than {MIN_FAMILY_SEEDS} paired seeds: descriptive only"
+        else:
+            verdict = f"no WER difference holds at family-wise {alpha:g}"
+        lines.append(f"{condition}: {arms[arm].label} minus none: " + "; ".join(parts) + f"; {verdict}.")
+    return lines
 
 
 def machine_summary() -> str:
@@ -442,96 +585,10 @@ def machine_summary() -> str:
     )
 
 
-def render_section(
-    results: Sequence[RunResult],
-    arms: Dict[str, Arm],
-    plots: Dict[str, Path],
-    setup: ReportSetup,
-    observing_arm: str = "none",
-) -> str:
-    """The ablation section of RESULTS.md."""
-    lines = [
-        "## Ablation: GradientFilter, clip_grad_norm and the other gradient controls",
-        "",
-        f"Date: {datetime.date.today().isoformat()}. Machine: {machine_summary()}.",
-        "",
-        "Command (from `egs/librispeech/ASR`):",
-        "",
-        "```bash",
-        setup.command,
-        "```",
-        "",
-        setup.setup,
-        "",
-        "Each cell: mean ± standard deviation over the seeds ((n=k): only k seeds had a finite value). WER (%) with "
-        f"{', '.join(m.replace('_', ' ') for m in setup.methods)} on the weights at the end of the budget; losses are "
-        f"of the objective after warm-up ({OBJECTIVE_SIMPLE_SCALE:g} x simple + pruned, per frame); final train "
-        "loss: its mean over the last tenth of the steps (at least 10); valid "
-        "loss: dev-clean + dev-other at the end; loss spikes: steps whose loss is more than "
-        f"{SPIKE_FACTOR:g}x the median of the {SPIKE_WINDOW} steps before; diverged runs: runs with a skipped "
-        f"(non-finite) step or whose last {DIVERGE_WINDOW}-step mean loss is over {DIVERGE_FACTOR:g}x its lowest; "
-        "% steps filtered: steps at which some layer's GradientFilter capped a sequence; % steps clipped: steps "
-        "whose gradient norm the clipping (by norm, by value or AGC) lowered; max seq grad / median: "
-        "the largest per-sequence gradient RMS over the batch median seen by any layer (before that layer's "
-        "filter).",
-        "",
-        format_table(results, arms, setup.methods),
-        "",
-    ]
-    for condition in dict.fromkeys(r.key.condition for r in results):
-        observed = [r for r in results if r.key.condition == condition and r.key.arm == observing_arm]
-        if not observed:
-            continue
-        thresholds = sorted(set(setup.sweep))
-        rows = outlier_rows(observed, thresholds)
-        top = first_outlier_layer(rows, min(thresholds))
-        lines += [
-            f"### Where the outliers arise ({condition}, arm `{observing_arm}`: the filter observes only)",
-            "",
-            f"Per encoder layer (top layer first; gradients flow down), over every step of its {len(observed)} "
-            "seed(s): the largest per-sequence gradient RMS over the batch median, and how often it was above "
-            "each threshold of the sweep.",
-            "",
-            format_outlier_table(rows, thresholds),
-            "",
-            (
-                f"The highest layer with a step above {min(thresholds):g} is layer {top}."
-                if top is not None
-                else f"No layer had a step above {min(thresholds):g}."
-            ),
-            "",
-        ]
-    lines += [
-        "### Differences between arms",
-        "",
-        "Each arm's mean minus the mean of the arm without any control, in the same condition (negative: lower "
-        f"WER or loss). A difference is called real only when both arms have at least {MIN_SEEDS_FOR_REAL} seeds "
-        "and their seed ranges do not overlap; with 3 seeds each and no true difference that happens by chance in "
-        "10% of comparisons (2 of the 20 equally likely orderings), so one such finding among many is weak "
-        "evidence.",
-        "",
-        *[f"- {line}" for line in comparisons(results, arms, setup.methods)],
-        "",
-        "For comparison, icefall's own ablation of the filter (lstm_transducer_stateless3, 960 h of LibriSpeech, "
-        "40 epochs on 4 GPUs, epoch 40 avg 15, greedy search, test-clean / test-other; not measured here): "
-        + ", ".join(f"{k} {v[0]:.2f} / {v[1]:.2f}" for k, v in ICEFALL_GREEDY.items())
-        + ".",
-        "",
-        "### Plots",
-        "",
-        *[f"![{kind}]({p.name})" for kind, p in plots.items()],
-        "",
-        "<details><summary>Every command the ablation ran (from egs/librispeech/ASR)</summary>",
-        "",
-        "```bash",
-        *setup.commands,
-        "```",
-        "",
-        "</details>",
-    ]
-    return "\n".join(lines) + "\n"
-
-
 def update_results_md(path: Path, section: str) -> None:
     """Put ``section`` between the ablation markers of ``path`` (appended, or a new file, if absent)."""
     replace_marked_section(path, SECTION, section, WRITER)
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()

@@ -11,6 +11,7 @@ import logging
 import math
 import shutil
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -26,6 +27,7 @@ from icefall_lite.train.diagnostics import ModelDiagnostics
 from icefall_lite.train.grad_control import GradientControl
 from icefall_lite.train.loss import compute_loss
 from icefall_lite.train.optim import Eden, ScaledAdam
+from icefall_lite.train.optimizer_state import SecondMomentMonitor, StepReport
 from icefall_lite.train.resume import Resumption
 from icefall_lite.train.rng import fix_random_seed, get_rng_state, set_rng_state
 from icefall_lite.train.tb_tags import TB_TAGS
@@ -51,6 +53,7 @@ class Training:
     world_size: int
     rank: int
     diagnostics: Optional[ModelDiagnostics]
+    second_moment: Optional[SecondMomentMonitor] = None
 
     def add_scalar(self, tag: str, value: float) -> None:
         """A TensorBoard scalar at the current global batch (rank 0 with --tensorboard)."""
@@ -138,11 +141,35 @@ def filter_stats(model: nn.Module) -> Dict[str, float]:
     return stats
 
 
-def log_step(t: Training, info: MetricsTracker, grad_norm: float, clip_scale: float, stats: Dict[str, float]) -> None:
+def batch_digest(batch: Dict[str, Any]) -> Optional[int]:
+    """A 24-bit digest of the batch's cut ids, in order (exact as a TensorBoard float32 scalar); None when
+    the batch carries no cuts (``--return-cuts false``)."""
+    cuts = batch["supervisions"].get("cut")
+    if not cuts:
+        return None
+    return zlib.crc32("\n".join(c.id for c in cuts).encode()) & 0xFFFFFF
+
+
+def log_step(
+    t: Training,
+    batch: Dict[str, Any],
+    info: MetricsTracker,
+    grad_norm: float,
+    clip_scale: float,
+    stats: Dict[str, float],
+    moment: Optional[StepReport],
+) -> None:
     """The step's TensorBoard scalars: losses per frame, learning rate, gradient norm and clip scale,
-    skipped steps and the filter statistics."""
+    skipped steps, the filter statistics, the batch digest and the second-moment jump and recoveries."""
     if t.tb_writer is None:
         return
+    digest = batch_digest(batch)
+    if digest is not None:
+        t.add_scalar(TB_TAGS.batch_digest, digest)
+    if moment is not None:
+        t.add_scalar(TB_TAGS.exp_avg_sq_jump, moment.jump)
+        if moment.recovery_steps:
+            t.add_scalar(TB_TAGS.exp_avg_sq_recovery, max(moment.recovery_steps))
     if info["frames"] > 0:
         for key in ("loss", "simple_loss", "pruned_loss", "ctc_loss"):
             if key in info:
@@ -239,13 +266,14 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
             params, t.model, t.optimizer, t.scheduler, t.scaler, t.grad_control, t.sp, batch
         )
         stats = filter_stats(t.model)
+        moment = t.second_moment.update(params.batch_idx_train) if t.second_moment is not None else None
         if t.diagnostics is not None and params.batch_idx_in_epoch >= DIAGNOSTICS_BATCHES:
             t.diagnostics.print_diagnostics()
             return False
         if t.model_avg is not None and params.batch_idx_train % params.average_period == 0:
             update_averaged_model(params.average_period, params.batch_idx_train, t.model, t.model_avg)
         tot_loss = tot_loss * (1 - 1 / params.reset_interval) + info
-        log_step(t, info, grad_norm, clip_scale, stats)
+        log_step(t, batch, info, grad_norm, clip_scale, stats, moment)
         lr = t.scheduler.get_last_lr()[0]
         if t.rank == 0:
             progress.set_postfix(

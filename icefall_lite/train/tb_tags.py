@@ -18,6 +18,10 @@ class TrainingScalarTags:
 
     ``grad_filter`` is a format string with ``{layer}`` and ``{stat}``
     (per-layer GradientFilter statistics, e.g. ``stat = "fraction_filtered"``).
+    ``batch_digest``: a 24-bit digest of the batch's cut ids (two runs saw the
+    same batches when their digests agree step by step); ``exp_avg_sq_jump``
+    and ``exp_avg_sq_recovery``: :mod:`icefall_lite.train.optimizer_state`'s
+    jump of each step and the recovery steps of the events that ended at it.
     """
 
     loss: str
@@ -33,6 +37,9 @@ class TrainingScalarTags:
     epoch: str
     epoch_train_loss: str
     grad_filter: str
+    batch_digest: str
+    exp_avg_sq_jump: str
+    exp_avg_sq_recovery: str
 
     def filter_tag(self, layer: int, stat: str) -> str:
         """The tag of GradientFilter statistic ``stat`` of encoder layer ``layer``."""
@@ -61,4 +68,7 @@ TB_TAGS = TrainingScalarTags(
     epoch="train/epoch",
     epoch_train_loss="train/epoch_train_loss",
     grad_filter="grad_filter/layer{layer}/{stat}",
+    batch_digest="train/batch_digest",
+    exp_avg_sq_jump="optim/exp_avg_sq_jump",
+    exp_avg_sq_recovery="optim/exp_avg_sq_recovery_steps",
 )

@@ -1,43 +1,54 @@
 #!/usr/bin/env python3
-"""The gradient-control ablation: does the GradientFilter help, and how does
-it compare with clip_grad_norm and the other clipping designs?
+"""The gradient-control ablation: what do the GradientFilter, clip_grad_norm,
+or both do to an LSTM transducer's training and its WER?
 
 Every arm (icefall_lite/ablation/arms.py) trains the same model from scratch
-on the same data for the same number of steps (train.py --max-batches), with
---num-seeds seeds, under each chosen training condition:
+on the same data for the same number of steps, with the same seeds: a seed
+fixes the initialisation and the batch order in every arm, so arms are
+compared seed by seed (paired). Each run is decoded with greedy search on
+test-clean and test-other with the weights at the end of its budget.
 
-  stress   8 LSTM layers of d_model 128 with projection (hidden 384) at
-           --base-lr 0.02, the condition in which per-sequence gradient
-           outliers arise by themselves (RESULTS.md, "Stress conditions")
-  default  the default model at the default learning rate (no outliers)
+Sets (--set; flags below override its conditions, arms, seeds and replays):
 
-Arms: none (the filter only observes: per-layer statistics, gradients
-untouched), clip (clip_grad_norm), filter (GradientFilter), filter-clip
-(both, the recipe's design), filter-<t> (the threshold sweep), agc, value,
-error-clip. Each run is decoded on test-clean and test-other with greedy
-search using the weights at the end of its budget. After every run, RESULTS.md's
-ablation section (mean ± standard deviation over seeds, where the outliers
-arise per layer, which differences are beyond the seed spread, every
-command) and the PNG plots beside it are rewritten from the finished runs.
+  primary    the learnable condition `digits` (connected digits, the default
+             model, --base-lr 0.003, warm-up over by step 100 of 600); arms
+             none (the filter only observes), filter (GradientFilter 25),
+             clip (clip_grad_norm 5), filter-clip (both), clip-relative
+             (clip_grad_norm at 2x the running median); 5 seeds; and 2
+             replayed outlier events per seed (below). About 3 h on 2 cores.
+  secondary  the other thresholds and designs (filter-10, filter-5, agc,
+             value, error-clip) with 2 seeds on `digits`, and every arm on
+             the from-scratch instability `stress` (8 narrow projection
+             layers at 6.7x the working learning rate, in which nothing learns).
 
-Usage (from egs/librispeech/ASR, after prepare.sh; `make ablation` runs both):
+Replays: in each `none` run, the steps after warm-up at which a layer's
+largest per-sequence gradient is over the filter threshold x the batch median
+are outlier events; for the largest ones, the run is resumed from its
+checkpoint just before the event (--save-every-n) and trained --replay-steps
+steps twice on the same batches, without and with the filter; the two
+branches' losses, second moments and WERs are compared.
 
-  ./lstm_transducer_stateless/ablation.py                       # the default set
-  ./lstm_transducer_stateless/ablation.py --num-seeds 5 --conditions stress default
-  ./lstm_transducer_stateless/ablation.py --arms none filter --list   # what would run
+After every run, RESULTS.md's ablation section (tables with paired intervals,
+where the outliers arise, the replays, every command) and the PNG plots
+beside it are rewritten from the runs' summaries, small JSON files kept in
+<results-dir>/ablation-runs/ (commit them: the report is rebuilt from them
+without the run folders).
 
-Budget of the default set on 2 idle CPU cores: 9 arms x 3 seeds of the
-stress condition, 300 steps each at train.py's --max-duration (RESULTS.md gives the
-measured time).
+Usage (from egs/librispeech/ASR; `make ablation` prepares the digits corpus
+and runs the primary set):
 
-Resuming: a finished run has <exp-root>/<condition>/<arm>/seed-<s>/ablation-done.json
-and is skipped; a run cut off part-way resumes from its newest checkpoint
-(--save-every-n); a finished training is not repeated. The settings that
-make runs comparable are stored in <exp-root>/ablation-config.json, and each
-run's arm flags in its ablation-arm.json; a rerun with other settings, or
-with another threshold for an arm that has runs, is refused (use another
---exp-root); more seeds, arms or conditions can be added to the same
---exp-root.
+  bash prepare.sh --corpus digits --work-dir digits
+  ./lstm_transducer_stateless/ablation.py                        # the primary set
+  ./lstm_transducer_stateless/ablation.py --set secondary        # (stress needs: bash prepare.sh)
+  ./lstm_transducer_stateless/ablation.py --arms none filter --num-seeds 2 --list
+
+Resuming: a run with a summary is skipped; a run cut off part-way resumes
+from its newest checkpoint in <exp-root>; a replay whose start checkpoint is
+gone (another machine) retrains the `none` run up to it first (the same
+seed gives the same weights). The settings that make runs comparable are
+stored in <results-dir>/ablation-runs/ablation-config.json; a rerun with
+other settings, or another threshold for an arm with runs, is refused (use
+another --results-dir).
 """
 
 from __future__ import annotations
@@ -47,16 +58,19 @@ import datetime
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from icefall_lite.ablation.arms import (
     CONDITIONS,
+    RUN_SETS,
     Arm,
+    Condition,
     Plan,
     RunKey,
     Thresholds,
@@ -65,28 +79,39 @@ from icefall_lite.ablation.arms import (
     select,
 )
 from icefall_lite.ablation.plots import write_plots
+from icefall_lite.ablation.replay import (
+    BRANCHES,
+    ReplayKey,
+    ReplayResult,
+    choose_replays,
+    collect_replay,
+    read_replay_summaries,
+)
 from icefall_lite.ablation.report import (
-    DONE_MARKER,
-    ReportSetup,
     RunResult,
     add_wall_time,
     collect_run,
     format_table,
     newest_wer_summary,
     read_json,
-    render_section,
+    read_summary,
+    summary_path,
     update_results_md,
     write_json_atomic,
+    write_summary,
 )
+from icefall_lite.ablation.section import ReportSetup, render_section
 from icefall_lite.decoding.constants import DECODING_METHODS, TEST_SETS
-from icefall_lite.recipe_defaults import TRAIN_MAX_DURATION
 from icefall_lite.train.tb_tags import TB_TAGS
 from icefall_lite.utils import script_parser
 
 RECIPE_DIR = Path(__file__).resolve().parents[1]
+SUMMARIES = "ablation-runs"
 CONFIG_FILE = "ablation-config.json"
 ARM_FILE = "ablation-arm.json"  # in every run dir: the arm's train.py flags
 TRAINED_MARKER = "ablation-trained.json"  # in every run dir once train.py has finished (validation included)
+OBSERVING_ARM = "none"
+FILTER_ARM = "filter"
 DEFAULT_THRESHOLDS = Thresholds()
 
 
@@ -97,93 +122,58 @@ class AblationError(RuntimeError):
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
     t = DEFAULT_THRESHOLDS
-    parser.add_argument(
+    add = parser.add_argument
+    add("--set", choices=list(RUN_SETS), default="primary", help="which set of runs (see above)")
+    add("--conditions", nargs="+", default=None, choices=list(CONDITIONS), help="conditions (default: the set's)")
+    add("--arms", nargs="+", default=None, help="arms (default: the set's; --list shows the plan)")
+    add("--num-seeds", type=int, default=None, help="seeds per arm: --seed, --seed + 1, ... (default: the set's)")
+    add("--seed", type=int, default=42, help="the first seed")
+    add("--replays-per-seed", type=int, default=None, help="replayed outlier events per seed (default: the set's)")
+    add("--replay-steps", type=int, default=100, help="steps of each branch of a replay")
+    add("--steps", type=int, default=None, help="training steps of every run (default: the condition's)")
+    add("--max-duration", type=float, default=None, help="seconds of audio per batch (default: the condition's)")
+    add(
+        "--model-warm-step",
+        type=int,
+        default=None,
+        help="train.py's --model-warm-step of every run (default: the condition's; scale it with --steps)",
+    )
+    add(
         "--work-dir",
         type=Path,
-        default=RECIPE_DIR,
-        help="folder with data/ (prepare.sh --work-dir); train/decode run in it (default: the recipe)",
+        default=None,
+        help="folder with data/ (prepare.sh --work-dir) for every condition (default: the condition's corpus "
+        "folder in the recipe: digits/ or the recipe itself)",
     )
-    parser.add_argument(
+    add(
         "--exp-root",
         type=Path,
         default=Path("lstm_transducer_stateless/exp-ablation"),
-        help="where the runs go (<exp-root>/<condition>/<arm>/seed-<s>/); relative to --work-dir",
+        help="where the runs go (<exp-root>/<condition>/<arm>/seed-<s>/); relative to the recipe folder",
     )
-    parser.add_argument(
+    add(
         "--results-dir",
         type=Path,
         default=RECIPE_DIR,
-        help="where RESULTS.md (ablation section) and the PNG plots are written (default: the recipe)",
+        help="where RESULTS.md (ablation section), the PNG plots and ablation-runs/ (the run summaries) go",
     )
-    parser.add_argument(
-        "--conditions", nargs="+", default=["stress"], choices=list(CONDITIONS), help="training conditions to run"
-    )
-    parser.add_argument("--arms", nargs="+", default=None, help="arms to run (default: all; --list shows them)")
-    parser.add_argument("--num-seeds", type=int, default=3, help="seeds per arm: --seed, --seed + 1, ...")
-    parser.add_argument("--seed", type=int, default=42, help="the first seed")
-    parser.add_argument("--steps", type=int, default=300, help="training steps of every run (train.py --max-batches)")
-    parser.add_argument(
-        "--max-duration", type=float, default=TRAIN_MAX_DURATION, help="seconds of audio per training batch"
-    )
-    parser.add_argument(
-        "--grad-filter-threshold",
+    add("--grad-filter-threshold", type=float, default=t.filter, help="GradientFilter threshold (arms filter*)")
+    add("--filter-sweep", type=float, nargs="*", default=list(t.sweep), help="thresholds of arms filter-<t>")
+    add("--clip-grad-norm", type=float, default=t.clip_norm, help="max norm of arms clip and filter-clip")
+    add(
+        "--relative-clip",
         type=float,
-        default=t.filter,
-        help="GradientFilter threshold of the arms filter and filter-clip (the recipe's)",
+        default=t.relative_clip,
+        help="arm clip-relative: clip_grad_norm at this multiple of the running median gradient norm",
     )
-    parser.add_argument(
-        "--filter-sweep",
-        type=float,
-        nargs="*",
-        default=list(t.sweep),
-        help="other GradientFilter thresholds, one arm filter-<t> each",
-    )
-    parser.add_argument(
-        "--clip-grad-norm",
-        type=float,
-        default=t.clip_norm,
-        help="clip_grad_norm's max norm in the arms clip and filter-clip (the recipe's)",
-    )
-    parser.add_argument(
-        "--agc-lambda",
-        type=float,
-        default=t.agc_lambda,
-        help="lambda of the agc arm (max unit-wise gradient norm / weight norm)",
-    )
-    parser.add_argument(
-        "--clip-value", type=float, default=t.clip_value, help="max |gradient element| of the value arm"
-    )
-    parser.add_argument(
-        "--error-clip",
-        type=float,
-        default=t.error_clip,
-        help="max |element| of the gradient at every encoder layer's output in the error-clip arm",
-    )
-    parser.add_argument(
-        "--model-args",
-        type=str,
-        default="",
-        help="model flags for train.py and decode.py after the condition's, e.g. a smaller model "
-        "for a quick try (default: none)",
-    )
-    parser.add_argument(
-        "--decoding-methods",
-        nargs="+",
-        choices=DECODING_METHODS,
-        default=["greedy_search"],
-        help="decoding methods of every run",
-    )
-    parser.add_argument(
-        "--bpe-model", type=Path, default=None, help="default: the one data/lang_bpe_*/bpe.model in --work-dir"
-    )
-    parser.add_argument(
-        "--num-workers",
-        type=int,
-        default=0,
-        help="DataLoader workers (0: a resumed run reproduces the uninterrupted one exactly)",
-    )
-    parser.add_argument("--save-every-n", type=int, default=50, help="checkpoint every N steps (for resuming)")
-    parser.add_argument("--list", action="store_true", help="print the runs of this invocation and exit")
+    add("--agc-lambda", type=float, default=t.agc_lambda, help="lambda of the agc arm (unit-wise grad / weight)")
+    add("--clip-value", type=float, default=t.clip_value, help="max |gradient element| of the value arm")
+    add("--error-clip", type=float, default=t.error_clip, help="max |layer-output grad| of error-clip")
+    add("--model-args", type=str, default="", help="model flags after the condition's (e.g. a tiny model to try)")
+    add("--decoding-methods", nargs="+", choices=DECODING_METHODS, default=["greedy_search"], help="decoding")
+    add("--num-workers", type=int, default=0, help="DataLoader workers (0: a resumed run reproduces exactly)")
+    add("--save-every-n", type=int, default=25, help="checkpoint every N steps (resuming; replay starts)")
+    add("--list", action="store_true", help="print the runs of this invocation and exit")
     return parser
 
 
@@ -194,45 +184,57 @@ def get_parser() -> argparse.ArgumentParser:
 
 @dataclass
 class Settings:
-    """Resolved flags: absolute paths, the BPE model found, the arms and the plan."""
+    """Resolved flags: the conditions (with any budget override), their data folders and BPE models, the
+    arms, the plan, the paths."""
 
     args: argparse.Namespace
-    work_dir: Path
+    conditions: Dict[str, Condition]
+    work_dirs: Dict[str, Path]
+    bpe_models: Dict[str, Path]
     exp_root: Path
     results_dir: Path
-    bpe_model: Path
     thresholds: Thresholds
     arms: Dict[str, Arm]
     plan: Plan
+    replays_per_seed: int
     model_args: List[str]
 
     @property
     def methods(self) -> List[str]:
         return list(dict.fromkeys(self.args.decoding_methods))
 
-    def rel(self, path: Path) -> str:
-        """``path`` relative to the work dir when inside it (commands read better), else absolute."""
-        try:
-            return str(path.resolve().relative_to(self.work_dir))
-        except ValueError:
-            return str(path.resolve())
+    @property
+    def summaries(self) -> Path:
+        return self.results_dir / SUMMARIES
 
-    def script(self, name: str) -> str:
-        """A recipe script's path: relative when running in the recipe dir, else absolute."""
-        return name if self.work_dir == RECIPE_DIR else str(RECIPE_DIR / name)
+    def rel(self, path: Path, condition: str) -> str:
+        """``path`` relative to the condition's data folder (where the commands run)."""
+        return os.path.relpath(path.resolve(), self.work_dirs[condition])
 
     def run_dir(self, key: RunKey) -> Path:
         return self.exp_root / key.relpath
 
+    def replay_dir(self, key: ReplayKey) -> Path:
+        return self.exp_root / key.relpath
+
+    def replays_on(self, condition: str) -> bool:
+        return self.replays_per_seed > 0 and {OBSERVING_ARM, FILTER_ARM} <= {a.name for a in self.plan.arms}
+
     def stored_config(self) -> Dict:
-        """What must not change between reruns into the same --exp-root."""
-        a = self.args
+        """What must not change between reruns into the same results."""
         return {
-            "steps": a.steps,
-            "max_duration": a.max_duration,
-            "conditions": {name: [list(c.model_flags), list(c.train_flags)] for name, c in CONDITIONS.items()},
-            "bpe_model": self.rel(self.bpe_model),
+            "conditions": {
+                name: {
+                    "steps": c.steps,
+                    "max_duration": c.max_duration,
+                    "flags": c.all_train_flags(),
+                    "bpe_model": self.rel(self.bpe_models[name], name),
+                }
+                for name, c in self.conditions.items()
+            },
             "model_args": self.model_args,
+            "replay_steps": self.args.replay_steps,
+            "save_every_n": self.args.save_every_n,
         }
 
 
@@ -241,22 +243,24 @@ def find_bpe_model(work_dir: Path) -> Path:
     found = sorted((work_dir / "data").glob("lang_bpe_*/bpe.model"))
     if len(found) != 1:
         what = ", ".join(str(p) for p in found) if found else "none"
-        raise AblationError(
-            f"expected one data/lang_bpe_*/bpe.model in {work_dir} (found: {what}); "
-            "pass --bpe-model, or run prepare.sh first"
-        )
+        raise AblationError(f"expected one data/lang_bpe_*/bpe.model in {work_dir} (found: {what})")
     return found[0]
 
 
 def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
-    """Absolute paths, the arms and the plan; argparse errors for bad values."""
-    if args.steps < 1 or args.num_seeds < 1:
-        parser.error(f"--steps and --num-seeds must be >= 1, got {args.steps} and {args.num_seeds}")
-    if args.max_duration <= 0:
-        parser.error("--max-duration must be positive")
+    """The set's defaults filled in, the arms, the plan and the data folders; argparse errors for bad values."""
+    run_set = RUN_SETS[args.set]
+    num_seeds = run_set.num_seeds if args.num_seeds is None else args.num_seeds
+    replays = run_set.replays_per_seed if args.replays_per_seed is None else args.replays_per_seed
+    if num_seeds < 1 or replays < 0 or args.replay_steps < 1 or args.save_every_n < 1:
+        parser.error("--num-seeds, --replay-steps and --save-every-n must be >= 1, --replays-per-seed >= 0")
+    overrides = (args.steps, args.max_duration, args.model_warm_step)
+    if any(x is not None and x <= 0 for x in overrides):
+        parser.error("--steps, --max-duration and --model-warm-step must be positive")
     positive = {
         "--grad-filter-threshold": args.grad_filter_threshold,
         "--clip-grad-norm": args.clip_grad_norm,
+        "--relative-clip": args.relative_clip,
         "--agc-lambda": args.agc_lambda,
         "--clip-value": args.clip_value,
         "--error-clip": args.error_clip,
@@ -272,54 +276,74 @@ def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         args.agc_lambda,
         args.clip_value,
         args.error_clip,
+        args.relative_clip,
     )
     all_arms = make_arms(thresholds)
+    known = [a.name for a in all_arms]
     try:
-        names = select(args.arms, [a.name for a in all_arms], "arm(s)") if args.arms else [a.name for a in all_arms]
+        names = select(args.arms or list(run_set.arms), known, "arm(s)")
     except ValueError as e:
         parser.error(str(e))
     arms = {a.name: a for a in all_arms}
-    plan = Plan(list(dict.fromkeys(args.conditions)), [arms[n] for n in names], seeds_of(args.seed, args.num_seeds))
-    work_dir = args.work_dir.resolve()
-    if not (work_dir / "data" / "fbank").is_dir():
-        parser.error(f"--work-dir {work_dir} has no data/fbank; run prepare.sh (with --work-dir) first")
-    exp_root = args.exp_root if args.exp_root.is_absolute() else work_dir / args.exp_root
-    bpe = args.bpe_model
-    try:
-        bpe = find_bpe_model(work_dir) if bpe is None else (bpe if bpe.is_absolute() else work_dir / bpe)
-    except AblationError as e:
-        parser.error(str(e))
-    if not bpe.is_file():
-        parser.error(f"--bpe-model {bpe} does not exist")
+    condition_names = list(dict.fromkeys(args.conditions or run_set.conditions))
+    conditions, work_dirs, bpe_models = {}, {}, {}
+    for name in condition_names:
+        c = CONDITIONS[name]
+        c = replace(
+            c,
+            steps=c.steps if args.steps is None else args.steps,
+            max_duration=c.max_duration if args.max_duration is None else args.max_duration,
+            model_warm_step=c.model_warm_step if args.model_warm_step is None else args.model_warm_step,
+        )
+        work_dir = (args.work_dir or RECIPE_DIR / c.corpus_dir).resolve()
+        if not (work_dir / "data" / "fbank").is_dir():
+            parser.error(
+                f"condition {name}: {work_dir} has no data/fbank; run (from the recipe) "
+                f"{shlex.join(c.prepare_command())}, or pass --work-dir"
+            )
+        try:
+            bpe_models[name] = find_bpe_model(work_dir).resolve()
+        except AblationError as e:
+            parser.error(f"condition {name}: {e}")
+        conditions[name], work_dirs[name] = c, work_dir
+    plan = Plan(condition_names, [arms[n] for n in names], seeds_of(args.seed, num_seeds))
+    exp_root = args.exp_root if args.exp_root.is_absolute() else RECIPE_DIR / args.exp_root
     return Settings(
         args,
-        work_dir,
+        conditions,
+        work_dirs,
+        bpe_models,
         exp_root.resolve(),
         args.results_dir.resolve(),
-        bpe.resolve(),
         thresholds,
         arms,
         plan,
+        replays,
         shlex.split(args.model_args),
     )
 
 
 def check_config(s: Settings) -> None:
-    """Store the settings on the first run; refuse a rerun with other settings, or with an arm whose
-    threshold differs from the one its existing runs were trained with."""
-    path = s.exp_root / CONFIG_FILE
+    """Store the settings on the first run; refuse a rerun with other settings for a condition already run,
+    or with an arm whose flags differ from those its existing runs were trained with."""
+    path = s.summaries / CONFIG_FILE
     wanted = s.stored_config()
     stored = read_json(path)
-    if stored is None:
-        s.exp_root.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, wanted)
-        return
-    changed = {k: (stored.get(k), v) for k, v in wanted.items() if stored.get(k) != v}
-    if changed:
-        detail = "; ".join(f"{k}: was {old!r}, now {new!r}" for k, (old, new) in changed.items())
-        raise AblationError(
-            f"{s.exp_root} was made with other settings ({detail}); use another --exp-root, or remove it to start over"
-        )
+    if stored is not None:
+        changed = {k: (stored.get(k), v) for k, v in wanted.items() if k != "conditions" and stored.get(k) != v}
+        for name, c in wanted["conditions"].items():
+            old = stored.get("conditions", {}).get(name)
+            if old is not None and old != c:
+                changed[f"condition {name}"] = (old, c)
+        if changed:
+            detail = "; ".join(f"{k}: was {old!r}, now {new!r}" for k, (old, new) in changed.items())
+            raise AblationError(
+                f"{s.summaries} was made with other settings ({detail}); use another --results-dir, "
+                "or remove it to start over"
+            )
+        wanted["conditions"] = {**stored.get("conditions", {}), **wanted["conditions"]}
+    s.summaries.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, wanted)
     for name, arm in s.arms.items():
         for arm_file in sorted(s.exp_root.glob(f"*/{name}/seed-*/{ARM_FILE}")):
             trained = read_json(arm_file)["train_flags"]
@@ -336,50 +360,65 @@ def check_config(s: Settings) -> None:
 # --------------------------------------------------------------------------
 
 
-def train_command(s: Settings, key: RunKey) -> List[str]:
+def script(s: Settings, condition: str, name: str) -> str:
+    """A recipe script's path from the condition's data folder."""
+    return os.path.relpath(RECIPE_DIR / name, s.work_dirs[condition])
+
+
+def train_command(
+    s: Settings, key: RunKey, exp_dir: Optional[Path] = None, arm: Optional[str] = None, **overrides: int
+) -> List[str]:
+    """train.py for run ``key`` (or, with ``exp_dir``/``arm``/``overrides``, a replay branch or a retraining):
+    ``overrides`` may set ``max_batches``, ``start_batch``, ``keep_last_k``."""
     a = s.args
-    condition = CONDITIONS[key.condition]
+    c = s.conditions[key.condition]
+    keep = 0 if (key.arm == OBSERVING_ARM and s.replays_on(key.condition)) else 1
+    flags = {
+        "max_batches": overrides.get("max_batches", c.steps),
+        "keep_last_k": overrides.get("keep_last_k", keep),
+    }
+    start = ["--start-batch", str(overrides["start_batch"])] if "start_batch" in overrides else []
     return (
         [
             "python",
-            s.script("lstm_transducer_stateless/train.py"),
+            script(s, key.condition, "lstm_transducer_stateless/train.py"),
             "--exp-dir",
-            s.rel(s.run_dir(key)),
+            s.rel(exp_dir or s.run_dir(key), key.condition),
             "--bpe-model",
-            s.rel(s.bpe_model),
+            s.rel(s.bpe_models[key.condition], key.condition),
             "--num-epochs",
             "100",
             "--max-batches",
-            str(a.steps),
+            str(flags["max_batches"]),
+            *start,
             "--seed",
             str(key.seed),
             "--max-duration",
-            f"{a.max_duration:g}",
+            f"{c.max_duration:g}",
             "--num-workers",
             str(a.num_workers),
             "--save-every-n",
             str(a.save_every_n),
             "--keep-last-k",
-            "1",
+            str(flags["keep_last_k"]),
         ]
-        + s.arms[key.arm].train_flags()
-        + list(condition.model_flags)
-        + list(condition.train_flags)
+        + s.arms[arm or key.arm].train_flags()
+        + c.all_train_flags()
         + s.model_args
     )
 
 
-def decode_command(s: Settings, key: RunKey, method: str) -> List[str]:
+def decode_command(s: Settings, condition: str, run_dir: Path, method: str, iteration: int) -> List[str]:
     return (
         [
             "python",
-            s.script("lstm_transducer_stateless/decode.py"),
+            script(s, condition, "lstm_transducer_stateless/decode.py"),
             "--exp-dir",
-            s.rel(s.run_dir(key)),
+            s.rel(run_dir, condition),
             "--bpe-model",
-            s.rel(s.bpe_model),
+            s.rel(s.bpe_models[condition], condition),
             "--iter",
-            str(s.args.steps),
+            str(iteration),
             "--avg",
             "1",
             "--use-averaged-model",
@@ -389,19 +428,25 @@ def decode_command(s: Settings, key: RunKey, method: str) -> List[str]:
             "--num-workers",
             str(s.args.num_workers),
         ]
-        + list(CONDITIONS[key.condition].model_flags)
+        + list(s.conditions[condition].model_flags)
         + s.model_args
     )
 
 
-def run_command(s: Settings, cmd: List[str], what: str, log_hint: Path) -> float:
-    """Run ``cmd`` in the work dir with this Python; returns its wall time. AblationError on failure."""
+def shown(s: Settings, condition: str, cmd: List[str]) -> str:
+    """A command as typed from the recipe folder."""
+    where = os.path.relpath(s.work_dirs[condition], RECIPE_DIR)
+    return shlex.join(cmd) if where == "." else f"(cd {shlex.quote(where)} && {shlex.join(cmd)})"
+
+
+def run_command(s: Settings, condition: str, cmd: List[str], what: str, log_hint: Path) -> float:
+    """Run ``cmd`` in the condition's data folder with this Python; returns its wall time."""
     argv = [sys.executable] + cmd[1:] if cmd[0] == "python" else cmd
-    logging.info(f"{what}: {shlex.join(cmd)}")
+    logging.info(f"{what}: {shown(s, condition, cmd)}")
     start = time.time()
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    proc = subprocess.run(argv, cwd=s.work_dir, env=env)
+    proc = subprocess.run(argv, cwd=s.work_dirs[condition], env=env)
     elapsed = time.time() - start
     if proc.returncode != 0:
         raise AblationError(
@@ -412,138 +457,271 @@ def run_command(s: Settings, cmd: List[str], what: str, log_hint: Path) -> float
 
 
 # --------------------------------------------------------------------------
-# Running
+# Runs
 # --------------------------------------------------------------------------
 
 
 def run_done(s: Settings, key: RunKey) -> bool:
-    marker = read_json(s.run_dir(key) / DONE_MARKER)
-    return marker is not None and set(s.methods) <= set(marker.get("methods", []))
+    result = read_summary(s.summaries, key)
+    return result is not None and all((m, t) in result.wer for m in s.methods for t in TEST_SETS)
 
 
-def decoded(run_dir: Path, method: str) -> bool:
-    return all(newest_wer_summary(run_dir, method, t) is not None for t in TEST_SETS)
-
-
-def run_one(s: Settings, key: RunKey) -> None:
-    """Train (or resume) and decode one run, then write its done-marker."""
-    run_dir = s.run_dir(key)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / ARM_FILE, {"arm": key.arm, "train_flags": s.arms[key.arm].train_flags()})
-    what = key.relpath
-    if (run_dir / TRAINED_MARKER).is_file():
-        logging.info(f"{what}: training finished earlier")
-    else:
-        start = time.time()
-        try:
-            run_command(s, train_command(s, key), f"{what}: training", run_dir / "log")
-        finally:
-            add_wall_time(run_dir, "train", time.time() - start)
-        write_json_atomic(run_dir / TRAINED_MARKER, {"steps": s.args.steps})
+def decode_all(s: Settings, condition: str, run_dir: Path, iteration: int, what: str) -> None:
     for method in s.methods:
-        if decoded(run_dir, method):
+        if all(newest_wer_summary(run_dir, method, t) is not None for t in TEST_SETS):
             continue
         start = time.time()
         try:
-            run_command(s, decode_command(s, key, method), f"{what}: {method}", run_dir / method)
+            run_command(s, condition, decode_command(s, condition, run_dir, method, iteration), what, run_dir)
         finally:
             add_wall_time(run_dir, f"decode/{method}", time.time() - start)
-    write_json_atomic(
-        run_dir / DONE_MARKER,
-        {
-            "condition": key.condition,
-            "arm": key.arm,
-            "seed": key.seed,
-            "methods": s.methods,
-            "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-        },
+
+
+def train_run(s: Settings, key: RunKey) -> None:
+    """Train (or resume) run ``key`` to the end of its budget, once."""
+    run_dir = s.run_dir(key)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / ARM_FILE, {"arm": key.arm, "train_flags": s.arms[key.arm].train_flags()})
+    if (run_dir / TRAINED_MARKER).is_file():
+        logging.info(f"{key.relpath}: training finished earlier")
+        return
+    start = time.time()
+    try:
+        run_command(s, key.condition, train_command(s, key), f"{key.relpath}: training", run_dir / "log")
+    finally:
+        add_wall_time(run_dir, "train", time.time() - start)
+    write_json_atomic(run_dir / TRAINED_MARKER, {"steps": s.conditions[key.condition].steps})
+
+
+def run_one(s: Settings, key: RunKey) -> RunResult:
+    """Train and decode one run; write its summary."""
+    train_run(s, key)
+    run_dir = s.run_dir(key)
+    decode_all(s, key.condition, run_dir, s.conditions[key.condition].steps, f"{key.relpath}: decoding")
+    c = s.conditions[key.condition]
+    result = collect_run(run_dir, key, s.methods, TB_TAGS, c.warm_end)
+    write_summary(s.summaries, result)
+    return result
+
+
+# --------------------------------------------------------------------------
+# Replays
+# --------------------------------------------------------------------------
+
+
+def replay_plan(s: Settings, condition: str, seed: int) -> List[Tuple[ReplayKey, object]]:
+    """The replays of the ``none`` run of ``condition``/``seed`` (which must be finished)."""
+    original = read_summary(s.summaries, RunKey(condition, OBSERVING_ARM, seed))
+    chosen = choose_replays(original, s.thresholds.filter, s.args.save_every_n, s.replays_per_seed)
+    return [(ReplayKey(condition, seed, start), event) for start, event in chosen]
+
+
+def start_checkpoint(s: Settings, key: ReplayKey) -> Path:
+    """``checkpoint-<start>.pt`` of the ``none`` run; retrained (same seed, same weights) when it is gone."""
+    original = RunKey(key.condition, OBSERVING_ARM, key.seed)
+    path = s.run_dir(original) / f"checkpoint-{key.start}.pt"
+    if path.is_file():
+        return path
+    redo = s.exp_root / key.condition / OBSERVING_ARM / f"seed-{key.seed}-retrained"
+    path = redo / f"checkpoint-{key.start}.pt"
+    if not path.is_file():
+        cmd = train_command(s, original, exp_dir=redo, max_batches=key.start, keep_last_k=0)
+        run_command(s, key.condition, cmd, f"{key.relpath}: retraining the none run to step {key.start}", redo)
+    return path
+
+
+def run_replay(s: Settings, key: ReplayKey, event) -> ReplayResult:
+    """Both branches of one replay, decoded; its summary written."""
+    replay_dir = s.replay_dir(key)
+    end = key.start + s.args.replay_steps
+    checkpoint = start_checkpoint(s, key)
+    original = RunKey(key.condition, OBSERVING_ARM, key.seed)
+    for branch in BRANCHES:
+        branch_dir = replay_dir / branch
+        branch_dir.mkdir(parents=True, exist_ok=True)
+        what = f"{key.relpath}/{branch}"
+        if not (branch_dir / TRAINED_MARKER).is_file():
+            first = branch_dir / checkpoint.name
+            if not first.is_file():
+                shutil.copyfile(checkpoint, first)
+            cmd = train_command(
+                s, original, exp_dir=branch_dir, arm=branch, max_batches=end, start_batch=key.start, keep_last_k=1
+            )
+            start = time.time()
+            try:
+                run_command(s, key.condition, cmd, f"{what}: training", branch_dir / "log")
+            finally:
+                add_wall_time(branch_dir, "train", time.time() - start)
+            write_json_atomic(branch_dir / TRAINED_MARKER, {"steps": end})
+        decode_all(s, key.condition, branch_dir, end, f"{what}: decoding")
+    result = collect_replay(
+        replay_dir,
+        key,
+        event,
+        s.args.replay_steps,
+        read_summary(s.summaries, original),
+        s.methods,
+        TB_TAGS,
     )
+    write_summary(s.summaries, result)
+    if not result.identical_batches:
+        raise AblationError(f"{key.relpath}: the branches saw different batches (see their tensorboard/)")
+    return result
+
+
+def prune_checkpoints(s: Settings, condition: str, seed: int) -> None:
+    """Once a seed's replays are done, drop the ``none`` run's intermediate checkpoints (about 100 MB each)."""
+    run_dir = s.run_dir(RunKey(condition, OBSERVING_ARM, seed))
+    final = s.conditions[condition].steps
+    for path in run_dir.glob("checkpoint-*.pt"):
+        if path.name != f"checkpoint-{final}.pt":
+            path.unlink()
+
+
+# --------------------------------------------------------------------------
+# The plan and the report
+# --------------------------------------------------------------------------
 
 
 def finished_results(s: Settings) -> List[RunResult]:
-    """Every finished run in the exp root whose arm this invocation knows (any seed), in table order:
-    condition, arm, seed."""
+    """Every summary of the conditions and arms this invocation knows (any seed), in table order."""
     out = []
-    for condition in CONDITIONS:
+    for condition in s.conditions:
         for arm in s.arms:
-            arm_dir = s.exp_root / condition / arm
-            seeds = sorted(int(p.name.split("-", 1)[1]) for p in arm_dir.glob("seed-*") if p.name[5:].isdigit())
-            for seed in seeds:
-                key = RunKey(condition, arm, seed)
-                if run_done(s, key):
-                    out.append(collect_run(s.run_dir(key), key, s.methods, TB_TAGS))
+            for path in sorted((s.summaries / condition / arm).glob("seed-*.json")):
+                result = read_summary(s.summaries, RunKey(condition, arm, int(path.stem.split("-", 1)[1])))
+                if result is not None:
+                    out.append(result)
     return out
 
 
-def setup_text(s: Settings, results: Sequence[RunResult]) -> str:
-    """The setup paragraph of RESULTS.md."""
-    a, t = s.args, s.thresholds
-    conditions = "; ".join(
-        f"**{c}**: {CONDITIONS[c].description}" for c in dict.fromkeys(r.key.condition for r in results)
-    )
-    return (
-        f"Every run trains from scratch for **{a.steps} steps** (`--max-batches`) at `--max-duration "
-        f"{a.max_duration:g}`, on the data of `prepare.sh` (BPE model `{s.rel(s.bpe_model)}`), everything else "
-        f"train.py's defaults; the seeds differ in initialisation and data order. Conditions: {conditions}. "
-        "Arms: `none` has no control, its GradientFilter only observing (`--grad-filter-threshold inf`: the "
-        "statistics, gradients untouched; every arm without the filter observes the same way). Thresholds: "
-        f"GradientFilter {t.filter:g} (the recipe's and icefall's stateless3) and the sweep "
-        f"{', '.join(f'{x:g}' for x in t.sweep)}; clip_grad_norm {t.clip_norm:g} (the recipe's); AGC lambda "
-        f"{t.agc_lambda:g} (the paper's value for small batches; our batches hold 5-20 utterances); clip by value "
-        f"{t.clip_value:g} and error clip {t.error_clip:g} (per element; how these defaults were chosen: the section "
-        '"Thresholds of the ablation\'s clipping arms" below). Decoding: '
-        + ", ".join(s.methods)
-        + f" with the weights at step {a.steps} (`--iter {a.steps} --avg 1`)."
-        + (f" Model flags after the condition's: `{shlex.join(s.model_args)}`." if s.model_args else "")
-    )
-
-
-def all_commands(s: Settings, results: Sequence[RunResult]) -> List[str]:
-    cmds = []
+def report_setup(
+    s: Settings, command: str, results: Sequence[RunResult], replays: Sequence[ReplayResult]
+) -> ReportSetup:
+    commands = []
     for r in results:
-        cmds.append(shlex.join(train_command(s, r.key)))
-        cmds.extend(shlex.join(decode_command(s, r.key, m)) for m in s.methods)
-    return cmds
+        c = r.key.condition
+        if c not in s.conditions:
+            continue
+        commands.append(shown(s, c, train_command(s, r.key)))
+        commands += [shown(s, c, decode_command(s, c, s.run_dir(r.key), m, s.conditions[c].steps)) for m in s.methods]
+    for rep in replays:
+        c, end = rep.key.condition, rep.key.start + rep.steps
+        original = RunKey(c, OBSERVING_ARM, rep.key.seed)
+        for branch in BRANCHES:
+            branch_dir = s.replay_dir(rep.key) / branch
+            commands.append(f"cp {s.rel(s.run_dir(original), c)}/checkpoint-{rep.key.start}.pt {s.rel(branch_dir, c)}/")
+            commands.append(
+                shown(
+                    s,
+                    c,
+                    train_command(
+                        s,
+                        original,
+                        exp_dir=branch_dir,
+                        arm=branch,
+                        max_batches=end,
+                        start_batch=rep.key.start,
+                        keep_last_k=1,
+                    ),
+                )
+            )
+            commands += [shown(s, c, decode_command(s, c, branch_dir, m, end)) for m in s.methods]
+    return ReportSetup(
+        command=command,
+        conditions={name: c for name, c in s.conditions.items()},
+        thresholds=s.thresholds,
+        commands=commands,
+        methods=s.methods,
+        replay_steps=s.args.replay_steps,
+        model_args=s.model_args,
+    )
 
 
 def write_report(s: Settings, command: str) -> Optional[Path]:
-    """RESULTS.md's ablation section and the plots, from every finished run (None when there is none)."""
+    """RESULTS.md's ablation section and the plots, from every summary (None when there is none)."""
     results = finished_results(s)
     if not results:
         return None
+    replays = [r for c in s.conditions for r in read_replay_summaries(s.summaries, c)]
     sweep = sorted({s.thresholds.filter, *s.thresholds.sweep})
-    plots = write_plots(results, s.arms, s.results_dir, sweep)
-    setup = ReportSetup(
-        command=command, setup=setup_text(s, results), commands=all_commands(s, results), methods=s.methods, sweep=sweep
-    )
+    plots = write_plots(results, s.arms, s.results_dir, sweep, replays)
     results_md = s.results_dir / "RESULTS.md"
-    update_results_md(results_md, render_section(results, s.arms, plots, setup))
-    logging.info(f"wrote {results_md} and {len(plots)} plots ({len(results)} finished runs)")
+    setup = report_setup(s, command, results, replays)
+    update_results_md(results_md, render_section(results, replays, s.arms, plots, setup))
+    logging.info(f"wrote {results_md} and {len(plots)} plots ({len(results)} runs, {len(replays)} replays)")
     print(format_table(results, s.arms, s.methods))
     return results_md
 
 
+@dataclass
+class Progress:
+    """Time per run and per replay branch step so far, for the estimate of the time left."""
+
+    started: float
+    run_seconds: List[float]
+    replay_seconds: List[float]
+
+    def left(self, runs_left: int, replays_left: int, replay_fraction: float) -> float:
+        per_run = sum(self.run_seconds) / len(self.run_seconds) if self.run_seconds else float("nan")
+        per_replay = (
+            sum(self.replay_seconds) / len(self.replay_seconds) if self.replay_seconds else per_run * replay_fraction
+        )
+        return runs_left * per_run + replays_left * per_replay
+
+
 def run_plan(s: Settings, command: str) -> int:
-    """Every run of the plan in order, with progress, an estimate of the time left, and the report after each;
-    returns the number of runs made."""
+    """Every run of the plan, seed by seed, each seed's replays after its runs; progress, an estimate of the
+    time left, and the report after each. Returns the number of runs and replays made."""
     runs = s.plan.runs
-    start = time.time()
-    ran = 0
+    seeds = s.plan.seeds
+    replays_total = sum(s.replays_per_seed for c in s.plan.conditions if s.replays_on(c)) * len(seeds)
+    fraction = 2 * s.args.replay_steps / max(c.steps for c in s.conditions.values())
+    progress = Progress(time.time(), [], [])
+    made, replays_done = 0, 0
+
+    def log_left(i: int) -> None:
+        runs_left = sum(1 for k in runs[i:] if not run_done(s, k))
+        left = progress.left(runs_left, replays_total - replays_done, fraction)
+        logging.info(
+            f"{(time.time() - progress.started) / 60:.1f} min so far; about {left / 60:.0f} min left for "
+            f"{runs_left} run(s) and {replays_total - replays_done} replay(s)"
+        )
+
     for i, key in enumerate(runs, 1):
         if run_done(s, key):
             logging.info(f"[{i}/{len(runs)}] {key.relpath}: done earlier - skipped")
+        else:
+            logging.info(f"[{i}/{len(runs)}] {key.relpath} ({s.arms[key.arm].label}): starting")
+            start = time.time()
+            run_one(s, key)
+            progress.run_seconds.append(time.time() - start)
+            made += 1
+            log_left(i)
+            write_report(s, command)
+        last_of_seed = i == len(runs) or runs[i].seed != key.seed
+        if not last_of_seed:
             continue
-        logging.info(f"[{i}/{len(runs)}] {key.relpath} ({s.arms[key.arm].label}): starting")
-        run_one(s, key)
-        ran += 1
-        elapsed = time.time() - start
-        left = sum(1 for k in runs[i:] if not run_done(s, k))
-        logging.info(
-            f"[{i}/{len(runs)}] {key.relpath}: done; {elapsed / 60:.1f} min so far, "
-            f"about {elapsed / ran * left / 60:.0f} min left for {left} run(s)"
-        )
-        write_report(s, command)
-    return ran
+        for condition in s.plan.conditions:
+            if not s.replays_on(condition) or not run_done(s, RunKey(condition, OBSERVING_ARM, key.seed)):
+                continue
+            for rkey, event in replay_plan(s, condition, key.seed):
+                if summary_path(s.summaries, rkey).is_file():
+                    logging.info(f"{rkey.relpath}: done earlier - skipped")
+                else:
+                    logging.info(
+                        f"{rkey.relpath}: replaying the event at step {event.step} (layer {event.layer}, "
+                        f"{event.ratio:.1f}x the median)"
+                    )
+                    start = time.time()
+                    run_replay(s, rkey, event)
+                    progress.replay_seconds.append(time.time() - start)
+                    made += 1
+                    write_report(s, command)
+                replays_done += 1
+                log_left(i)
+            prune_checkpoints(s, condition, key.seed)
+    return made
 
 
 def invocation(argv: Sequence[str]) -> str:
@@ -558,7 +736,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     s = resolve_settings(parser, args)
     if args.list:
         for key in s.plan.runs:
-            print(f"{key.relpath:32s} {'done' if run_done(s, key) else 'to run'}  {s.arms[key.arm].label}")
+            state = "done" if run_done(s, key) else "to run"
+            print(f"{key.relpath:32s} {state:7s} {s.arms[key.arm].label}")
+        for c in s.plan.conditions:
+            if s.replays_on(c):
+                n = s.replays_per_seed * len(s.plan.seeds)
+                print(f"{c}: {n} replays ({s.replays_per_seed} per seed) of {s.args.replay_steps} steps x 2 branches")
         return 0
     s.exp_root.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
@@ -573,7 +756,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.info(f"ablation: {vars(args)}")
     logging.info(
         f"{len(s.plan.runs)} runs: conditions {s.plan.conditions}, arms {[a.name for a in s.plan.arms]}, "
-        f"seeds {s.plan.seeds}"
+        f"seeds {s.plan.seeds}; {s.replays_per_seed} replay(s) per seed"
     )
     try:
         check_config(s)

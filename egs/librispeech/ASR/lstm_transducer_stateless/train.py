@@ -39,6 +39,7 @@ from icefall_lite.train.checkpoint import CheckpointError
 from icefall_lite.train.grad_control import GradientControl
 from icefall_lite.train.loop import DIAGNOSTICS_BATCHES, Training, train_epochs
 from icefall_lite.train.optim import Eden
+from icefall_lite.train.optimizer_state import SecondMomentMonitor
 from icefall_lite.train.presets import PRESETS, icefall_preset
 from icefall_lite.train.resume import Resumption, init_from_weights
 from icefall_lite.train.rng import fix_random_seed
@@ -215,6 +216,7 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
         world_size,
         rank,
         diagnostics,
+        SecondMomentMonitor(model, optimizer) if rank == 0 else None,
     )
     start = time.time()
     train_epochs(training, librispeech, train_cuts, resume)

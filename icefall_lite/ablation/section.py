@@ -1,0 +1,208 @@
+"""The ablation section of RESULTS.md: setup, the table per arm, where the
+outliers arise, the paired differences with their intervals, the replayed
+events, the answer in plain words, icefall's own table beside it, the plots
+and every command."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+from icefall_lite.ablation.arms import Arm, Condition, Thresholds
+from icefall_lite.ablation.replay import ReplayResult, format_replay_table, median_state_damage, replay_differences
+from icefall_lite.ablation.report import (
+    DIVERGE_FACTOR,
+    DIVERGE_WINDOW,
+    FAMILY_ALPHA,
+    ICEFALL_GREEDY,
+    MIN_FAMILY_SEEDS,
+    OBJECTIVE_SIMPLE_SCALE,
+    OUTLIER_RATIO,
+    SPIKE_FACTOR,
+    SPIKE_WINDOW,
+    RunResult,
+    findings,
+    format_comparisons,
+    format_outlier_table,
+    format_table,
+    machine_summary,
+    outlier_rows,
+    outlier_steps,
+    paired_comparisons,
+    today,
+)
+from icefall_lite.train.optimizer_state import EVENT_JUMP, RECOVERED_RATIO
+
+
+@dataclass
+class ReportSetup:
+    """What the recipe says about its runs: the command, the conditions, thresholds, every command run, the
+    decoding methods, the replays' window, model flags added to every run."""
+
+    command: str
+    conditions: Dict[str, Condition]
+    thresholds: Thresholds
+    commands: List[str]
+    methods: Sequence[str]
+    replay_steps: int
+    model_args: Sequence[str]
+
+
+def setup_text(setup: ReportSetup, results: Sequence[RunResult]) -> List[str]:
+    t = setup.thresholds
+    lines = ["Conditions (each run trains from scratch; a seed fixes initialisation and batch order in every arm):", ""]
+    for name in dict.fromkeys(r.key.condition for r in results):
+        c = setup.conditions.get(name)
+        if c is not None:
+            lines.append(
+                f"- **{name}**: {c.description}; {c.steps} steps (`--max-batches`) at `--max-duration "
+                f"{c.max_duration:g}`; the loss weights reach full weight at step {c.warm_end}."
+            )
+    lines += [
+        "",
+        "Arms: `none` has no control; its GradientFilter only observes (`--grad-filter-threshold inf`: per-layer "
+        "statistics, gradients untouched), as in every arm without the filter. Thresholds: GradientFilter "
+        f"{t.filter:g} (the recipe's and icefall's stateless3; sweep {', '.join(f'{x:g}' for x in t.sweep)}); "
+        f"clip_grad_norm {t.clip_norm:g} (the recipe's); relative clipping at {t.relative_clip:g}x the running "
+        f"median gradient norm (as ScaledAdam's clipping_scale); AGC lambda {t.agc_lambda:g}; clip by value "
+        f"{t.clip_value:g}; error clip {t.error_clip:g}. Decoding: {', '.join(setup.methods)} with the weights at "
+        "the end of the budget (`--avg 1`)."
+        + (f" Model flags added to every run: `{' '.join(setup.model_args)}`." if setup.model_args else ""),
+    ]
+    return lines
+
+
+def column_notes() -> str:
+    return (
+        "Each cell: mean ± standard deviation over the seeds ((n=k): only k seeds had a finite value). WER (%) on "
+        "the weights at the end of the budget. Losses are of the objective after warm-up "
+        f"({OBJECTIVE_SIMPLE_SCALE:g} x simple + pruned, per frame); final train loss: the mean over the last "
+        "tenth of the steps; valid loss: dev-clean + dev-other at the end. Loss spikes: steps after warm-up whose "
+        f"loss is over {SPIKE_FACTOR:g}x the median of the (up to) {SPIKE_WINDOW} steps after warm-up before it. "
+        f"Diverged: a skipped (non-finite) step, or a last-{DIVERGE_WINDOW}-step mean over {DIVERGE_FACTOR:g}x its "
+        f"lowest. % steps > {OUTLIER_RATIO:g}x: steps after warm-up at which some layer's largest per-sequence "
+        "gradient RMS was over that multiple of the batch median (measured before that layer's filter). % steps "
+        "filtered: some layer's filter capped a sequence; % steps clipped: the clipping lowered the gradient "
+        "norm. Max exp_avg_sq jump: after warm-up, the largest ratio of a parameter tensor's Adam second moment "
+        f"(sum of exp_avg_sq) after a step to before it; % steps jump > {EVENT_JUMP:g}: how often a step inflated "
+        f"some tensor's second moment that much; recovery steps: the median number of steps such a tensor took to "
+        f"come back to {RECOVERED_RATIO:g}x its value before the jump (its updates are smaller meanwhile; "
+        "events not recovered by the end of the run are not counted)."
+    )
+
+
+def replay_section(replays: Sequence[ReplayResult], setup: ReportSetup) -> List[str]:
+    if not replays:
+        return []
+    diffs = replay_differences(replays, setup.methods)
+    same = sum(r.identical_batches for r in replays)
+    reproduced = sum(r.reproduces_original for r in replays)
+    lines = [
+        "### Replayed outlier events",
+        "",
+        f"From the checkpoint just before an outlier event of a `none` run (a step after warm-up with a layer over "
+        f"{setup.thresholds.filter:g}x the batch median; the largest event per checkpoint interval, the largest "
+        f"intervals per seed), each replay trains {setup.replay_steps} steps twice on the same batches: without "
+        "the filter (which reproduces the original run) and with GradientFilter "
+        f"{setup.thresholds.filter:g}; then both are decoded. Same batches: the batch digests (a hash of the "
+        f"cut ids) agree at every step ({same} of {len(replays)} replays); reproduces run: the unfiltered "
+        f"branch's losses equal the original run's ({reproduced} of {len(replays)}). exp_avg_sq none / filter at "
+        "end: the largest ratio over parameter tensors of the unfiltered branch's Adam second moment to the "
+        "filtered branch's after the window (above 1: the outlier left a larger second moment, so smaller "
+        f"updates; median over replays {median_state_damage(replays):.2f}).",
+        "",
+        format_replay_table(replays, setup.methods),
+        "",
+        "Filter minus none over the replays (paired by event; events of one seed share a run, so the interval "
+        "is optimistic about their independence):",
+        "",
+        "| measure | mean | 95% interval | p | events |",
+        "|---|---|---|---|---|",
+    ]
+    for name, d in diffs.items():
+        mean = "-" if math.isnan(d.mean) else f"{d.mean:+.4f}" if name == "window loss" else f"{d.mean:+.2f}"
+        digits = 4 if name == "window loss" else 2
+        p = "-" if math.isnan(d.p) else f"{d.p:.3f}"
+        lines.append(f"| {name} | {mean} | {d.interval(digits)} | {p} | {d.n} |")
+    return lines + [""]
+
+
+def render_section(
+    results: Sequence[RunResult],
+    replays: Sequence[ReplayResult],
+    arms: Dict[str, Arm],
+    plots: Dict[str, Path],
+    setup: ReportSetup,
+    observing_arm: str = "none",
+) -> str:
+    """The ablation section of RESULTS.md."""
+    comparisons = paired_comparisons(results, setup.methods, observing_arm)
+    lines = [
+        "## Ablation: GradientFilter, clip_grad_norm and the other gradient controls",
+        "",
+        f"Date: {today()}. Machine: {machine_summary()}.",
+        "",
+        "Command (from `egs/librispeech/ASR`; the runs' summaries are in `ablation-runs/`):",
+        "",
+        "```bash",
+        setup.command,
+        "```",
+        "",
+        *setup_text(setup, results),
+        "",
+        column_notes(),
+        "",
+        format_table(results, arms, setup.methods),
+        "",
+    ]
+    for condition in dict.fromkeys(r.key.condition for r in results):
+        observed = [r for r in results if r.key.condition == condition and r.key.arm == observing_arm]
+        if not observed:
+            continue
+        thresholds = sorted({setup.thresholds.filter, *setup.thresholds.sweep})
+        share = [100 * outlier_steps(r) for r in observed]
+        lines += [
+            f"### Where the outliers arise ({condition}, arm `{observing_arm}`: the filter observes only)",
+            "",
+            f"Per encoder layer (top layer first; gradients flow down), over the steps after warm-up of its "
+            f"{len(observed)} seed(s): the largest per-sequence gradient RMS over the batch median, and how often "
+            f"it was above each threshold. Steps with some layer over {OUTLIER_RATIO:g}x, per seed: "
+            + ", ".join(f"{x:.1f}%" for x in share)
+            + ".",
+            "",
+            format_outlier_table(outlier_rows(observed, thresholds), thresholds),
+            "",
+        ]
+    lines += [
+        "### Paired differences from `none`",
+        "",
+        "Per seed, the arm's value minus `none`'s with the same seed (same initialisation and batches); mean, "
+        "95% interval (Student's t on the per-seed differences) and the paired t-test's p. The family: every "
+        f"WER comparison with at least {MIN_FAMILY_SEEDS} paired seeds, Holm-adjusted; a difference holds when "
+        f"its Holm p is at most {FAMILY_ALPHA:g}. Comparisons with fewer seeds are descriptive only.",
+        "",
+        format_comparisons(comparisons, arms),
+        "",
+        *[f"- {line}" for line in findings(comparisons, arms)],
+        "",
+        *replay_section(replays, setup),
+        "For comparison, icefall's own ablation of the filter (lstm_transducer_stateless3, 960 h of LibriSpeech, "
+        "40 epochs on 4 GPUs, epoch 40 avg 15, greedy search, test-clean / test-other; not measured here): "
+        + ", ".join(f"{k} {v[0]:.2f} / {v[1]:.2f}" for k, v in ICEFALL_GREEDY.items())
+        + ".",
+        "",
+        "### Plots",
+        "",
+        *[f"![{kind}]({p.name})" for kind, p in plots.items()],
+        "",
+        "<details><summary>Every command the ablation ran (from egs/librispeech/ASR)</summary>",
+        "",
+        "```bash",
+        *setup.commands,
+        "```",
+        "",
+        "</details>",
+    ]
+    return "\n".join(lines) + "\n"
