@@ -221,7 +221,7 @@ def test_replays_start_at_the_checkpoint_before_the_largest_events():
     ratios1[5], ratios0[6], ratios0[12], ratios1[20] = 40.0, 30.0, 26.0, 90.0
     r = _run("none", 1, 10.0, {0: ratios0, 1: ratios1}, warm_end=4)
     assert choose_replays(r, 25.0, 5, 2) == [(5, Event(6, 1, 40.0)), (20, Event(21, 1, 90.0))]
-    assert [start for start, _ in choose_replays(r, 25.0, 5, 5)] == [5, 10, 20]
+    assert [start for start, _ in choose_replays(r, 25.0, 5, 5)] == [5, 12, 20], "the step before each event"
     assert choose_replays(r, 100.0, 5, 5) == []
 
 
@@ -707,21 +707,23 @@ def test_train_py_tensorboard_tags_round_trip_the_filter_statistics():
 
 
 def test_a_replay_trains_both_branches_on_the_same_batches(ablation, tiny_data, isolated_logging):
-    """A replay from step 3 of the none run of seed 42: its checkpoint was not kept (no replays in the tiny
-    set), so the none run is retrained to step 3 first; then both branches train 3 steps. The batch digests
-    agree step by step, the unfiltered branch ends bit-identical to the original run, the filter (threshold
-    1.0001: any sequence above the median) acts and changes the weights."""
+    """A replay of an event at step 5 of the none run of seed 42: its checkpoints were not kept (no replays in
+    the tiny set), so the none run is retrained to step 3 (the checkpoint interval), trained on to step 4
+    without control (the prefix), and both branches train steps 5 and 6 from there. The batch digests agree
+    step by step, the unfiltered branch ends bit-identical to the original run, the filter (threshold 1.0001:
+    any sequence above the median) acts and changes the weights."""
     out = ablation["out"]
     module = _load_ablation_script()
     parser = module.get_parser()
-    args = ablation_args(tiny_data, out)[2:] + ["--grad-filter-threshold", "1.0001", "--replay-steps", "3"]
+    args = ablation_args(tiny_data, out)[2:] + ["--grad-filter-threshold", "1.0001", "--replay-steps", "2"]
     s = module.resolve_settings(parser, parser.parse_args(args))
-    key = ReplayKey("digits", 42, 3)
-    result = module.run_replay(s, key, Event(4, 0, 99.0))
+    key = ReplayKey("digits", 42, 4)
+    result = module.run_replay(s, key, Event(5, 0, 99.0))
     assert (out / "exp" / "digits" / "none" / "seed-42-retrained" / "checkpoint-3.pt").is_file()
+    assert (out / "exp" / key.relpath / "prefix" / "checkpoint-4.pt").is_file()
     none, filt = result.branches["none"], result.branches["filter"]
-    assert [step for step, _ in none.digests] == [4, 5, 6]
-    assert none.digests == filt.digests and len({d for _, d in none.digests}) == 3
+    assert [step for step, _ in none.digests] == [5, 6]
+    assert none.digests == filt.digests and len({d for _, d in none.digests}) == 2
     assert result.identical_batches and result.reproduces_original
     assert filt.filtered == 1.0 and none.filtered == 0.0
     branch = out / "exp" / key.relpath

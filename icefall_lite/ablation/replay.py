@@ -3,13 +3,15 @@
 In a run of the arm without control (its filter only observing), an *event*
 is a step after warm-up at which some encoder layer's largest per-sequence
 gradient RMS is above the filter's threshold times the batch median. A replay
-resumes the run from its checkpoint just before the event and trains the
-same number of steps twice, on the same batches (train.py's exact resume): a
-branch without the filter (which reproduces the original run) and a branch
-with it. The branches differ only in what the filter does, so the difference
-of their losses over the window, of their optimizer state at its end and of
-their WER is the effect of filtering that event (and any other outlier in
-the window).
+resumes the run at the step just before the event (from the run's nearest
+earlier checkpoint, trained on without control up to that step) and trains
+the same number of steps twice, on the same batches (train.py's exact
+resume): a branch without the filter (which reproduces the original run) and
+a branch with it, whose first step is the event. The branches differ only in
+what the filter does (GradientFilter is soft: besides capping the outlier it
+scales every sequence's gradient by ``c / (c + n_b)``), so the difference of
+their losses over the window, of their optimizer state at its end and of
+their WER is the effect of filtering from that event on.
 
 The recipe's ``ablation.py`` runs the branches; this module chooses the
 events, reads the branches back and summarises them.
@@ -41,7 +43,8 @@ BRANCHES = ("none", "filter")
 
 @dataclass(frozen=True)
 class ReplayKey:
-    """One replay: resumed from ``checkpoint-<start>.pt`` of the ``none`` run of ``condition``/``seed``."""
+    """One replay of the ``none`` run of ``condition``/``seed``: both branches resume at step ``start``, the step
+    just before the event."""
 
     condition: str
     seed: int
@@ -73,16 +76,16 @@ def find_events(result: RunResult, threshold: float) -> List[Event]:
 
 
 def choose_replays(result: RunResult, threshold: float, save_every: int, count: int) -> List[Tuple[int, Event]]:
-    """Up to ``count`` replays of ``result``'s events: ``(start, event)``, where ``start`` is the checkpoint
-    step just before the event (a multiple of ``save_every``) and the event is the largest in
-    ``(start, start + save_every]``; the ``count`` largest such events, in step order."""
-    by_start: Dict[int, Event] = {}
+    """Up to ``count`` replays of ``result``'s events: ``(start, event)`` with ``start = event.step - 1``; at
+    most one event per checkpoint interval ``(k save_every, (k + 1) save_every]`` (its largest), the ``count``
+    largest such events, in step order."""
+    by_interval: Dict[int, Event] = {}
     for event in find_events(result, threshold):
-        start = (event.step - 1) // save_every * save_every
-        if start > 0 and (start not in by_start or event.ratio > by_start[start].ratio):
-            by_start[start] = event
-    chosen = sorted(by_start.items(), key=lambda item: -item[1].ratio)[:count]
-    return sorted(chosen)
+        interval = (event.step - 1) // save_every
+        if interval not in by_interval or event.ratio > by_interval[interval].ratio:
+            by_interval[interval] = event
+    chosen = sorted(by_interval.values(), key=lambda e: -e.ratio)[:count]
+    return sorted((e.step - 1, e) for e in chosen)
 
 
 @dataclass
@@ -276,7 +279,6 @@ def format_replay_table(replays: Sequence[ReplayResult], methods: Sequence[str])
         none, filt = r.branches["none"], r.branches["filter"]
         cells = [
             str(r.key.seed),
-            str(r.key.start),
             f"{r.event.step}, {r.event.layer}, {r.event.ratio:.1f}",
             f"{none.mean_loss():.4f} / {filt.mean_loss():.4f}",
             f"{100 * filt.filtered:.1f}",

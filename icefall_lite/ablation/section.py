@@ -84,8 +84,10 @@ def column_notes() -> str:
         f"Diverged: a skipped (non-finite) step, or a last-{DIVERGE_WINDOW}-step mean over {DIVERGE_FACTOR:g}x its "
         f"lowest. % steps > {OUTLIER_RATIO:g}x: steps after warm-up at which some layer's largest per-sequence "
         "gradient RMS was over that multiple of the batch median (measured before that layer's filter). % steps "
-        "filtered: some layer's filter capped a sequence; % steps clipped: the clipping lowered the gradient "
-        "norm. Max exp_avg_sq jump: after warm-up, the largest ratio of a parameter tensor's Adam second moment "
+        "filtered: some layer's filter met a sequence above its cutoff (the filter is soft: it scales every "
+        "sequence's gradient by c / (c + n_b), about 0.96 at the median for threshold 25, and caps those far above "
+        "c); % steps clipped: the clipping lowered the gradient norm. Max exp_avg_sq jump: after warm-up, the "
+        "largest ratio of a parameter tensor's Adam second moment "
         f"(sum of exp_avg_sq) after a step to before it; % steps jump > {EVENT_JUMP:g}: how often a step inflated "
         f"some tensor's second moment that much; recovery steps: the median number of steps such a tensor took to "
         f"come back to {RECOVERED_RATIO:g}x its value before the jump (its updates are smaller meanwhile; "
@@ -102,9 +104,10 @@ def replay_section(replays: Sequence[ReplayResult], setup: ReportSetup) -> List[
     lines = [
         "### Replayed outlier events",
         "",
-        f"From the checkpoint just before an outlier event of a `none` run (a step after warm-up with a layer over "
-        f"{setup.thresholds.filter:g}x the batch median; the largest event per checkpoint interval, the largest "
-        f"intervals per seed), each replay trains {setup.replay_steps} steps twice on the same batches: without "
+        f"Each replay resumes a `none` run at the step just before an outlier event (a step after warm-up with a "
+        f"layer over {setup.thresholds.filter:g}x the batch median; the largest event per checkpoint interval, the "
+        "largest intervals per seed; the run's nearest earlier checkpoint trained on without control up to that "
+        f"step) and trains {setup.replay_steps} steps twice on the same batches, the first being the event: without "
         "the filter (which reproduces the original run) and with GradientFilter "
         f"{setup.thresholds.filter:g}; then both are decoded. Same batches: the batch digests (a hash of the "
         f"cut ids) agree at every step ({same} of {len(replays)} replays); reproduces run: the unfiltered "

@@ -516,18 +516,53 @@ def replay_plan(s: Settings, condition: str, seed: int) -> List[Tuple[ReplayKey,
     return [(ReplayKey(condition, seed, start), event) for start, event in chosen]
 
 
-def start_checkpoint(s: Settings, key: ReplayKey) -> Path:
-    """``checkpoint-<start>.pt`` of the ``none`` run; retrained (same seed, same weights) when it is gone."""
+def base_checkpoint(s: Settings, key: ReplayKey) -> Path:
+    """The ``none`` run's checkpoint at or before ``key.start``; retrained (same seed, same weights) when it is
+    gone."""
     original = RunKey(key.condition, OBSERVING_ARM, key.seed)
-    path = s.run_dir(original) / f"checkpoint-{key.start}.pt"
+    base = key.start // s.args.save_every_n * s.args.save_every_n
+    path = s.run_dir(original) / f"checkpoint-{base}.pt"
     if path.is_file():
         return path
     redo = s.exp_root / key.condition / OBSERVING_ARM / f"seed-{key.seed}-retrained"
-    path = redo / f"checkpoint-{key.start}.pt"
+    path = redo / f"checkpoint-{base}.pt"
     if not path.is_file():
-        cmd = train_command(s, original, exp_dir=redo, max_batches=key.start, keep_last_k=0)
-        run_command(s, key.condition, cmd, f"{key.relpath}: retraining the none run to step {key.start}", redo)
+        cmd = train_command(s, original, exp_dir=redo, max_batches=base, keep_last_k=0)
+        run_command(s, key.condition, cmd, f"{key.relpath}: retraining the none run to step {base}", redo)
     return path
+
+
+def resume_in(s: Settings, key: ReplayKey, exp_dir: Path, checkpoint: Path, arm: str, end: int) -> List[str]:
+    """train.py continuing the ``none`` run of ``key`` in ``exp_dir`` from ``checkpoint`` to step ``end``."""
+    start = int(checkpoint.stem.split("-")[1])
+    original = RunKey(key.condition, OBSERVING_ARM, key.seed)
+    return train_command(s, original, exp_dir=exp_dir, arm=arm, max_batches=end, start_batch=start, keep_last_k=1)
+
+
+def continue_from(s: Settings, key: ReplayKey, exp_dir: Path, checkpoint: Path, arm: str, end: int, what: str) -> None:
+    """Copy ``checkpoint`` into ``exp_dir`` and train on from it to step ``end`` with ``arm``'s controls (once)."""
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    if (exp_dir / TRAINED_MARKER).is_file():
+        return
+    if not (exp_dir / checkpoint.name).is_file():
+        shutil.copyfile(checkpoint, exp_dir / checkpoint.name)
+    start = time.time()
+    try:
+        run_command(s, key.condition, resume_in(s, key, exp_dir, checkpoint, arm, end), what, exp_dir / "log")
+    finally:
+        add_wall_time(exp_dir, "train", time.time() - start)
+    write_json_atomic(exp_dir / TRAINED_MARKER, {"steps": end})
+
+
+def start_checkpoint(s: Settings, key: ReplayKey) -> Path:
+    """``checkpoint-<start>.pt`` of the ``none`` run: its own, or made in ``<replay>/prefix`` by training on
+    without control from the checkpoint before it."""
+    base = base_checkpoint(s, key)
+    if base.name == f"checkpoint-{key.start}.pt":
+        return base
+    prefix = s.replay_dir(key) / "prefix"
+    continue_from(s, key, prefix, base, OBSERVING_ARM, key.start, f"{key.relpath}/prefix: to step {key.start}")
+    return prefix / f"checkpoint-{key.start}.pt"
 
 
 def run_replay(s: Settings, key: ReplayKey, event) -> ReplayResult:
@@ -538,21 +573,8 @@ def run_replay(s: Settings, key: ReplayKey, event) -> ReplayResult:
     original = RunKey(key.condition, OBSERVING_ARM, key.seed)
     for branch in BRANCHES:
         branch_dir = replay_dir / branch
-        branch_dir.mkdir(parents=True, exist_ok=True)
         what = f"{key.relpath}/{branch}"
-        if not (branch_dir / TRAINED_MARKER).is_file():
-            first = branch_dir / checkpoint.name
-            if not first.is_file():
-                shutil.copyfile(checkpoint, first)
-            cmd = train_command(
-                s, original, exp_dir=branch_dir, arm=branch, max_batches=end, start_batch=key.start, keep_last_k=1
-            )
-            start = time.time()
-            try:
-                run_command(s, key.condition, cmd, f"{what}: training", branch_dir / "log")
-            finally:
-                add_wall_time(branch_dir, "train", time.time() - start)
-            write_json_atomic(branch_dir / TRAINED_MARKER, {"steps": end})
+        continue_from(s, key, branch_dir, checkpoint, branch, end, f"{what}: training")
         decode_all(s, key.condition, branch_dir, end, f"{what}: decoding")
     result = collect_replay(
         replay_dir,
@@ -607,25 +629,18 @@ def report_setup(
         commands += [shown(s, c, decode_command(s, c, s.run_dir(r.key), m, s.conditions[c].steps)) for m in s.methods]
     for rep in replays:
         c, end = rep.key.condition, rep.key.start + rep.steps
-        original = RunKey(c, OBSERVING_ARM, rep.key.seed)
+        base = rep.key.start // s.args.save_every_n * s.args.save_every_n
+        base_ckpt = s.run_dir(RunKey(c, OBSERVING_ARM, rep.key.seed)) / f"checkpoint-{base}.pt"
+        start_ckpt = base_ckpt
+        if base != rep.key.start:
+            prefix = s.replay_dir(rep.key) / "prefix"
+            commands.append(f"mkdir -p {s.rel(prefix, c)} && cp {s.rel(base_ckpt, c)} {s.rel(prefix, c)}/")
+            commands.append(shown(s, c, resume_in(s, rep.key, prefix, base_ckpt, OBSERVING_ARM, rep.key.start)))
+            start_ckpt = prefix / f"checkpoint-{rep.key.start}.pt"
         for branch in BRANCHES:
             branch_dir = s.replay_dir(rep.key) / branch
-            commands.append(f"cp {s.rel(s.run_dir(original), c)}/checkpoint-{rep.key.start}.pt {s.rel(branch_dir, c)}/")
-            commands.append(
-                shown(
-                    s,
-                    c,
-                    train_command(
-                        s,
-                        original,
-                        exp_dir=branch_dir,
-                        arm=branch,
-                        max_batches=end,
-                        start_batch=rep.key.start,
-                        keep_last_k=1,
-                    ),
-                )
-            )
+            commands.append(f"mkdir -p {s.rel(branch_dir, c)} && cp {s.rel(start_ckpt, c)} {s.rel(branch_dir, c)}/")
+            commands.append(shown(s, c, resume_in(s, rep.key, branch_dir, start_ckpt, branch, end)))
             commands += [shown(s, c, decode_command(s, c, branch_dir, m, end)) for m in s.methods]
     return ReportSetup(
         command=command,
