@@ -678,6 +678,8 @@ class Progress:
     replay_seconds: List[float]
 
     def left(self, runs_left: int, replays_left: int, replay_fraction: float) -> float:
+        """Seconds: the mean time of a run (and of a replay, or a run's ``replay_fraction`` before any) times
+        what is left; nan before anything has been timed."""
         per_run = sum(self.run_seconds) / len(self.run_seconds) if self.run_seconds else float("nan")
         per_replay = (
             sum(self.replay_seconds) / len(self.replay_seconds) if self.replay_seconds else per_run * replay_fraction
@@ -692,7 +694,9 @@ def run_plan(s: Settings, command: str) -> int:
     seeds = s.plan.seeds
     replays_total = sum(s.replays_per_seed for c in s.plan.conditions if s.replays_on(c)) * len(seeds)
     fraction = 2 * s.args.replay_steps / max(c.steps for c in s.conditions.values())
-    progress = Progress(time.time(), [], [])
+    # Runs finished earlier (a resumed plan) give the first estimate.
+    earlier = [read_summary(s.summaries, k) for k in runs if run_done(s, k)]
+    progress = Progress(time.time(), [sum(r.wall_s.values()) for r in earlier if r.wall_s], [])
     made, replays_done = 0, 0
 
     def log_left(i: int) -> None:
