@@ -8,10 +8,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from icefall_lite.ablation.arms import Arm, Condition, Thresholds
-from icefall_lite.ablation.replay import ReplayResult, format_replay_table, median_state_damage, replay_differences
+from icefall_lite.ablation.replay import (
+    ReplayResult,
+    format_replay_table,
+    median_state_damage,
+    replay_differences,
+    reproduces,
+)
 from icefall_lite.ablation.report import (
     DIVERGE_FACTOR,
     DIVERGE_WINDOW,
@@ -95,12 +101,18 @@ def column_notes() -> str:
     )
 
 
-def replay_section(replays: Sequence[ReplayResult], setup: ReportSetup) -> List[str]:
+def replay_section(
+    replays: Sequence[ReplayResult], setup: ReportSetup, originals: Dict[Tuple[str, int], RunResult]
+) -> List[str]:
     if not replays:
         return []
     diffs = replay_differences(replays, setup.methods)
     same = sum(r.identical_batches for r in replays)
-    reproduced = sum(r.reproduces_original for r in replays)
+    reproduced = sum(
+        reproduces(r, originals[(r.key.condition, r.key.seed)])
+        for r in replays
+        if (r.key.condition, r.key.seed) in originals
+    )
     lines = [
         "### Replayed outlier events",
         "",
@@ -111,12 +123,13 @@ def replay_section(replays: Sequence[ReplayResult], setup: ReportSetup) -> List[
         "the filter (which reproduces the original run) and with GradientFilter "
         f"{setup.thresholds.filter:g}; then both are decoded. Same batches: the batch digests (a hash of the "
         f"cut ids) agree at every step ({same} of {len(replays)} replays); reproduces run: the unfiltered "
-        f"branch's losses equal the original run's ({reproduced} of {len(replays)}). exp_avg_sq none / filter at "
+        f"branch's losses equal the original run's at every step both have ({reproduced} of {len(replays)}; "
+        "a window may run past the budget). exp_avg_sq none / filter at "
         "end: the largest ratio over parameter tensors of the unfiltered branch's Adam second moment to the "
         "filtered branch's after the window (above 1: the outlier left a larger second moment, so smaller "
         f"updates; median over replays {median_state_damage(replays):.2f}).",
         "",
-        format_replay_table(replays, setup.methods),
+        format_replay_table(replays, setup.methods, originals),
         "",
         "Filter minus none over the replays (paired by event; events of one seed share a run, so the interval "
         "is optimistic about their independence):",
@@ -190,7 +203,11 @@ def render_section(
         "",
         *[f"- {line}" for line in findings(comparisons, arms)],
         "",
-        *replay_section(replays, setup),
+        *replay_section(
+            replays,
+            setup,
+            {(r.key.condition, r.key.seed): r for r in results if r.key.arm == observing_arm},
+        ),
         "For comparison, icefall's own ablation of the filter (lstm_transducer_stateless3, 960 h of LibriSpeech, "
         "40 epochs on 4 GPUs, epoch 40 avg 15, greedy search, test-clean / test-other; not measured here): "
         + ", ".join(f"{k} {v[0]:.2f} / {v[1]:.2f}" for k, v in ICEFALL_GREEDY.items())

@@ -570,21 +570,12 @@ def run_replay(s: Settings, key: ReplayKey, event) -> ReplayResult:
     replay_dir = s.replay_dir(key)
     end = key.start + s.args.replay_steps
     checkpoint = start_checkpoint(s, key)
-    original = RunKey(key.condition, OBSERVING_ARM, key.seed)
     for branch in BRANCHES:
         branch_dir = replay_dir / branch
         what = f"{key.relpath}/{branch}"
         continue_from(s, key, branch_dir, checkpoint, branch, end, f"{what}: training")
         decode_all(s, key.condition, branch_dir, end, f"{what}: decoding")
-    result = collect_replay(
-        replay_dir,
-        key,
-        event,
-        s.args.replay_steps,
-        read_summary(s.summaries, original),
-        s.methods,
-        TB_TAGS,
-    )
+    result = collect_replay(replay_dir, key, event, s.args.replay_steps, s.methods, TB_TAGS)
     write_summary(s.summaries, result)
     if not result.identical_batches:
         raise AblationError(f"{key.relpath}: the branches saw different batches (see their tensorboard/)")
