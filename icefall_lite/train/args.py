@@ -95,6 +95,14 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--use-fp16", type=str2bool, default=False, help="Mixed precision with a GradScaler (CUDA only)."
     )
+    group.add_argument(
+        "--use-bf16",
+        type=str2bool,
+        default=False,
+        help="Mixed precision in bfloat16 (autocast on the training device: a CPU with AVX512-BF16 or AMX, or a "
+        "CUDA GPU with bf16; icefall's zipformer flag). Weights, gradients and optimizer state stay float32; "
+        "the loss recursions and the GradientFilter's statistics run in float32; no GradScaler is needed.",
+    )
     add_gradient_control_arguments(parser)
 
 
@@ -107,6 +115,10 @@ def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespac
     for name in ("dropout", "layer_dropout"):
         if not 0.0 <= getattr(args, name) < 1.0:
             parser.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(args, name)}")
+    if args.use_fp16 and args.use_bf16:
+        parser.error("--use-fp16 and --use-bf16 exclude each other; choose one")
     if args.use_fp16 and not torch.cuda.is_available():
         parser.error("--use-fp16 needs a CUDA device; none is available")
+    if args.use_bf16 and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        parser.error("--use-bf16: this CUDA device has no bfloat16 support; use --use-fp16")
     check_gradient_control_args(parser, args)

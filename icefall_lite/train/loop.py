@@ -82,6 +82,13 @@ class Training:
 # --------------------------------------------------------------------------
 
 
+def mixed_precision(params: AttributeDict, device: torch.device) -> torch.autocast:
+    """The autocast of a training step on ``device``: float16 with --use-fp16, bfloat16 with --use-bf16, else
+    off (float32)."""
+    dtype = torch.float16 if params.use_fp16 else torch.bfloat16
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=params.use_fp16 or params.use_bf16)
+
+
 def train_step(
     params: AttributeDict,
     model: nn.Module,
@@ -99,7 +106,7 @@ def train_step(
     ``params.skipped_steps`` and logged. Returns (info, pre-clip grad norm, clip scale).
     """
     warmup = params.batch_idx_train / params.model_warm_step
-    with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=params.use_fp16):
+    with mixed_precision(params, next(model.parameters()).device):
         loss, info = compute_loss(params, model, sp, batch, is_training=True, warmup=warmup)
     params.skipped_utterances += int(info["dropped_utterances"])
     if loss is None:
