@@ -706,13 +706,16 @@ def test_train_py_tensorboard_tags_round_trip_the_filter_statistics():
     assert TB_TAGS.parse_filter_tag(TB_TAGS.grad_norm) is None
 
 
-def test_a_replay_trains_both_branches_on_the_same_batches(ablation, tiny_data, isolated_logging):
+def test_a_replay_trains_both_branches_on_the_same_batches(ablation, tiny_data, isolated_logging, monkeypatch):
     """A replay of an event at step 5 of the none run of seed 42: its checkpoints were not kept (no replays in
     the tiny set), so the none run is retrained to step 3 (the checkpoint interval), trained on to step 4
     without control (the prefix), and both branches train steps 5 and 6 from there. The batch digests agree
     step by step, the unfiltered branch ends bit-identical to the original run, the filter (threshold 1.0001:
     any sequence above the median) acts and changes the weights."""
     out = ablation["out"]
+    # The branches' train.py runs inherit this environment; the original runs had one thread (run_ablation),
+    # and bit-identical results need the same thread count.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     module = _load_ablation_script()
     parser = module.get_parser()
     args = ablation_args(tiny_data, out)[2:] + ["--grad-filter-threshold", "1.0001", "--replay-steps", "2"]

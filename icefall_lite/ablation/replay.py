@@ -25,12 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+from icefall_lite.ablation.arms import RunKey
 from icefall_lite.ablation.paired import PairedDifference, paired_difference
 from icefall_lite.ablation.report import (
-    OBJECTIVE_SIMPLE_SCALE,
     RunResult,
+    kept_scalars,
+    largest_jump,
     read_json,
     read_wers,
+    steps_filtered,
 )
 from icefall_lite.ablation.tb_reader import Series, read_scalars
 from icefall_lite.decoding.constants import TEST_SETS
@@ -106,11 +109,6 @@ class Branch:
         return sum(xs) / len(xs) if xs else float("nan")
 
 
-def _objective(scalars: Dict[str, Series], tags: TrainingScalarTags) -> Series:
-    pruned = dict(scalars.get(tags.pruned_loss, []))
-    return [(s, OBJECTIVE_SIMPLE_SCALE * v + pruned[s]) for s, v in scalars.get(tags.simple_loss, []) if s in pruned]
-
-
 def second_moment_sums(checkpoint: Path) -> List[float]:
     """The sum of ``exp_avg_sq`` of every parameter in the optimizer state of ``checkpoint``, in order."""
     state = load_checkpoint_file(checkpoint)["optimizer"]["state"]
@@ -120,22 +118,17 @@ def second_moment_sums(checkpoint: Path) -> List[float]:
     ]
 
 
-def collect_branch(branch_dir: Path, end: int, methods: Sequence[str], tags: TrainingScalarTags) -> Branch:
-    """Read a finished branch: its TensorBoard scalars, WERs and final optimizer state (``checkpoint-<end>.pt``)."""
+def collect_branch(branch_dir: Path, key: RunKey, end: int, methods: Sequence[str], tags: TrainingScalarTags) -> Branch:
+    """Read a finished branch (``key``: the branch as a run): its TensorBoard scalars, WERs and final
+    optimizer state (``checkpoint-<end>.pt``)."""
     scalars = read_scalars(branch_dir / "tensorboard")
-    filtered_by_step: Dict[int, float] = {}
-    for tag, series in scalars.items():
-        layer_stat = tags.parse_filter_tag(tag)
-        if layer_stat is not None and layer_stat[1] == "fraction_filtered":
-            for s, v in series:
-                filtered_by_step[s] = max(filtered_by_step.get(s, 0.0), v)
-    jumps = [v for _, v in scalars.get(tags.exp_avg_sq_jump, []) if math.isfinite(v)]
+    run = RunResult(key, read_wers(branch_dir, methods), *kept_scalars(scalars, tags))
     return Branch(
-        objective=_objective(scalars, tags),
+        objective=run.objective(),
         digests=scalars.get(tags.batch_digest, []),
-        wer=read_wers(branch_dir, methods),
-        filtered=sum(v > 0 for v in filtered_by_step.values()) / max(1, len(filtered_by_step)),
-        largest_jump=max(jumps) if jumps else float("nan"),
+        wer=run.wer,
+        filtered=steps_filtered(run),
+        largest_jump=largest_jump(run),
         second_moment=second_moment_sums(branch_dir / f"checkpoint-{end}.pt"),
     )
 
@@ -214,9 +207,11 @@ def collect_replay(
 ) -> ReplayResult:
     """Read both branches of a finished replay (``<replay_dir>/<branch>``)."""
     end = key.start + steps
-    return ReplayResult(
-        key, event, steps, {name: collect_branch(replay_dir / name, end, methods, tags) for name in BRANCHES}
-    )
+    branches = {
+        name: collect_branch(replay_dir / name, RunKey(key.condition, name, key.seed), end, methods, tags)
+        for name in BRANCHES
+    }
+    return ReplayResult(key, event, steps, branches)
 
 
 def read_replay_summaries(summaries_dir: Path, condition: str) -> List[ReplayResult]:

@@ -218,17 +218,24 @@ def read_summary(summaries_dir: Path, key: RunKey) -> Optional[RunResult]:
     return None if data is None else RunResult.from_json(data)
 
 
-def collect_run(
-    run_dir: Path, key: RunKey, methods: Sequence[str], tags: TrainingScalarTags, warm_end: int
-) -> RunResult:
-    """Read a finished run: WERs, the scalars kept (with the per-layer filter stats), wall time."""
-    scalars = read_scalars(run_dir / "tensorboard")
+def kept_scalars(
+    scalars: Dict[str, Series], tags: TrainingScalarTags
+) -> Tuple[Dict[str, Series], Dict[Tuple[int, str], Series]]:
+    """The scalars a summary keeps, by TrainingScalarTags field, and the per-layer filter statistics."""
     wanted = {name: scalars[getattr(tags, name)] for name in KEPT_SCALARS if getattr(tags, name) in scalars}
     filters = {}
     for tag, series in scalars.items():
         layer_stat = tags.parse_filter_tag(tag)
         if layer_stat is not None and layer_stat[1] in KEPT_FILTER_STATS:
             filters[layer_stat] = series
+    return wanted, filters
+
+
+def collect_run(
+    run_dir: Path, key: RunKey, methods: Sequence[str], tags: TrainingScalarTags, warm_end: int
+) -> RunResult:
+    """Read a finished run: WERs, the scalars kept (with the per-layer filter stats), wall time."""
+    wanted, filters = kept_scalars(read_scalars(run_dir / "tensorboard"), tags)
     return RunResult(key, read_wers(run_dir, methods), wanted, filters, read_json(run_dir / WALL_FILE) or {}, warm_end)
 
 
