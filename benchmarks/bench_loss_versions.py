@@ -23,7 +23,9 @@ inputs:
     projections' outputs (``lm`` ``(B, S+1, V)``, ``am`` ``(B, T, V)``) and
     the joiner's pruned logits ``(B, T, s_range, V)``: smoothed simple loss
     with posteriors + ``get_rnnt_prune_ranges`` + ``rnnt_loss_pruned``, at
-    each vocabulary size, the two versions interleaved.
+    each vocabulary size, interleaved with the previous version and with the
+    float64 recursion as first landed (commit ``FLOAT64_COMMIT``, before the
+    speed work that took today's below k2's estimated time).
 
 Usage:
   python -m benchmarks.bench_loss_versions                     # B=8, T=200, S=40; V=500 (a), V=100 and 500 (b)
@@ -55,6 +57,10 @@ from icefall_lite.utils import script_parser
 
 # The last commit whose recursion computed posteriors from float32 alpha + beta.
 PREVIOUS_COMMIT = "5c6a8d7299c033c98bbffc47b60b45d0a5fce109"
+# The float64 recursion with k2's API as first landed, before the speed work of 2026-11-25 (arcs laid out
+# once, float32-denormal occupancies flushed to zero, zero-scale smoothing terms left out, one-reduction NaN
+# screen, softmax recomputed in the pruned loss's backward).
+FLOAT64_COMMIT = "5307613a9b2e1c663ec1c6c116aed72e2d500b43"
 MODULE_PATHS = [
     "icefall_lite/nn/mutual_information.py",
     "icefall_lite/nn/rnnt_logprobs.py",
@@ -67,9 +73,9 @@ FILER_K2_GRAD_ERROR = 7.5e-6
 FILER_PREVIOUS_OVER_K2 = {100: 1.44, 500: 0.75}
 
 
-def load_previous(commit: str) -> types.ModuleType:
-    """The previous version's ``rnnt_loss`` module (with its own recursion and logprobs)."""
-    return load_modules_at(commit, MODULE_PATHS, alias="_previous_rnnt_loss")["rnnt_loss"]
+def load_version(commit: str, alias: str) -> types.ModuleType:
+    """The ``rnnt_loss`` module as it was at ``commit`` (with its own recursion and logprobs)."""
+    return load_modules_at(commit, MODULE_PATHS, alias=alias)["rnnt_loss"]
 
 
 @dataclass
@@ -270,7 +276,10 @@ def accuracy_table(versions: Dict[str, types.ModuleType], args: argparse.Namespa
 
 
 def time_versions(versions: Dict[str, types.ModuleType], args: argparse.Namespace) -> str:
-    """Section (b): interleaved fwd+bwd times of the pruned training loss per vocabulary size."""
+    """Section (b): interleaved fwd+bwd times of the pruned training loss per vocabulary size.
+
+    The first version is the baseline of every speed-up; the last is today's.
+    """
     names = list(versions)
     rows: List[List[str]] = []
     for vocab in args.vocab_sizes:
@@ -283,20 +292,17 @@ def time_versions(versions: Dict[str, types.ModuleType], args: argparse.Namespac
             pruned_training_loss(module, *leaves, p).backward()
 
         times = interleaved_times({name: (lambda m=m: step(m)) for name, m in versions.items()}, reps=args.reps)
-        speedup = paired_ratio(times[names[0]], times[names[1]])
+        speedups = [paired_ratio(times[names[0]], times[name]) for name in names[1:]]
         filer = FILER_PREVIOUS_OVER_K2.get(vocab)
-        implied = f"{filer:.2f} -> {filer / speedup:.2f}" if filer is not None else "n/a"
+        implied = f"{filer:.2f} -> {filer / speedups[-1]:.2f}" if filer is not None else "n/a"
         rows.append(
-            [f"{vocab}", fmt_ms(median(times[names[0]])), fmt_ms(median(times[names[1]])), f"{speedup:.2f}x", implied]
+            [f"{vocab}"] + [fmt_ms(median(times[name])) for name in names] + [f"{s:.2f}x" for s in speedups] + [implied]
         )
     return markdown_table(
-        [
-            "V",
-            f"{names[0]} fwd+bwd (ms)",
-            f"{names[1]} fwd+bwd (ms)",
-            "speed-up (previous / today)",
-            "time / k2's: the filer's ratio for the previous version -> implied for today's",
-        ],
+        ["V"]
+        + [f"{name} fwd+bwd (ms)" for name in names]
+        + [f"speed-up of {name} over {names[0]}" for name in names[1:]]
+        + ["time / k2's: the filer's ratio for the first version -> implied for today's"],
         rows,
     )
 
@@ -322,7 +328,12 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--previous-commit",
         default=PREVIOUS_COMMIT,
-        help=f"The commit of the previous version. (default: {PREVIOUS_COMMIT[:7]})",
+        help=f"The commit of the previous version (float32 recursion). (default: {PREVIOUS_COMMIT[:7]})",
+    )
+    parser.add_argument(
+        "--float64-commit",
+        default=FLOAT64_COMMIT,
+        help=f"The float64 recursion before its speed work, timed in (b). (default: {FLOAT64_COMMIT[:7]})",
     )
     add_common_arguments(parser)
     return parser
@@ -331,12 +342,10 @@ def get_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = get_parser().parse_args(argv)
     setup_threads(args.threads)
-    versions: Dict[str, types.ModuleType] = {
-        f"previous ({args.previous_commit[:7]})": load_previous(args.previous_commit),
-        "today": today,
-    }
-    acc_table, acc_notes = accuracy_table(versions, args)
-    time_table = time_versions(versions, args)
+    previous = {f"previous ({args.previous_commit[:7]})": load_version(args.previous_commit, "_previous_rnnt_loss")}
+    acc_table, acc_notes = accuracy_table({**previous, "today": today}, args)
+    float64 = {f"float64 ({args.float64_commit[:7]})": load_version(args.float64_commit, "_float64_rnnt_loss")}
+    time_table = time_versions({**previous, **float64, "today": today}, args)
     Section(
         title="7. The losses (recursion in float64, k2's API) against the previous version: float32 accuracy and speed",
         threads=args.threads,
@@ -357,9 +366,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             "data); k2 cannot be installed here (its wheels pin torch 1.13.1), so k2 is not rerun.",
             "(b) smoothed simple loss with posteriors + get_rnnt_prune_ranges + rnnt_loss_pruned from leaf lm, am "
             f"and logits (float32), backward of 0.5 * simple + pruned; {args.reps} interleaved repetitions after "
-            "one warm-up, the speed-up is the median of the per-repetition ratios. Last column: the filer's "
-            "measured time ratio of the previous version to k2's CPU code (1.44 at V=100, 0.75 at V=500, their "
-            "machine) divided by the speed-up measured here: an estimate, not a measurement of k2.",
+            "one warm-up, a speed-up is the median of the per-repetition ratios. The middle version is the "
+            "float64 recursion as first landed; today's adds: the arcs laid out once in the recursion's step-major "
+            "order, occupancies too small for a normal number of their dtype flushed to zero (as float32 denormals "
+            "they made every op of the backward that touched them several times slower), zero-scale smoothing "
+            "terms left out, a NaN/inf screen of one reduction, and softmax recomputed in the pruned loss's "
+            "backward. Last column: the filer's measured time ratio of the previous version to k2's CPU code "
+            "(1.44 at V=100, 0.75 at V=500, their machine) divided by today's speed-up over it: an estimate, "
+            "not a measurement of k2.",
         ],
     ).emit(args.markdown_out)
 

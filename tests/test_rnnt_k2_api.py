@@ -292,6 +292,51 @@ def test_mi_float32_posteriors_are_accurate_on_long_lattices():
     torch.testing.assert_close(gx32.double().sum(dim=(1, 2)), boundary[:, 2].to(F64), atol=1e-4, rtol=0)
 
 
+def test_mi_float32_posteriors_hold_no_denormal_numbers():
+    """Occupancies too small for a normal float32 are zero (denormals slow every CPU op on them); the
+    rest stay as accurate as float64 makes them."""
+    g = _gen(5)
+    B, S, T = 3, 12, 40
+    px = torch.randn(B, S, T + 1, generator=g, dtype=F64)
+    py = torch.randn(B, S + 1, T, generator=g, dtype=F64)
+    px[:, :, : T // 2] -= 10.0  # early symbols are unlikely: many occupancies in float32's denormal range
+    boundary = make_boundary(torch.tensor([12, 10, 7]), torch.tensor([40, 33, 25]))
+    px = fix_boundary_column(px, boundary)
+    _, (gx64, gy64) = mutual_information_recursion(px, py, boundary, return_grad=True)
+    tiny = torch.finfo(torch.float32).tiny
+    smallest_denormal = 2.0**-149
+    assert ((gx64 > smallest_denormal) & (gx64 < tiny)).sum() > 20, "the lattice must have float32-denormal occupancies"
+    _, (gx32, gy32) = mutual_information_recursion(px.float(), py.float(), boundary, return_grad=True)
+    for got, want in ((gx32, gx64), (gy32, gy64)):
+        assert not ((got > 0) & (got < tiny)).any()
+        torch.testing.assert_close(got.double(), want, atol=1e-29, rtol=1e-6)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_mi_marks_only_the_sequence_with_a_nan_or_inf_arc(value):
+    g = _gen(6)
+    B, S, T = 3, 4, 7
+    px = fix_boundary_column(
+        torch.randn(B, S, T + 1, generator=g, dtype=F64), make_boundary(torch.full((B,), S), torch.full((B,), T))
+    )
+    py = torch.randn(B, S + 1, T, generator=g, dtype=F64)
+    clean = mutual_information_recursion(px, py)
+    py[2, 1, 3] = value
+    dirty, (gx, gy) = mutual_information_recursion(px, py, return_grad=True)
+    assert torch.isnan(dirty[2]) and torch.isnan(gx[2]).all() and torch.isnan(gy[2]).all()
+    assert torch.equal(dirty[:2], clean[:2]) and not torch.isnan(gx[:2]).any()
+
+
+def test_mi_huge_finite_float64_arcs_are_not_mistaken_for_inf():
+    """Finite float64 arcs whose sum overflows must not mark the sequence as broken (NaN)."""
+    # S = T = 1: the only live path is px[0, 0] then py[1, 0], of score -1e308 + 1e308 = 0
+    px = torch.tensor([[[-1e308, NEG_INF]]], dtype=F64)  # (1, 1, 2)
+    py = torch.tensor([[[1e308], [1e308]]], dtype=F64)  # (1, 2, 1): sums to +inf
+    scores, (gx, gy) = mutual_information_recursion(px, py, return_grad=True)
+    assert scores.tolist() == [0.0]
+    assert gx.tolist() == [[[1.0, 0.0]]] and gy.tolist() == [[[0.0], [1.0]]]
+
+
 def fix_boundary_column(px: Tensor, boundary: Tensor) -> Tensor:
     """-inf at px[b, :, T] and px[b, :, t_end_b], as for a regular RNN-T."""
     px = px.clone()

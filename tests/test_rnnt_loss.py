@@ -378,18 +378,20 @@ def _ref_smoothed(lm: Tensor, am: Tensor, symbols: Tensor, lm_scale: float, am_s
     return torch.stack(refs)
 
 
-def test_rnnt_loss_smoothed_matches_reference():
+@pytest.mark.parametrize("lm_scale, am_scale", [(0.2, 0.15), (0.25, 0.0), (0.0, 0.15)])
+def test_rnnt_loss_smoothed_matches_reference(lm_scale, am_scale):
+    """Both smoothing terms, and each alone (a zero-scale term is left out of the computation)."""
     lm, am, symbols = _lm_am(9)
     boundary = _boundary()
     lm.requires_grad_()
     am.requires_grad_()
-    loss = rnnt_loss_smoothed(lm, am, symbols, 0, 0.2, 0.15, boundary, reduction="none")
+    loss = rnnt_loss_smoothed(lm, am, symbols, 0, lm_scale, am_scale, boundary, reduction="none")
     w = _weights(len(LENGTHS))
     lm_g, am_g = torch.autograd.grad((loss * w).sum(), [lm, am])
 
     lm_r = lm.detach().clone().requires_grad_()
     am_r = am.detach().clone().requires_grad_()
-    ref = _ref_smoothed(lm_r, am_r, symbols, 0.2, 0.15)
+    ref = _ref_smoothed(lm_r, am_r, symbols, lm_scale, am_scale)
     lm_rg, am_rg = torch.autograd.grad((ref * w).sum(), [lm_r, am_r])
     torch.testing.assert_close(loss.detach(), ref.detach(), **TOL)
     torch.testing.assert_close(lm_g, lm_rg, **TOL)

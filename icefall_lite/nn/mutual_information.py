@@ -144,7 +144,7 @@ def _cells_view(
     ``[b, s, t] -> buf[step(s, t) + step_offset, k, b, s + col_offset]``.
 
     Args:
-      buf: contiguous ``(D', 2, B, C)``.
+      buf: contiguous ``(D', K, B, C)``.
       shape: ``(B, R, W)``; every addressed element must lie in ``buf``.
       modified: which lattice; step_offset, k, col_offset: as in the formula.
     Returns:
@@ -154,18 +154,6 @@ def _cells_view(
     row = K * B * C  # elements per step
     stride_s = 1 if modified else row + 1
     return buf.as_strided(shape, (C, stride_s, row), buf.storage_offset() + step_offset * row + k * B * C + col_offset)
-
-
-def _to_steps(x: Tensor, arcs: Tensor, k: int, modified: bool) -> None:
-    """Write ``x`` ``(B, R, W)`` into ``arcs[:, k]`` step-major: ``arcs[step(s, t), k, b, s+1] = x[b, s, t]``.
-
-    Args:
-      x: ``px`` (``R = S``) or ``py`` (``R = S + 1``).
-      arcs: ``(D, 2, B, S+3)`` contiguous, filled with ``-inf`` by the caller.
-      k: 0 for ``px``, 1 for ``py``.
-    """
-    if x.numel() > 0:
-        _cells_view(arcs, tuple(x.shape), modified, 0, k, 1).copy_(x)
 
 
 def _group_by_step(
@@ -212,31 +200,40 @@ def _neighbour_views(store: Tensor, rows: int, K: int, BW: int) -> List[Tensor]:
     return list(store.as_strided(size, (K * BW, 1, BW + 1, 1), store.storage_offset()).unbind(0))
 
 
-def _neighbour_arcs(arcs: Tensor, d_last: int, with_backward: bool) -> Tensor:
-    """The arc scores that go with :func:`_neighbour_views`, laid out to be added to them in one op.
+def _step_arcs(px: Tensor, py: Tensor, D: int, d_last: int, modified: bool, with_backward: bool) -> Tensor:
+    """The arc scores the recursions add to :func:`_neighbour_views`, step-major, in the work dtype.
 
     Args:
-      arcs: step-major ``(D, 2, B, S+3)`` (``[:, 0]`` px, ``[:, 1]`` py).
+      px: ``(B, S, T+1)`` (regular) or ``(B, S, T)`` (modified); py: ``(B, S+1, T)``.
+      D: number of steps; d_last: the last step that matters; with_backward: also lay out the backward arcs.
     Returns:
-      ``(d_last, 2, K, B*(S+3))``, row ``i - 1`` for step ``i``: forward
-      (k = 0) the px arc into each cell (leaving column ``c-1`` of step
-      ``i - 1``) and the py arc (leaving column ``c``); backward (k = 1) the
-      py and the px arc leaving each cell of step ``e = d_last - i``.
+      ``(D, 2, K, B*(S+3))``, row ``i - 1`` for step ``i`` (rows from
+      ``d_last`` on unused): forward (k = 0) the px arc into each cell
+      (leaving column ``c-1`` of step ``i - 1``, so px of cell ``(s, t)``
+      sits in column ``s+2``) and the py arc (leaving column ``c = s+1``);
+      backward (k = 1) the py and the px arc leaving each cell of step
+      ``d_last - i`` (both in column ``s+1``); ``-inf`` where there is no arc.
     """
-    D, _, B, W = arcs.shape
+    B, S, _ = px.shape
+    W = S + 3
     K = 2 if with_backward else 1
-    flat = arcs[:d_last].reshape(d_last, 2, B * W)
-    out = torch.empty((d_last, 2, K, B * W), dtype=arcs.dtype, device=arcs.device)
-    out[:, 0, 0, 0] = _NEG_INF
-    out[:, 0, 0, 1:] = flat[:, 0, :-1]
-    out[:, 1, 0] = flat[:, 1]
-    if with_backward:
-        out[:, :, 1] = flat.flip(0)[:, [1, 0]]  # row i - 1: step d_last - i
-    return out
+    out = torch.full((D, 2 * K, B, W), _NEG_INF, dtype=_WORK_DTYPE, device=px.device)
+    # _cells_view's "k" indexes dim 1 of (D, 2K, B, W): term m, direction k is m * K + k
+    if px.numel() > 0:
+        _cells_view(out, tuple(px.shape), modified, 0, 0, 2).copy_(px)
+    if py.numel() > 0:
+        _cells_view(out, tuple(py.shape), modified, 0, K, 1).copy_(py)
+    rows = out.view(D, 2, K, B * W)
+    if with_backward and d_last > 0:
+        forward, backward = rows[:d_last, :, 0], rows[:d_last, :, 1]
+        backward[:, 0] = forward[:, 1].flip(0)
+        backward[:, 1, :-1] = forward[:, 0, 1:].flip(0)
+    return rows
 
 
 def _recursions(
-    arcs: Tensor,
+    arc_rows: Tensor,
+    B: int,
     starts: Dict[int, Tuple[List[int], List[int]]],
     ends: Dict[int, Tuple[List[int], List[int]]],
     d_first: int,
@@ -252,7 +249,7 @@ def _recursions(
     made before the loop.
 
     Args:
-      arcs: ``(D, 2, B, S+3)`` step-major px and py.
+      arc_rows: ``(D, 2, K, B*(S+3))`` from :func:`_step_arcs`; B: batch size.
       starts, ends: step -> (batch indices, columns) of the begin / end cells.
       d_first, d_last: first and last step that matter.
       with_backward: also run the backward recursion.
@@ -262,20 +259,20 @@ def _recursions(
       step ``d_last - i`` (log-sum over the paths from a cell to the end
       cell); ``-inf`` beyond ``d_last``.
     """
-    D, _, B, W = arcs.shape
-    K = 2 if with_backward else 1
-    rows, BW = D, B * W  # rows after d_last stay -inf
-    store = torch.full((rows * K * BW + 2,), _NEG_INF, dtype=arcs.dtype, device=arcs.device)
+    D, _, K, BW = arc_rows.shape
+    W = BW // B
+    rows = D  # rows after d_last stay -inf
+    store = torch.full((rows * K * BW + 2,), _NEG_INF, dtype=arc_rows.dtype, device=arc_rows.device)
     buf = store[1:-1].view(rows, K, B, W)
     row_views = store[1:-1].view(rows, K * BW).unbind(0)
     neighbours = _neighbour_views(store, rows, K, BW)
-    arc_rows = _neighbour_arcs(arcs, d_last, with_backward).unbind(0)
-    scratch = torch.empty((2, K * BW), dtype=arcs.dtype, device=arcs.device)
+    arc_steps = arc_rows[:d_last].unbind(0)
+    scratch = torch.empty((2, K * BW), dtype=arc_rows.dtype, device=arc_rows.device)
     first_terms, second_terms, scratch_pairs = scratch[0], scratch[1], scratch.view(2, K, BW)
     # The backward direction starts at step d_last, so it runs over all of them.
     for i in range(0 if with_backward else d_first, d_last + 1):
         if i > 0:
-            torch.add(neighbours[i - 1], arc_rows[i - 1], out=scratch_pairs)
+            torch.add(neighbours[i - 1], arc_steps[i - 1], out=scratch_pairs)
             torch.logaddexp(first_terms, second_terms, out=row_views[i])
         if i in starts:
             bs, cols = starts[i]
@@ -294,6 +291,18 @@ def _lattice_view(z: Tensor, shape: Tuple[int, int, int], modified: bool, col_of
     return z.as_strided(shape, (b_stride, s_stride, step_stride), z.storage_offset() + col_offset * c_stride)
 
 
+def _flush_below(dtype: torch.dtype) -> float:
+    """Occupancies at or below this are set to zero (``2**24`` times ``dtype``'s smallest normal number).
+
+    They are ~1e-31 in float32, 24 orders of magnitude below what any sum of
+    occupancies can resolve, and left in place they (and their products with
+    the incoming gradient) are denormal numbers, on which a CPU's arithmetic
+    runs many times slower: they made the backward of the pruned training
+    loss 2x slower (issue 28).
+    """
+    return torch.finfo(dtype).tiny * 2.0**24
+
+
 def _posteriors(
     buf: Tensor, d_last: int, px: Tensor, py: Tensor, scores: Tensor, modified: bool
 ) -> Tuple[Tensor, Tensor]:
@@ -307,12 +316,15 @@ def _posteriors(
       buf: ``(D, 2, B, S+3)`` from :func:`_recursions`; d_last: last step.
       px, py: the arc scores (lattice layout); scores: ``(B,)`` totals (float64).
     Returns:
-      ``px_grad``, ``py_grad`` in ``px``'s dtype; zero for sequences with score ``-inf``.
+      ``px_grad``, ``py_grad`` in ``px``'s dtype; zero for sequences with score ``-inf`` and
+      where below :func:`_flush_below`.
     """
     D, _, B, W = buf.shape
-    beta_next = torch.full((D, B, W), _NEG_INF, dtype=buf.dtype, device=buf.device)
-    beta_next[:d_last] = buf[:d_last, 1].flip(0)  # row d: backward scores of step d + 1
-    total = torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores)).reshape(B, 1, 1)
+    total = torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores)).reshape(1, B, 1)
+    # row d: backward scores of step d + 1, less the total
+    beta_next = torch.empty((D, B, W), dtype=buf.dtype, device=buf.device)
+    beta_next[d_last:] = _NEG_INF
+    torch.sub(buf[:d_last, 1].flip(0), total, out=beta_next[:d_last])
     grads = []
     # the px arc leaving cell (s, t) enters column s+2 of the next step, the py arc column s+1
     for arc, next_col in ((px, 2), (py, 1)):
@@ -322,7 +334,8 @@ def _posteriors(
         shape = tuple(arc.shape)
         log_post = _lattice_view(buf[:, 0], shape, modified, 1) + arc
         log_post += _lattice_view(beta_next, shape, modified, next_col)
-        grads.append(log_post.sub_(total).exp_().to(arc.dtype))
+        post = torch.exp(log_post, out=torch.empty_like(arc))
+        grads.append(torch.nn.functional.threshold_(post, _flush_below(arc.dtype), 0.0))
     return grads[0], grads[1]
 
 
@@ -351,36 +364,48 @@ def _mutual_information(
     rows = _check_boundary(boundary, B, S, T)
     D = _num_steps(S, T, modified)
     device = px.device
-    broken = _broken_sequences(px, py)  # (B,) bool
-    px = px.masked_fill(broken.reshape(B, 1, 1), _NEG_INF)
-    py = py.masked_fill(broken.reshape(B, 1, 1), _NEG_INF)
+    broken = _broken_sequences(px, py)  # (B,) bool, or None when no sequence is
+    if broken is not None:
+        px = px.masked_fill(broken.reshape(B, 1, 1), _NEG_INF)
+        py = py.masked_fill(broken.reshape(B, 1, 1), _NEG_INF)
 
-    arcs = torch.full((D, 2, B, S + 3), _NEG_INF, dtype=_WORK_DTYPE, device=device)
-    _to_steps(px, arcs, 0, modified)  # column S+1 stays -inf: there is no px row S
-    _to_steps(py, arcs, 1, modified)
     starts = _group_by_step(rows, 0, 1, modified)
     ends = _group_by_step(rows, 2, 3, modified)
     d_first = min(starts) if starts else 0
     d_last = max(ends) if ends else 0  # no cell beyond this step matters
+    arc_rows = _step_arcs(px, py, D, d_last, modified, with_grad)
 
-    buf = _recursions(arcs, starts, ends, d_first, d_last, with_grad)
+    buf = _recursions(arc_rows, B, starts, ends, d_first, d_last, with_grad)
     end_step = boundary[:, 3] if modified else boundary[:, 2] + boundary[:, 3]
     scores = buf[end_step, 0, torch.arange(B, device=device), boundary[:, 2] + 1]  # (B,) float64
-    scores = scores.masked_fill(broken, float("nan"))
+    if broken is not None:
+        scores = scores.masked_fill(broken, float("nan"))
     if not with_grad:
         return scores.to(px.dtype), None, None
     px_grad, py_grad = _posteriors(buf, d_last, px, py, scores, modified)
-    nan = float("nan")
-    px_grad = px_grad.masked_fill(broken.reshape(B, 1, 1), nan)
-    py_grad = py_grad.masked_fill(broken.reshape(B, 1, 1), nan)
+    if broken is not None:
+        nan = float("nan")
+        px_grad = px_grad.masked_fill(broken.reshape(B, 1, 1), nan)
+        py_grad = py_grad.masked_fill(broken.reshape(B, 1, 1), nan)
     return scores.to(px.dtype), px_grad, py_grad
 
 
-def _broken_sequences(px: Tensor, py: Tensor) -> Tensor:
-    """``(B,)`` True where a sequence has a NaN or ``+inf`` arc score."""
+def _broken_sequences(px: Tensor, py: Tensor) -> Optional[Tensor]:
+    """``(B,)`` True where a sequence has a NaN or ``+inf`` arc score; None when none has.
+
+    A NaN or ``+inf`` arc makes the sequence's float64 sum NaN or ``+inf``,
+    while finite and ``-inf`` arcs cannot (float32 sums do not overflow in
+    float64), so one reduction per tensor screens the batch; the exact
+    element test runs only when a sum is suspect (float64 inputs near the
+    top of their range can overflow it).
+    """
+    sums = px.sum(dim=(1, 2), dtype=torch.float64) + py.sum(dim=(1, 2), dtype=torch.float64)
+    if bool((sums < float("inf")).all()):
+        return None
     bad_px = (torch.isnan(px) | (px == float("inf"))).flatten(1).any(1)
     bad_py = (torch.isnan(py) | (py == float("inf"))).flatten(1).any(1)
-    return bad_px | bad_py
+    broken = bad_px | bad_py
+    return broken if bool(broken.any()) else None
 
 
 class _MutualInformationFunction(torch.autograd.Function):
@@ -459,8 +484,10 @@ def mutual_information_recursion(
         None means ``[0, 0, S, T]``.
       return_grad: also return ``(px_grad, py_grad)``, shapes of ``px``/``py``:
         ``d scores[b] / d px[b]`` and ``d scores[b] / d py[b]``, i.e. the
-        posterior occupancy of every arc (zero for arcs outside the boundary
-        and for sequences whose score is ``-inf``).  These are detached.
+        posterior occupancy of every arc (zero for arcs outside the boundary,
+        for sequences whose score is ``-inf``, and where it is below
+        ``2**24`` times the dtype's smallest normal number, ~2e-31 in
+        float32, as a denormal would slow every op on it).  These are detached.
 
     Returns:
       ``scores`` ``(B,)`` = ``p[b, s_end, t_end]``, or

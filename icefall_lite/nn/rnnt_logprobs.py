@@ -184,26 +184,22 @@ def get_rnnt_logprobs_smoothed(
     S = S1 - 1
     T = am.shape[1]
     check_rnnt_type(rnnt_type, S, T, boundary)
-    tiny = torch.finfo(lm.dtype).tiny
-
-    lm_sums = lm_probs.sum(dim=2, keepdim=True)  # (B, S+1, 1)
-    lmonly_normalizers = lm_sums.log() + lm_max  # (B, S+1, 1)
-    unigram = (lm_probs / lm_sums).mean(dim=(0, 1)) + tiny  # (C,)
-    log_unigram = unigram.log()
-    amonly_normalizers = (torch.matmul(am_probs, unigram).log().unsqueeze(2) + am_max).transpose(1, 2)  # (B, 1, T)
-
-    px_joint = px_am + px_lm - normalizers[:, :S]  # (B, S, T)
-    px_lmonly = px_lm - lmonly_normalizers[:, :S]  # (B, S, 1)
-    px_amonly = px_am + log_unigram[symbols].unsqueeze(2) - amonly_normalizers  # (B, S, T)
-    py_joint = py_am + py_lm - normalizers  # (B, S+1, T)
-    py_lmonly = py_lm - lmonly_normalizers  # (B, S+1, 1)
-    py_amonly = py_am + log_unigram[termination_symbol] - amonly_normalizers  # (B, 1, T)
-
     combined_scale = 1.0 - lm_only_scale - am_only_scale
-    # All terms are finite here; the -inf column is appended afterwards, so a
-    # zero scale never multiplies -inf.
-    px = px_joint * combined_scale + px_lmonly * lm_only_scale + px_amonly * am_only_scale
-    py = py_joint * combined_scale + py_lmonly * lm_only_scale + py_amonly * am_only_scale
+    px = (px_am + px_lm - normalizers[:, :S]) * combined_scale  # (B, S, T)
+    py = (py_am + py_lm - normalizers) * combined_scale  # (B, S+1, T)
+    # A term whose scale is zero is left out: it is finite, so it would add
+    # exactly zero (the -inf column is appended afterwards).
+    if lm_only_scale != 0.0:
+        lmonly_normalizers = lm_probs.sum(dim=2, keepdim=True).log() + lm_max  # (B, S+1, 1)
+        px = px + (px_lm - lmonly_normalizers[:, :S]) * lm_only_scale  # (B, S, 1) term
+        py = py + (py_lm - lmonly_normalizers) * lm_only_scale  # (B, S+1, 1) term
+    if am_only_scale != 0.0:
+        tiny = torch.finfo(lm.dtype).tiny
+        unigram = (lm_probs / lm_probs.sum(dim=2, keepdim=True)).mean(dim=(0, 1)) + tiny  # (C,)
+        log_unigram = unigram.log()
+        amonly_normalizers = (torch.matmul(am_probs, unigram).log().unsqueeze(2) + am_max).transpose(1, 2)  # (B, 1, T)
+        px = px + (px_am + log_unigram[symbols].unsqueeze(2) - amonly_normalizers) * am_only_scale
+        py = py + (py_am + log_unigram[termination_symbol] - amonly_normalizers) * am_only_scale
     py = py.expand(B, S + 1, T)
     return finish_px(px.expand(B, S, T), py, rnnt_type, boundary), py
 
@@ -236,9 +232,10 @@ class _LogSoftmaxArcs(torch.autograd.Function):
     """``log_softmax(logits)`` read at two entries per cell, without a
     normalised copy of ``logits``.
 
-    Forward keeps only ``logits`` (which the joiner's backward needs anyway)
-    and the ``(..., 1)`` normalisers; backward writes the gradient into one
-    new tensor of the size of ``logits``:
+    Forward keeps only ``logits`` (which the joiner's backward needs anyway);
+    backward recomputes ``softmax(logits)`` (one fused kernel, cheaper than
+    subtracting saved normalisers) into the one new tensor of the size of
+    ``logits`` and turns it into the gradient:
     ``-softmax(logits) * (g_sym + g_blank)``, plus ``g_sym`` at the symbol and
     ``g_blank`` at the blank.  Autograd through ``logsumexp`` + ``gather`` +
     indexing would instead hold three logits-sized gradients plus the
@@ -250,17 +247,17 @@ class _LogSoftmaxArcs(torch.autograd.Function):
         normalizers = _logsumexp_last_dim(logits)  # (..., 1)
         px = torch.gather(logits, -1, symbols.unsqueeze(-1)).squeeze(-1) - normalizers.squeeze(-1)
         py = logits[..., blank] - normalizers.squeeze(-1)
-        ctx.save_for_backward(logits, normalizers, symbols)
+        ctx.save_for_backward(logits, symbols)
         ctx.blank = blank
         return px, py
 
     @staticmethod
     def backward(ctx, grad_px: Optional[Tensor], grad_py: Optional[Tensor]):  # type: ignore[override]
-        logits, normalizers, symbols = ctx.saved_tensors
+        logits, symbols = ctx.saved_tensors
         zeros = torch.zeros((), dtype=logits.dtype, device=logits.device)
         grad_px = zeros.expand(symbols.shape) if grad_px is None else grad_px
         grad_py = zeros.expand(symbols.shape) if grad_py is None else grad_py
-        grad = torch.sub(logits, normalizers).exp_()  # softmax, the one logits-sized allocation
+        grad = torch.softmax(logits, dim=-1)  # the one logits-sized allocation
         grad.mul_((grad_px + grad_py).neg().unsqueeze(-1))
         grad.scatter_add_(-1, symbols.unsqueeze(-1), grad_px.unsqueeze(-1).to(grad.dtype))
         grad[..., ctx.blank] += grad_py
