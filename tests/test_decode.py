@@ -21,7 +21,7 @@ from lhotse import CutSet, load_manifest
 
 from conftest import RECIPE, check_wer_files, recipe_env, tiny_transducer, with_features
 from icefall_lite.decoding.constants import TEST_SETS
-from icefall_lite.decoding.decode_run import resolve_test_sets, result_key
+from icefall_lite.decoding.decode_run import resolve_test_sets, result_key, validate_test_sets
 from icefall_lite.decoding.greedy_search import greedy_search, greedy_search_batch
 from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
 from icefall_lite.train.checkpoint import save_checkpoint
@@ -188,8 +188,23 @@ def test_defaults():
         64,
         1,
     )
-    assert args.test_sets == ["test-clean", "test-other"]
+    assert args.test_sets is None  # resolved by validate_test_sets (next test)
     assert args.decoding_method == "greedy_search"
+
+
+def test_default_test_sets_follow_mini_libri(tiny_data, tmp_path):
+    """Without --test-sets: test-clean and test-other; with --mini-libri true, mini LibriSpeech's dev-clean-2."""
+    fbank = tiny_data / "data/fbank"
+    parser = decode.get_parser()
+    args = parser.parse_args(["--manifest-dir", str(fbank)])
+    validate_test_sets(parser, args)
+    assert [name for name, _ in args.test_set_paths] == ["test-clean", "test-other"]
+    mini = tmp_path / "fbank"
+    mini.mkdir()
+    shutil.copy(fbank / "librispeech_cuts_dev-clean.jsonl.gz", mini / "librispeech_cuts_dev-clean-2.jsonl.gz")
+    args = parser.parse_args(["--manifest-dir", str(mini), "--mini-libri", "true"])
+    validate_test_sets(parser, args)
+    assert args.test_set_paths == [("dev-clean-2", mini / "librispeech_cuts_dev-clean-2.jsonl.gz")]
 
 
 @pytest.mark.parametrize(

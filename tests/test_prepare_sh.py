@@ -287,14 +287,16 @@ def test_bad_options_are_refused() -> None:
         assert proc.returncode == 2 and "prepare.sh:" in proc.stdout
 
 
-def _mirror(corpus: Path, parts: List[str], mirror: Path) -> None:
-    """OpenSLR layout: <mirror>/12/<part>.tar.gz holding LibriSpeech/<part>/..."""
-    (mirror / "12").mkdir(parents=True)
+def _mirror(corpus: Path, parts: List[str], mirror: Path, resource: str = "12", names: Dict[str, str] = {}) -> None:
+    """OpenSLR layout: <mirror>/<resource>/<name>.tar.gz holding LibriSpeech/<name>/... (12: LibriSpeech,
+    31: mini LibriSpeech); part ``p`` of ``corpus`` is published as ``names.get(p, p)``."""
+    (mirror / resource).mkdir(parents=True)
     for part in parts:
-        with tarfile.open(mirror / "12" / f"{part}.tar.gz", "w:gz") as tar:
+        name = names.get(part, part)
+        with tarfile.open(mirror / resource / f"{name}.tar.gz", "w:gz") as tar:
             tar.add(
                 corpus / part,
-                arcname=f"LibriSpeech/{part}",
+                arcname=f"LibriSpeech/{name}",
                 filter=lambda t: None if t.name.endswith(".completed") else t,
             )
 
@@ -321,6 +323,58 @@ def test_librispeech_corpus_from_a_local_mirror(tiny: Path, tmp_path: Path) -> N
         assert (work / "download" / "LibriSpeech" / part / ".completed").is_file()
         sups = load_manifest(work / "data" / "manifests" / f"librispeech_supervisions_{part}.jsonl.gz")
         assert sorted(s.text for s in sups) == sorted(_transcripts(tiny / "download" / "LibriSpeech" / part).values())
+
+
+def test_mini_librispeech_from_a_local_mirror(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare.sh --corpus mini_librispeech: OpenSLR 31's train-clean-5 and dev-clean-2 (here the tiny corpus's
+    train-clean-100 and dev-clean under those names), every stage, then train.py's data with --mini-libri."""
+    names = {TRAIN_PART: "train-clean-5", "dev-clean": "dev-clean-2"}
+    _mirror(tiny / "download" / "LibriSpeech", list(names), tmp_path / "mirror", resource="31", names=names)
+    work = tmp_path / "mini"
+    proc = run_prepare(
+        "--corpus",
+        "mini_librispeech",
+        "--work-dir",
+        str(work),
+        "--size",
+        "tiny",  # of the synthetic noise corpus that stands in for MUSAN (--musan defaults to false here)
+        "--vocab-size",
+        "60",
+        "--librispeech-url",
+        (tmp_path / "mirror").as_uri(),
+    )
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert "perturb_speed=true musan=false parts: train-clean-5 dev-clean-2" in proc.stdout
+    fbank = work / "data" / "fbank"
+    assert sorted(p.name for p in fbank.glob("librispeech_cuts_*.jsonl.gz")) == [
+        "librispeech_cuts_dev-clean-2.jsonl.gz",
+        "librispeech_cuts_train-clean-5.jsonl.gz",
+    ]
+    assert (fbank / "noise_cuts.jsonl.gz").is_file() and not (work / "download" / "musan").exists()
+    train_texts = sorted(_transcripts(tiny / "download" / "LibriSpeech" / TRAIN_PART).values())
+    # speed perturbation: the training part three times (1.0, 0.9, 1.1), the dev part once
+    train = load_manifest(fbank / "librispeech_cuts_train-clean-5.jsonl.gz")
+    assert sorted(c.supervisions[0].text for c in train) == sorted(train_texts * 3)
+    dev = load_manifest(fbank / "librispeech_cuts_dev-clean-2.jsonl.gz")
+    assert sorted(c.supervisions[0].text for c in dev) == sorted(
+        _transcripts(tiny / "download" / "LibriSpeech" / "dev-clean").values()
+    )
+    # the BPE model is trained on train-clean-5's transcripts
+    lang = work / "data" / "lang_bpe_60"
+    assert sorted((lang / "transcript_words.txt").read_text().splitlines()) == train_texts
+
+    monkeypatch.chdir(work)
+    parser = argparse.ArgumentParser()
+    LibriSpeechAsrDataModule.add_arguments(parser, max_duration=100.0)
+    args = parser.parse_args(["--manifest-dir", str(fbank), "--max-duration", "20", "--mini-libri", "true"])
+    LibriSpeechAsrDataModule.check_args(parser, args)
+    dm = LibriSpeechAsrDataModule(args)
+    assert len(dm.train_cuts().to_eager()) == len(train) and len(dm.valid_cuts().to_eager()) == len(dev)
+    sp = load_bpe_model(lang / "bpe.model")
+    batch = next(iter(dm.train_dataloaders(filter_cuts(dm.train_cuts(), sp))))
+    assert batch["inputs"].shape[2] == 80 and batch["inputs"].shape[0] == len(batch["supervisions"]["text"]) >= 1
+    with pytest.raises(SystemExit):
+        LibriSpeechAsrDataModule.check_args(parser, parser.parse_args(["--mini-libri", "true", "--full-libri", "true"]))
 
 
 def _cuts_and_features(fbank: Path, part: str) -> Dict[str, tuple]:

@@ -10,7 +10,7 @@ Usage, as in icefall's ``train.py``::
     sp = load_bpe_model(args.bpe_model)
     train_cuts = filter_cuts(librispeech.train_cuts(), sp, TRAIN_CUT_DURATION_RANGE)
     train_dl = librispeech.train_dataloaders(train_cuts)
-    valid_dl = librispeech.valid_dataloaders(librispeech.dev_clean_cuts() + librispeech.dev_other_cuts())
+    valid_dl = librispeech.valid_dataloaders(librispeech.valid_cuts())
     test_dl = librispeech.test_dataloaders(librispeech.test_clean_cuts())
 
 A batch is a dict: ``inputs``, a float tensor (N, T, 80) of fbank frames, and
@@ -53,7 +53,15 @@ from lhotse.utils import compute_num_frames
 from torch.utils.data import DataLoader
 
 from icefall_lite.data.features import NUM_MEL_BINS
-from icefall_lite.data.layout import FULL_TRAIN_PARTS, MUSAN_CUTS_NAME, NOISE_CUTS_NAME, librispeech_cuts_name
+from icefall_lite.data.layout import (
+    FULL_TRAIN_PARTS,
+    MINI_DEV_PART,
+    MINI_TRAIN_PART,
+    MUSAN_CUTS_NAME,
+    NOISE_CUTS_NAME,
+    TRAIN_PART,
+    librispeech_cuts_name,
+)
 from icefall_lite.nn.encoder import subsampled_length
 from icefall_lite.utils import str2bool
 
@@ -97,6 +105,13 @@ class LibriSpeechAsrDataModule:
             type=str2bool,
             default=False,
             help="train on all 960 h (real LibriSpeech only); else train-clean-100",
+        )
+        group.add_argument(
+            "--mini-libri",
+            type=str2bool,
+            default=False,
+            help=f"mini LibriSpeech (prepare.sh --corpus mini_librispeech): train on {MINI_TRAIN_PART}, validate "
+            f"on {MINI_DEV_PART} (and decode it by default)",
         )
         group.add_argument(
             "--manifest-dir",
@@ -168,6 +183,8 @@ class LibriSpeechAsrDataModule:
     @staticmethod
     def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         """argparse errors naming the flag for bad data flags (training and decoding share this check)."""
+        if args.full_libri and args.mini_libri:
+            parser.error("--full-libri and --mini-libri exclude each other")
         if not args.max_duration > 0:
             parser.error(f"--max-duration must be positive, got {args.max_duration}")
         if args.num_buckets < 1:
@@ -192,7 +209,7 @@ class LibriSpeechAsrDataModule:
 
     def train_clean_100_cuts(self) -> CutSet:
         """train-clean-100: the training part (also of the synthetic corpus)."""
-        return self.part_cuts("train-clean-100")
+        return self.part_cuts(TRAIN_PART)
 
     def train_clean_360_cuts(self) -> CutSet:
         return self.part_cuts("train-clean-360")
@@ -201,11 +218,19 @@ class LibriSpeechAsrDataModule:
         return self.part_cuts("train-other-500")
 
     def train_cuts(self) -> CutSet:
-        """The training cuts: train-clean-100, or all three parts with ``--full-libri``
-        (multiplexed lazily in proportion to their sizes)."""
+        """The training cuts: train-clean-100; all three parts with ``--full-libri`` (multiplexed lazily in
+        proportion to their sizes); train-clean-5 with ``--mini-libri``."""
+        if self.args.mini_libri:
+            return self.part_cuts(MINI_TRAIN_PART)
         if not self.args.full_libri:
             return self.train_clean_100_cuts()
         return CutSet.mux(*(self.part_cuts(p) for p in FULL_TRAIN_PARTS), weights=list(FULL_TRAIN_PARTS.values()))
+
+    def valid_cuts(self) -> CutSet:
+        """The validation cuts: dev-clean + dev-other; dev-clean-2 with ``--mini-libri``."""
+        if self.args.mini_libri:
+            return self.part_cuts(MINI_DEV_PART)
+        return self.dev_clean_cuts() + self.dev_other_cuts()
 
     def dev_clean_cuts(self) -> CutSet:
         return self.part_cuts("dev-clean")

@@ -16,6 +16,11 @@ TRAIN_PART = "train-clean-100"
 EVAL_PARTS = ("dev-clean", "dev-other", "test-clean", "test-other")
 # The parts prepare.sh downloads (LibriSpeech) or synthesizes, training part first.
 DEFAULT_PARTS = (TRAIN_PART,) + EVAL_PARTS
+# Mini LibriSpeech (OpenSLR 31, icefall's --mini-libri): a 5-hour training part and a 2-hour dev part,
+# which serves for validation and as the test set (it has no other).
+MINI_TRAIN_PART = "train-clean-5"
+MINI_DEV_PART = "dev-clean-2"
+MINI_PARTS = (MINI_TRAIN_PART, MINI_DEV_PART)
 # LibriSpeech's training parts and their utterance counts (mux weights for --full-libri).
 FULL_TRAIN_PARTS: Dict[str, int] = {"train-clean-100": 28539, "train-clean-360": 104014, "train-other-500": 148688}
 

@@ -24,7 +24,7 @@ from torch import Tensor
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
 from icefall_lite.data.datamodule import EmptyCutSetError, LibriSpeechAsrDataModule
 from icefall_lite.data.features import NUM_MEL_BINS, NUM_TAIL_PADDED_FRAMES, pad_tail
-from icefall_lite.data.layout import CUTS_PREFIX, librispeech_cuts_path
+from icefall_lite.data.layout import CUTS_PREFIX, MINI_DEV_PART, librispeech_cuts_path
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.metrics import Result, save_results
 from icefall_lite.nn.model import (
@@ -98,9 +98,10 @@ def add_test_sets_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--test-sets",
         nargs="+",
-        default=list(TEST_SETS),
+        default=None,
         help="Parts to decode: names of parts in --manifest-dir (librispeech_cuts_<part>.jsonl.gz) "
-        "or paths to cut manifests (.jsonl.gz). (default: test-clean test-other)",
+        f"or paths to cut manifests (.jsonl.gz). (default: test-clean test-other; {MINI_DEV_PART} with "
+        "--mini-libri true)",
     )
 
 
@@ -148,7 +149,13 @@ def resolve_test_sets(specs: Sequence[str], manifest_dir: Path) -> List[Tuple[st
 
 
 def validate_test_sets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Resolve ``--test-sets`` into ``args.test_set_paths``, or ``parser.error`` naming the flag."""
+    """Resolve ``--test-sets`` into ``args.test_set_paths``, or ``parser.error`` naming the flag.
+
+    Without ``--test-sets``: test-clean and test-other, or mini LibriSpeech's dev-clean-2 with
+    ``--mini-libri true`` (where the script has the datamodule's flags).
+    """
+    if args.test_sets is None:
+        args.test_sets = [MINI_DEV_PART] if getattr(args, "mini_libri", False) else list(TEST_SETS)
     try:
         args.test_set_paths = resolve_test_sets(args.test_sets, Path(args.manifest_dir))
     except ValueError as e:

@@ -102,7 +102,7 @@ def make_optimizer(params: AttributeDict, model: nn.Module) -> torch.optim.Optim
 def load_training_data(librispeech: LibriSpeechAsrDataModule, sp: spm.SentencePieceProcessor):
     """The filtered training cuts and the validation dataloader (an error if either set is empty)."""
     train_cuts = filter_cuts(librispeech.train_cuts(), sp, TRAIN_CUT_DURATION_RANGE, name="train")
-    valid_cuts = filter_cuts(librispeech.dev_clean_cuts() + librispeech.dev_other_cuts(), sp, name="valid")
+    valid_cuts = filter_cuts(librispeech.valid_cuts(), sp, name="valid")
     require_nonempty(train_cuts, "training")
     require_nonempty(valid_cuts, "validation")
     return train_cuts, librispeech.valid_dataloaders(valid_cuts)

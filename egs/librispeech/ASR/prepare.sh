@@ -7,19 +7,21 @@
 #   bash prepare.sh --size tiny             # a few dozen utterances (tests, CI)
 #   bash prepare.sh --corpus digits         # synthetic connected digits (11 words, ~3.3 h train)
 #   bash prepare.sh --corpus librispeech    # real LibriSpeech from OpenSLR
+#   bash prepare.sh --corpus mini_librispeech   # mini LibriSpeech (OpenSLR 31: 5 h train, 2 h dev), train.py --mini-libri true
 #   bash prepare.sh --stage 2 --stop-stage 3
 #
 # Stages:
 #   0: corpus -> $dl_dir/LibriSpeech  (synthesize, or download with lhotse)
 #   1: lhotse manifests -> data/manifests/librispeech_{recordings,supervisions}_<part>.jsonl.gz
 #   2: 80-dim fbank -> data/fbank/librispeech_cuts_<part>.jsonl.gz, then local/validate_manifest.py
-#   3: noise for mixing: synthetic, digits: the noise corpus (MUSAN's stand-in) -> $dl_dir/noise,
-#      data/fbank/noise_cuts.jsonl.gz; librispeech: MUSAN (downloaded with lhotse) -> $dl_dir/musan,
-#      data/fbank/musan_cuts.jsonl.gz
+#   3: noise for mixing: MUSAN (downloaded with lhotse; --musan true, the default for librispeech)
+#      -> $dl_dir/musan, data/fbank/musan_cuts.jsonl.gz; else the synthetic noise corpus (MUSAN's
+#      stand-in) -> $dl_dir/noise, data/fbank/noise_cuts.jsonl.gz
 #   4: BPE -> data/lang_bpe_<vocab_size>/{transcript_words.txt,bpe.model,tokens.txt}
 #
 # Parts: train-clean-100 (the training part), dev-clean, dev-other, test-clean,
-# test-other (+ train-clean-360, train-other-500 with --full-libri true).
+# test-other (+ train-clean-360, train-other-500 with --full-libri true); mini_librispeech:
+# train-clean-5 and dev-clean-2 (its validation and test set).
 # Outputs go under --work-dir (default: this folder): data/ and download/.
 # A finished stage is skipped on rerun (marker files data/*/.*.done); every
 # output is written to a temporary name and renamed.
@@ -28,15 +30,16 @@ set -eou pipefail
 
 stage=0
 stop_stage=4
-corpus=synthetic        # synthetic | digits | librispeech
+corpus=synthetic        # synthetic | digits | librispeech | mini_librispeech
 size=default            # default | small | tiny (synthetic); default | tiny (digits)
 work_dir=""             # where data/ and download/ go (default: this folder)
 dl_dir=""               # default: $work_dir/download
-vocab_size=""           # default: 100 for the synthetic corpus (2,000 words), 30 for digits (11 words), 500 for LibriSpeech
+vocab_size=""           # default: 100 for the synthetic corpus (2,000 words), 30 for digits (11 words), 500 for (mini) LibriSpeech
 nj=""                   # default: all cores
 seed=42                 # synthetic corpus and noise
 full_libri=false        # librispeech: also train-clean-360 and train-other-500
-perturb_speed=""        # default: true for librispeech, false for synthetic
+perturb_speed=""        # default: true for (mini) librispeech, false for the synthetic corpora
+musan=""                # real MUSAN for noise mixing; default: true for librispeech, else false (the synthetic noise corpus)
 librispeech_url=http://www.openslr.org/resources   # or a mirror, e.g. file:///path
 musan_url=https://www.openslr.org/resources/17/musan.tar.gz   # librispeech: MUSAN (or a mirror)
 
@@ -50,10 +53,10 @@ log() {
 }
 
 usage() {
-  sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "Options (default): --stage ($stage) --stop-stage ($stop_stage) --corpus ($corpus)"
   echo "  --size ($size) --work-dir (recipe dir) --dl-dir (WORK_DIR/download) --vocab-size (100 synthetic, 30 digits, 500 librispeech)"
-  echo "  --nj (all cores) --seed ($seed) --full-libri ($full_libri) --perturb-speed (auto)"
+  echo "  --nj (all cores) --seed ($seed) --full-libri ($full_libri) --perturb-speed (auto) --musan (auto)"
   echo "  --librispeech-url ($librispeech_url) --musan-url ($musan_url)"
 }
 
@@ -64,7 +67,7 @@ while [ $# -gt 0 ]; do
     --*)
       name=${1#--}; name=${name//-/_}
       case "$name" in
-        stage|stop_stage|corpus|size|work_dir|dl_dir|vocab_size|nj|seed|full_libri|perturb_speed|librispeech_url|musan_url) ;;
+        stage|stop_stage|corpus|size|work_dir|dl_dir|vocab_size|nj|seed|full_libri|perturb_speed|musan|librispeech_url|musan_url) ;;
         *) echo "prepare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
       esac
       [ $# -ge 2 ] || { echo "prepare.sh: option $1 needs a value" >&2; exit 2; }
@@ -74,7 +77,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-case "$corpus" in synthetic|digits|librispeech) ;; *) echo "prepare.sh: --corpus must be synthetic, digits or librispeech" >&2; exit 2 ;; esac
+case "$corpus" in synthetic|digits|librispeech|mini_librispeech) ;; *) echo "prepare.sh: --corpus must be synthetic, digits, librispeech or mini_librispeech" >&2; exit 2 ;; esac
+case "$corpus" in librispeech|mini_librispeech) real_corpus=true ;; *) real_corpus=false ;; esac
+if [ "$full_libri" = true ] && [ "$corpus" != librispeech ]; then
+  echo "prepare.sh: --full-libri true needs --corpus librispeech" >&2; exit 2
+fi
 if [ "$corpus" = digits ]; then
   case "$size" in default|tiny) ;; *) echo "prepare.sh: --size must be default or tiny with --corpus digits" >&2; exit 2 ;; esac
 else
@@ -91,15 +98,19 @@ nj=${nj:-$(nproc)}
 if [ -z "$vocab_size" ]; then
   case "$corpus" in synthetic) vocab_size=100 ;; digits) vocab_size=30 ;; *) vocab_size=500 ;; esac
 fi
-if [ -z "$perturb_speed" ]; then
-  if [ "$corpus" = librispeech ]; then perturb_speed=true; else perturb_speed=false; fi
+if [ -z "$perturb_speed" ]; then perturb_speed=$real_corpus; fi
+if [ -z "$musan" ]; then
+  if [ "$corpus" = librispeech ]; then musan=true; else musan=false; fi
 fi
 
 parts="train-clean-100 dev-clean dev-other test-clean test-other"
 train_parts="train-clean-100"
-if [ "$corpus" = librispeech ] && [ "$full_libri" = true ]; then
+if [ "$full_libri" = true ]; then
   parts="$parts train-clean-360 train-other-500"
   train_parts="train-clean-100 train-clean-360 train-other-500"
+elif [ "$corpus" = mini_librispeech ]; then
+  parts="train-clean-5 dev-clean-2"
+  train_parts="train-clean-5"
 fi
 
 if [ -z "${PYTHON:-}" ]; then
@@ -113,7 +124,7 @@ mkdir -p data
 lang_dir=data/lang_bpe_${vocab_size}
 
 log "corpus=$corpus size=$size stage=$stage stop_stage=$stop_stage work_dir=$work_dir dl_dir=$dl_dir"
-log "vocab_size=$vocab_size nj=$nj seed=$seed perturb_speed=$perturb_speed parts: $parts"
+log "vocab_size=$vocab_size nj=$nj seed=$seed perturb_speed=$perturb_speed musan=$musan parts: $parts"
 
 # run_stage N MARKER DESCRIPTION: true when stage N is selected and not yet done.
 run_stage() {
@@ -130,7 +141,7 @@ run_stage() {
 }
 
 if run_stage 0 "" "get the $corpus corpus into $dl_dir/LibriSpeech"; then
-  if [ "$corpus" != librispeech ]; then
+  if [ "$real_corpus" = false ]; then
     "$PYTHON" "$local_dir/synthesize_corpus.py" --dl-dir "$dl_dir" --corpus "$corpus" --size "$size" --seed "$seed" --nj "$nj"
   else
     # shellcheck disable=SC2086
@@ -158,7 +169,7 @@ if run_stage 2 data/fbank/.librispeech.done "fbank -> data/fbank (speed perturba
   echo "$parts" > data/fbank/.librispeech.done
 fi
 
-if [ "$corpus" = librispeech ]; then
+if [ "$musan" = true ]; then
   if run_stage 3 data/fbank/.musan.done "MUSAN -> $dl_dir/musan, data/fbank/musan_cuts.jsonl.gz"; then
     mkdir -p data/manifests data/fbank
     "$PYTHON" "$local_dir/download_musan.py" --dl-dir "$dl_dir" --url "$musan_url"
