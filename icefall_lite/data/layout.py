@@ -20,7 +20,6 @@ DEFAULT_PARTS = (TRAIN_PART,) + EVAL_PARTS
 # which serves for validation and as the test set (it has no other).
 MINI_TRAIN_PART = "train-clean-5"
 MINI_DEV_PART = "dev-clean-2"
-MINI_PARTS = (MINI_TRAIN_PART, MINI_DEV_PART)
 # LibriSpeech's training parts and their utterance counts (mux weights for --full-libri).
 FULL_TRAIN_PARTS: Dict[str, int] = {"train-clean-100": 28539, "train-clean-360": 104014, "train-other-500": 148688}
 
