@@ -163,10 +163,8 @@ def test_default_corpus_is_small_plus_extra_speech_with_the_same_eval_parts() ->
             accent, variant = u.voice.name.split("+")
             assert accent in tts.TRAIN_ACCENTS and variant in tts.TRAIN_VARIANTS + tts.EXTRA_VARIANTS
             variants.add(variant)
-        elif u.voice.engine == "flite":
-            assert u.voice.name in tts.TRAIN_FLITE
         else:
-            assert u.voice.engine in ("pico", "hibari", "piper")
+            assert u.voice.name in tts.TRAIN_FLITE
     # The extra voices spread over the extra variants, not only the base's ten.
     assert len(variants & set(tts.EXTRA_VARIANTS)) >= len(tts.EXTRA_VARIANTS) // 2
     assert len({u.utt_id for u in default.utterances}) == len(default.utterances)

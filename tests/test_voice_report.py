@@ -55,14 +55,6 @@ def test_attributes_of_unseen_voices_are_marked(test_other) -> None:
             assert a["accent"] == a["variant"] == f"flite:{u.voice.name} (unseen)"
 
 
-def test_attributes_of_the_in_process_engines_name_engine_and_voice() -> None:
-    extra = plan_corpus(SIZES["default"], 42).utterances[len(plan_corpus(SIZES["small"], 42).utterances) :]
-    for engine in ("pico", "hibari", "piper"):
-        u = next(u for u in extra if u.voice.engine == engine)
-        a = utterance_attributes(u)
-        assert a["engine"] == engine and a["accent"] == a["variant"] == f"{engine}:{u.voice.name}"
-
-
 def test_wer_by_noise_counts_each_group_by_hand(test_other) -> None:
     plan, utts = test_other
     table = wer_by_attribute(_results_deleting_first_word_of_babble(utts), plan)

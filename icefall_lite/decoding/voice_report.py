@@ -29,19 +29,17 @@ def plan_utt_id(cut_id: str) -> str:
 def utterance_attributes(utt: Utterance) -> Dict[str, str]:
     """The value of every attribute of :data:`ATTRIBUTES` for one planned utterance.
 
-    ``accent`` and ``variant`` of a voice of another engine are ``<engine>:<voice>``
-    (``flite:awb``, ``pico:en-GB``). The accents of ``tts.OTHER_ACCENTS``,
-    variants of ``tts.OTHER_VARIANTS`` and flite voices of ``tts.OTHER_FLITE``
-    (never in training) are marked ``(unseen)``. ``snr`` is the 5-dB band of
-    the noise, or ``none``.
+    ``accent`` and ``variant`` of a flite voice are ``flite:<voice>``. The
+    accents of ``tts.OTHER_ACCENTS``, variants of ``tts.OTHER_VARIANTS`` and
+    flite voices of ``tts.OTHER_FLITE`` (never in training) are marked
+    ``(unseen)``. ``snr`` is the 5-dB band of the noise, or ``none``.
     """
     if utt.voice.engine == "espeak":
         accent, variant = utt.voice.name.split("+")
         accent += " (unseen)" if accent in tts.OTHER_ACCENTS else ""
         variant += " (unseen)" if variant in tts.OTHER_VARIANTS else ""
     else:
-        unseen = utt.voice.engine == "flite" and utt.voice.name in tts.OTHER_FLITE
-        accent = variant = f"{utt.voice.engine}:{utt.voice.name}" + (" (unseen)" if unseen else "")
+        accent = variant = f"flite:{utt.voice.name}" + (" (unseen)" if utt.voice.name in tts.OTHER_FLITE else "")
     if utt.noise is None:
         snr = "none"
     else:

@@ -20,13 +20,6 @@ extra speech is planned after everything else from its own random stream, so
 every size with the same base (``small`` and ``default``) has the same
 evaluation parts, utterance for utterance.
 
-Every training utterance has its own :class:`tts.Perturbation` (rate, pitch,
-frequency warp), drawn from ``np.random.default_rng([utterance seed,
-PERTURB_STREAM])`` so that the evaluation parts, which are never perturbed, are
-the same utterances as without it.  The extra speech of the default size is
-also read by the in-process engines (SVOX Pico, hibari, Piper's joe), which no
-evaluation part uses.
-
 The whole plan (texts, voices, noise types, SNRs, gains, seeds) is drawn up
 front from one seeded generator, so the corpus is the same for a seed whatever
 the number of worker processes.  The tree is built in ``.tmp-LibriSpeech``
@@ -69,8 +62,6 @@ PEAK_RANGE = (0.3, 0.95)
 SECONDS_PER_WORD = 0.24
 SECONDS_PER_UTT = 0.52
 MARKER = "SYNTHETIC.json"
-# Recorded in the marker: 2 = per-utterance perturbation of the training speech and the in-process engines.
-CORPUS_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -90,21 +81,15 @@ class CorpusSize:
     extra_train_hours: float = 0.0  # planned hours of extra training speech
     extra_train_speakers: int = 0  # voices of the extra speech (tts.extra_voice_names(), TRAIN_FLITE)
     extra_vocab_words: int = 0  # extra sentences use only these most frequent words
-    # Of extra_train_speakers, how many are voices of the in-process engines (the rest: espeak-ng and flite).
-    extra_pico_speakers: int = 0
-    extra_hibari_speakers: int = 0
-    extra_piper_speakers: int = 0
 
 
 SIZES: Dict[str, CorpusSize] = {
-    "default": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40, 7.0, 240, 10000, 36, 24, 24),
+    "default": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40, 7.0, 240, 10000),
     "small": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40),
     "tiny": CorpusSize(2000, 0.0, 40, 8, 6, 3, 2, 3, 6.0, 20),
 }
 # The random stream of the extra training speech: np.random.default_rng([seed, EXTRA_STREAM]).
 EXTRA_STREAM = 1
-# A training utterance's perturbation: np.random.default_rng([utterance seed, PERTURB_STREAM]).
-PERTURB_STREAM = 2
 
 
 @dataclass(frozen=True)
@@ -119,7 +104,6 @@ class Utterance:
     snr_db: float
     peak: float
     seed: int
-    change: tts.Perturbation = tts.NO_PERTURBATION  # rate, pitch and warp of this reading
 
     @property
     def relpath(self) -> Path:
@@ -133,7 +117,7 @@ class Utterance:
         Subclasses that read their text in pieces override it
         (:class:`icefall_lite.data.synthetic.digits.DigitUtterance`).
         """
-        return tts.synthesize(self.voice, self.text, self.change)
+        return tts.synthesize(self.voice, self.text)
 
 
 @dataclass
@@ -220,19 +204,19 @@ def _part_utterances(
             chapter = ids.chapter()
             for k, text in enumerate(lines[start : start + size.utts_per_chapter]):
                 noise = str(rng.choice(noise_lib.NOISE_TYPES)) if noisy else None
-                snr_db = round(float(rng.uniform(*OTHER_SNR_RANGE)), 2) if noisy else 0.0
-                peak = round(float(rng.uniform(*PEAK_RANGE)), 3)
-                seed = int(rng.integers(2**31))
-                change = perturbation_of(seed) if part == TRAIN_PART else tts.NO_PERTURBATION
                 utts.append(
-                    Utterance(part, f"{speaker}-{chapter}-{k:04d}", text, voice, noise, snr_db, peak, seed, change)
+                    Utterance(
+                        part=part,
+                        utt_id=f"{speaker}-{chapter}-{k:04d}",
+                        text=text,
+                        voice=voice,
+                        noise=noise,
+                        snr_db=round(float(rng.uniform(*OTHER_SNR_RANGE)), 2) if noisy else 0.0,
+                        peak=round(float(rng.uniform(*PEAK_RANGE)), 3),
+                        seed=int(rng.integers(2**31)),
+                    )
                 )
     return utts
-
-
-def perturbation_of(utterance_seed: int) -> tts.Perturbation:
-    """A training utterance's perturbation, from its own stream (the plan's generator is not drawn from)."""
-    return tts.draw_perturbation(np.random.default_rng([utterance_seed, PERTURB_STREAM]))
 
 
 def plan_corpus(size: CorpusSize, seed: int) -> CorpusPlan:
@@ -302,18 +286,7 @@ def _extra_train_utterances(
     rng = np.random.default_rng([seed, EXTRA_STREAM])
     pool = extra_train_pool(sentences, base_vocab, size.extra_vocab_words, excluded)
     pool = [pool[i] for i in rng.permutation(len(pool))]
-    by_engine = {
-        "pico": size.extra_pico_speakers,
-        "hibari": size.extra_hibari_speakers,
-        "piper": size.extra_piper_speakers,
-    }
-    classic = size.extra_train_speakers - sum(by_engine.values())
-    if classic < 0:
-        raise ValueError(f"extra_train_speakers {size.extra_train_speakers} < the engines' {by_engine}")
-    voices = tts.sample_voices(rng, classic, tts.extra_voice_names(), tts.TRAIN_FLITE)
-    for engine, count in by_engine.items():
-        voices += tts.sample_engine_voices(rng, engine, count)
-    voices = [voices[i] for i in rng.permutation(len(voices))]
+    voices = tts.sample_voices(rng, size.extra_train_speakers, tts.extra_voice_names(), tts.TRAIN_FLITE)
     texts = _cycle_to_hours(pool, size.extra_train_hours)
     return _part_utterances(TRAIN_PART, texts, voices, ids, size, rng)
 
@@ -394,7 +367,7 @@ def write_transcripts(root: Path, utterances: Sequence[Utterance]) -> None:
 
 def corpus_config(size_name: str, seed: int) -> dict:
     """What identifies a built corpus: size name, its parameters, seed."""
-    return {"size": size_name, "seed": seed, "params": asdict(SIZES[size_name]), "version": CORPUS_VERSION}
+    return {"size": size_name, "seed": seed, "params": asdict(SIZES[size_name])}
 
 
 def built_config(corpus_dir: Path) -> dict:

@@ -1,12 +1,9 @@
-"""Offline speech synthesis with espeak-ng, flite and the in-process engines, resampled by sox.
+"""Offline speech synthesis with espeak-ng and flite, resampled by sox.
 
 A :class:`Voice` is one "speaker" of the synthetic corpus: an engine, a voice
 name (for espeak-ng an accent plus a variant, ``en-us+m3``), a speaking rate
-and a pitch.  :func:`synthesize` renders text with it, optionally changed by a
-per-utterance :class:`Perturbation` (rate, pitch, and a vocal-tract-length style
-warp of every frequency), and returns 16 kHz mono float32 samples.  The engines
-``pico``, ``hibari`` and ``piper`` (:mod:`icefall_lite.data.synthetic.engines`)
-read only training speech.  The voice pools below are disjoint by construction:
+and a pitch.  :func:`synthesize` renders text with it and returns 16 kHz mono
+float32 samples.  The voice pools below are disjoint by construction:
 
 * training voices: espeak-ng accents ``TRAIN_ACCENTS`` with variants
   ``TRAIN_VARIANTS``, and flite voices ``TRAIN_FLITE``; the extra training
@@ -28,11 +25,9 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import numpy as np
-
-from icefall_lite.data.synthetic import engines
 
 SAMPLE_RATE = 16000
 
@@ -63,9 +58,6 @@ ESPEAK_RATE_RANGE = (145, 195)  # words per minute (espeak-ng -s)
 ESPEAK_PITCH_RANGE = (30, 70)  # espeak-ng -p, 0-99
 FLITE_STRETCH_RANGE = (0.85, 1.15)  # flite duration_stretch
 FLITE_F0_RANGE = (85.0, 190.0)  # flite int_f0_target_mean, Hz
-ENGINE_RATE_RANGE = (0.85, 1.15)  # pico/hibari/piper speed multiplier
-PICO_PITCH_RANGE = (0.8, 1.25)  # pico pitch multiplier
-ESPEAK_PITCH_MAX = 99
 
 REQUIRED_TOOLS = ("espeak-ng", "flite", "sox")
 
@@ -78,52 +70,16 @@ class SynthesisError(RuntimeError):
 class Voice:
     """One synthetic speaker: engine, voice name, rate and pitch."""
 
-    engine: str  # "espeak", "flite", or one of engines.ENGINE_VOICES
-    name: str  # espeak "accent+variant", a flite voice, or an engines.ENGINE_VOICES voice
-    rate: float  # espeak words/minute, flite duration stretch, or the engine's speed multiplier
-    pitch: float  # espeak pitch 0-99, flite mean F0 in Hz, or pico's pitch multiplier (1.0 for hibari, piper)
+    engine: str  # "espeak" or "flite"
+    name: str  # espeak "accent+variant", or a flite voice
+    rate: float  # espeak words/minute, or flite duration stretch
+    pitch: float  # espeak pitch 0-99, or flite mean F0 in Hz
 
     def describe(self) -> str:
         """A short human-readable tag, e.g. ``espeak:en-us+m3:s160:p45``."""
         if self.engine == "espeak":
             return f"espeak:{self.name}:s{self.rate:.0f}:p{self.pitch:.0f}"
-        if self.engine == "flite":
-            return f"flite:{self.name}:x{self.rate:.2f}:f{self.pitch:.0f}"
-        return f"{self.engine}:{self.name}:x{self.rate:.2f}:p{self.pitch:.2f}"
-
-
-@dataclass(frozen=True)
-class Perturbation:
-    """A per-utterance change of a voice: speaking rate and pitch multipliers, and a frequency warp.
-
-    ``warp`` scales every frequency of the rendered speech (formants and pitch
-    alike, duration kept: sox's ``pitch`` effect), as a shorter (> 1) or longer
-    (< 1) vocal tract would.  ``pitch`` applies to espeak-ng, flite and pico
-    (the engines with a pitch setting); ``rate`` to every engine.
-    """
-
-    rate: float = 1.0
-    pitch: float = 1.0
-    warp: float = 1.0
-
-    def describe(self) -> str:
-        """``r1.05:p0.92:w1.03``."""
-        return f"r{self.rate:.2f}:p{self.pitch:.2f}:w{self.warp:.2f}"
-
-
-NO_PERTURBATION = Perturbation()
-# The per-utterance ranges of the training speech (uniform).
-PERTURB_RATE_RANGE = (0.9, 1.1)
-PERTURB_PITCH_RANGE = (0.85, 1.15)
-PERTURB_WARP_RANGE = (0.9, 1.1)
-
-
-def draw_perturbation(rng: np.random.Generator) -> Perturbation:
-    """One :class:`Perturbation` from the ``PERTURB_*_RANGE`` ranges, rounded to 3 decimals."""
-    rate, pitch, warp = (
-        round(float(rng.uniform(*r)), 3) for r in (PERTURB_RATE_RANGE, PERTURB_PITCH_RANGE, PERTURB_WARP_RANGE)
-    )
-    return Perturbation(rate, pitch, warp)
+        return f"flite:{self.name}:x{self.rate:.2f}:f{self.pitch:.0f}"
 
 
 def check_tools() -> None:
@@ -183,20 +139,6 @@ def sample_voices(
     return [voices[i] for i in order]
 
 
-def sample_engine_voices(rng: np.random.Generator, engine: str, count: int) -> List[Voice]:
-    """``count`` distinct settings of an in-process engine's voices (names round-robin; speed and pico's
-    pitch drawn, a setting already drawn is drawn again)."""
-    voices: List[Voice] = []
-    for name in _cycle_shuffled(rng, engines.ENGINE_VOICES[engine], count):
-        voice = None
-        while voice is None or voice in voices:
-            rate = round(float(rng.uniform(*ENGINE_RATE_RANGE)), 3)
-            pitch = round(float(rng.uniform(*PICO_PITCH_RANGE)), 3) if engine == "pico" else 1.0
-            voice = Voice(engine, name, rate, pitch)
-        voices.append(voice)
-    return voices
-
-
 def _cycle_shuffled(rng: np.random.Generator, names: Sequence[str], n: int) -> List[str]:
     out: List[str] = []
     while len(out) < n:
@@ -204,15 +146,14 @@ def _cycle_shuffled(rng: np.random.Generator, names: Sequence[str], n: int) -> L
     return out[:n]
 
 
-def _tts_command(voice: Voice, text: str, wav: Path, change: Perturbation) -> List[str]:
+def _tts_command(voice: Voice, text: str, wav: Path) -> List[str]:
     spoken = text.lower()
     if voice.engine == "espeak":
-        pitch = min(ESPEAK_PITCH_MAX, voice.pitch * change.pitch)
         return [
             "espeak-ng",
             "-v", voice.name,
-            "-s", str(int(voice.rate * change.rate)),
-            "-p", str(int(pitch)),
+            "-s", str(int(voice.rate)),
+            "-p", str(int(voice.pitch)),
             "-w", str(wav),
             spoken,
         ]  # fmt: skip
@@ -220,45 +161,31 @@ def _tts_command(voice: Voice, text: str, wav: Path, change: Perturbation) -> Li
         return [
             "flite",
             "-voice", voice.name,
-            "--setf", f"duration_stretch={voice.rate / change.rate:.4g}",
-            "--setf", f"int_f0_target_mean={voice.pitch * change.pitch:.4g}",
+            "--setf", f"duration_stretch={voice.rate}",
+            "--setf", f"int_f0_target_mean={voice.pitch}",
             "-t", spoken,
             "-o", str(wav),
         ]  # fmt: skip
     raise ValueError(f"unknown TTS engine {voice.engine!r}")
 
 
-def _render_in_process(voice: Voice, text: str, wav: Path, change: Perturbation) -> None:
-    samples, rate = engines.render(
-        voice.engine, voice.name, text.lower(), voice.rate * change.rate, voice.pitch * change.pitch
-    )
-    if samples.size == 0:
-        raise SynthesisError(f"{voice.describe()} produced no audio for {text!r}")
-    raw = np.clip(samples, -1.0, 1.0).astype(np.float32).tobytes()
-    _run(["sox", "-R", "-t", "f32", "-r", str(rate), "-c", "1", "-", str(wav)], stdin=raw)
-
-
-def _run(cmd: List[str], stdin: Optional[bytes] = None) -> bytes:
-    proc = subprocess.run(cmd, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _run(cmd: List[str]) -> bytes:
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace").strip()
         raise SynthesisError(f"{cmd[0]} failed ({proc.returncode}): {err}")
     return proc.stdout
 
 
-def synthesize(voice: Voice, text: str, change: Perturbation = NO_PERTURBATION) -> np.ndarray:
-    """Render ``text`` with ``voice`` changed by ``change``; 16 kHz mono float32 samples in [-1, 1].
+def synthesize(voice: Voice, text: str) -> np.ndarray:
+    """Render ``text`` with ``voice``; 16 kHz mono float32 samples in [-1, 1].
 
     sox runs in repeatable mode (``-R``) so the result is deterministic.
     """
     with tempfile.TemporaryDirectory(prefix="icefall-lite-tts-") as tmp:
         wav = Path(tmp) / "tts.wav"
-        if voice.engine in engines.ENGINE_VOICES:
-            _render_in_process(voice, text, wav, change)
-        else:
-            _run(_tts_command(voice, text, wav, change))
-        warp = [] if change.warp == 1.0 else ["pitch", f"{1200.0 * np.log2(change.warp):.2f}"]
-        raw = _run(["sox", "-R", str(wav), "-t", "f32", "-r", str(SAMPLE_RATE), "-c", "1", "-", *warp])
+        _run(_tts_command(voice, text, wav))
+        raw = _run(["sox", "-R", str(wav), "-t", "f32", "-r", str(SAMPLE_RATE), "-c", "1", "-"])
     samples = np.frombuffer(raw, dtype=np.float32).copy()
     if samples.size == 0 or not np.any(samples):
         raise SynthesisError(f"{voice.describe()} produced no audio for {text!r}")
