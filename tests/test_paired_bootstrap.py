@@ -67,3 +67,5 @@ def test_script_prints_the_difference(tmp_path: Path) -> None:
     assert "WER A 10.00%, B 0.00%, B - A -10.00 points" in out.stdout
     missing = subprocess.run([sys.executable, str(SCRIPT), str(a), str(tmp_path / "nope.txt")], capture_output=True)
     assert missing.returncode == 1 and b"nope.txt does not exist" in missing.stderr
+    zero = subprocess.run([sys.executable, str(SCRIPT), str(a), str(b), "--num-resamples", "0"], capture_output=True)
+    assert zero.returncode == 2 and b"--num-resamples must be positive" in zero.stderr

@@ -10,7 +10,7 @@ noise: two seeds of one system differ by more than this interval suggests.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
@@ -30,9 +30,9 @@ class PairedWerDifference:
     utterances: int
 
 
-def per_utterance_counts(results: Sequence[Result]) -> "dict[str, tuple[int, int]]":
+def per_utterance_counts(results: Sequence[Result]) -> Dict[str, Tuple[int, int]]:
     """``{cut_id: (errors, reference words)}`` of ``(cut_id, ref, hyp)`` triples."""
-    counts = {}
+    counts: Dict[str, Tuple[int, int]] = {}
     for cut_id, ref, hyp in results:
         if cut_id in counts:
             raise ValueError(f"utterance {cut_id!r} appears twice")

@@ -12,21 +12,22 @@ The interval covers the choice of test utterances only, not training noise
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from icefall_lite.decoding.metrics import load_transcripts
 from icefall_lite.decoding.paired_bootstrap import paired_bootstrap
+from icefall_lite.utils import check_positive, script_parser
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("recogs_a", type=Path, help="recogs-*.txt of system A (the reference system)")
     parser.add_argument("recogs_b", type=Path, help="recogs-*.txt of system B")
     parser.add_argument("--num-resamples", type=int, default=10000, help="bootstrap resamples (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the resampling (default: %(default)s)")
     args = parser.parse_args()
+    check_positive(parser, args, ["num_resamples"])
     for path in (args.recogs_a, args.recogs_b):
         if not path.is_file():
             parser.exit(1, f"compare_decodings.py: error: {path} does not exist\n")
