@@ -53,6 +53,7 @@ def test_encoder_shapes_and_filters(threshold):
     torch.manual_seed(0)
     enc = RNN(
         num_features=80,
+        subsampling_factor=4,
         d_model=16,
         dim_feedforward=32,
         rnn_hidden_size=24,
@@ -75,6 +76,7 @@ def test_encoder_padding_does_not_change_valid_outputs():
     torch.manual_seed(0)
     enc = RNN(
         num_features=80,
+        subsampling_factor=4,
         d_model=16,
         dim_feedforward=32,
         rnn_hidden_size=16,
@@ -99,6 +101,7 @@ def test_encoder_streaming_states_continue_the_sequence():
     torch.manual_seed(0)
     enc = RNN(
         num_features=80,
+        subsampling_factor=4,
         d_model=16,
         dim_feedforward=32,
         rnn_hidden_size=16,

@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from icefall_lite.data.features import pad_tail
 from icefall_lite.nn.encoder import subsampled_length
+from icefall_lite.train.checkpoint import unwrap
 from icefall_lite.utils import MetricsTracker
 
 LOSS_RAMPS = ("step", "linear")
@@ -114,7 +115,8 @@ def compute_loss(
             ctc_loss = ctc_loss[is_finite].sum()
             info["ctc_loss"] = float(ctc_loss.detach())
             loss = loss + params["ctc_loss_scale"] * ctc_loss
-    info["frames"] = float(subsampled_length(num_frames[is_finite]).sum())
+    factor = unwrap(model).encoder.subsampling_factor
+    info["frames"] = float(subsampled_length(num_frames[is_finite], factor).sum())
     info["simple_loss"] = float(simple_loss.detach())
     info["pruned_loss"] = float(pruned_loss.detach())
     return loss, info
