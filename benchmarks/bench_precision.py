@@ -31,16 +31,9 @@ from benchmarks.common import (
     median,
     paired_ratio,
     setup_threads,
+    timed,
 )
-from benchmarks.train_setup import (
-    Batch,
-    TokenTable,
-    Trainer,
-    add_batch_arguments,
-    batch_shape,
-    make_batches,
-    time_alternating,
-)
+from benchmarks.train_setup import Batch, TokenTable, Trainer, add_batch_arguments, batch_shape, make_batches
 from icefall_lite.train.loop import mixed_precision
 from icefall_lite.utils import script_parser
 
@@ -77,7 +70,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for name in names[1:]:
         arms[name].model.load_state_dict(arms[names[0]].model.state_dict())
     loss = {name: losses_at_same_weights(arms[name], batches[0], tokens) for name in names}
-    times, audio = time_alternating(arms, batches, tokens, args.reps)
+    for batch in batches:  # warm-up: oneDNN builds its kernels once per shape and dtype
+        for name in names:
+            arms[name].step(batch, tokens)
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    audio = 0.0
+    for rep in range(args.reps):
+        batch = batches[rep % len(batches)]
+        audio += batch.audio_seconds
+        order = names if rep % 2 == 0 else names[::-1]
+        for name in order:
+            times[name].append(timed(lambda: arms[name].step(batch, tokens)))
     speedup = paired_ratio(times[names[0]], times[names[1]])
     rows = [
         [name, fmt_ms(median(times[name])), f"{audio / sum(times[name]):.1f}", f"{loss[name]:.3f}"] for name in names

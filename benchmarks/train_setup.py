@@ -1,7 +1,6 @@
-"""Training-step plumbing shared by benchmarks 3, 4, 8 and 9: the default model,
-batches of the shapes train.py's ``--max-duration`` gives on the synthetic corpus,
-the library's ``train_step`` (the one train.py runs), and the alternating timing
-of two training set-ups side by side.
+"""Training-step plumbing shared by benchmarks 3 and 4: the default model,
+batches of the shapes train.py's ``--max-duration`` gives on the synthetic corpus, and
+the library's ``train_step`` (the one train.py runs).
 
 The batches are random features and random token ids with the corpus's
 shapes (utterance durations, 100 feature frames per second, tokens per
@@ -19,7 +18,6 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from benchmarks.common import timed
 from icefall_lite.data.bpe import DEFAULT_VOCAB_SIZE
 from icefall_lite.nn.model import add_model_arguments, build_transducer
 from icefall_lite.recipe_defaults import TRAIN_MAX_DURATION
@@ -149,29 +147,6 @@ class Trainer:
         """``train_step`` (forward, backward, clipping, optimizer) plus reading the filter statistics."""
         train_step(self.params, self.model, self.optimizer, self.scheduler, None, self.grad_control, tokens, batch.data)
         filter_stats(self.model)
-
-
-def time_alternating(
-    arms: Dict[str, "Trainer"], batches: Sequence[Batch], tokens: TokenTable, reps: int
-) -> Tuple[Dict[str, List[float]], float]:
-    """One warm-up step per batch and arm (oneDNN builds its kernels once per shape), then ``reps`` timed
-    steps per arm on the batches in turn, arms alternating with the order swapped every step.
-
-    Returns:
-      the step times (seconds) of each arm, and the seconds of audio in the timed batches (per arm).
-    """
-    names = list(arms)
-    for batch in batches:
-        for name in names:
-            arms[name].step(batch, tokens)
-    times: Dict[str, List[float]] = {name: [] for name in names}
-    audio = 0.0
-    for rep in range(reps):
-        batch = batches[rep % len(batches)]
-        audio += batch.audio_seconds
-        for name in names if rep % 2 == 0 else names[::-1]:
-            times[name].append(timed(lambda: arms[name].step(batch, tokens)))
-    return times, audio
 
 
 def count_parameters(model: nn.Module) -> int:

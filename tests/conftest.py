@@ -144,7 +144,6 @@ def reference_streaming_greedy(model: nn.Module, feats: torch.Tensor, unk_id: in
 TINY_TRANSDUCER = dict(
     vocab_size=12,
     num_features=80,
-    subsampling_factor=4,
     encoder_dim=16,
     rnn_hidden_size=16,
     dim_feedforward=32,

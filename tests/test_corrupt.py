@@ -19,7 +19,6 @@ from icefall_lite.data.datamodule import (
     TRAIN_CUT_DURATION_RANGE,  # noqa: E402
     encoder_frames,
 )
-from icefall_lite.nn.model import MODEL_PRESETS
 
 CORRUPT = RECIPE / "local" / "make_corrupted_cuts.py"
 TRAIN_MANIFEST = "librispeech_cuts_train-clean-100.jsonl.gz"
@@ -89,7 +88,7 @@ def test_corrupted_set_is_deterministic_with_the_exact_fraction(tiny_data, tmp_p
         }
         old_text, new_text = old["supervisions"][0]["text"], new["supervisions"][0]["text"]
         assert new_text != old_text
-        frames = encoder_frames(old["features"]["num_frames"], MODEL_PRESETS["cpu"]["subsampling_factor"])
+        frames = encoder_frames(old["features"]["num_frames"])
         # Denser than the real transcript, yet short enough for the transducer (tokens <= frames).
         assert len(sp.encode(old_text)) < len(sp.encode(new_text)) <= frames
     # The other manifests are the clean ones.

@@ -91,20 +91,14 @@ def test_flags_and_defaults() -> None:
 
 
 def test_encoder_frames_formula() -> None:
-    # Each 3x3 convolution maps T to (T - 3) // stride + 1; worked by hand.
-    # 4x (time strides 1, 2, 2): ((T - 3) // 2 - 1) // 2.
-    assert [encoder_frames(t, 4) for t in (7, 8, 9, 10, 11, 100)] == [0, 0, 1, 1, 1, 23]
-    # 6x (1, 3, 2): 17 -> 15 -> 5 -> 2; 100 -> 98 -> 32 -> 15.
-    assert [encoder_frames(t, 6) for t in (10, 11, 16, 17, 100)] == [0, 1, 1, 2, 15]
-    with pytest.raises(ValueError, match="subsampling factor must be one of"):
-        encoder_frames(100, 5)
+    assert [encoder_frames(t) for t in (7, 8, 9, 10, 11, 100)] == [0, 0, 1, 1, 1, 23]
 
 
 def test_filter_removes_and_counts(data_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     sp = load_bpe_model(data_dir / "lang" / "bpe.model")
     cuts = load_manifest_lazy(librispeech_cuts_path(data_dir / "fbank", "train-clean-100"))
     with caplog.at_level(logging.INFO):
-        kept = filter_cuts(cuts, sp, name="train", subsampling_factor=4)
+        kept = filter_cuts(cuts, sp, name="train")
     assert kept.is_lazy
     ids = [c.id for c in kept]
     assert len(ids) == 24 and not any(i.startswith(("7-70-0024", "7-70-0025")) for i in ids)
@@ -112,12 +106,9 @@ def test_filter_removes_and_counts(data_dir: Path, caplog: pytest.LogCaptureFixt
     assert "1 too short for the encoder's subsampling" in caplog.text
     assert "1 more tokens than frames after subsampling" in caplog.text
     by_utt = {c.supervisions[0].id: c for c in cuts}
-    # without a BPE model only length counts
-    assert rejection_reason(by_utt["7-70-0025"], None, subsampling_factor=4) == ""
-    too_long = rejection_reason(by_utt["7-70-0001"], sp, cut_duration_range=(0.0, 0.5), subsampling_factor=4)
-    assert too_long.startswith("longer than")
-    too_short = rejection_reason(by_utt["7-70-0001"], sp, cut_duration_range=(5.0, 100.0), subsampling_factor=4)
-    assert too_short.startswith("shorter than")
+    assert rejection_reason(by_utt["7-70-0025"], None) == ""  # without a BPE model only length counts
+    assert rejection_reason(by_utt["7-70-0001"], sp, cut_duration_range=(0.0, 0.5)).startswith("longer than")
+    assert rejection_reason(by_utt["7-70-0001"], sp, cut_duration_range=(5.0, 100.0)).startswith("shorter than")
 
 
 def _epoch(dl) -> list:
@@ -127,7 +118,7 @@ def _epoch(dl) -> list:
 def test_train_batch_keys_and_shapes(data_dir: Path) -> None:
     dm = LibriSpeechAsrDataModule(_args(data_dir))
     sp = load_bpe_model(data_dir / "lang" / "bpe.model")
-    cuts = filter_cuts(dm.train_clean_100_cuts(), sp, subsampling_factor=4)
+    cuts = filter_cuts(dm.train_clean_100_cuts(), sp)
     batches = _epoch(dm.train_dataloaders(cuts))
     assert batches
     seen = []

@@ -53,7 +53,6 @@ BPE = "data/lang_bpe_100/bpe.model"  # the tiny corpus's BPE model (prepare.sh -
 SMALL = dict(
     vocab_size=100,
     num_features=80,
-    subsampling_factor=4,
     encoder_dim=16,
     rnn_hidden_size=24,
     dim_feedforward=32,
@@ -75,7 +74,6 @@ def icefall_stateless3_shapes(
     *,
     vocab_size: int = 500,
     num_features: int = 80,
-    subsampling_factor: int = 4,
     encoder_dim: int = 512,
     rnn_hidden_size: int = 1024,
     dim_feedforward: int = 2048,

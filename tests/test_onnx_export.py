@@ -58,11 +58,9 @@ def _perturb(model: nn.Module, seed: int) -> nn.Module:
     return model
 
 
-def _tiny(kind: str, vocab_size: int = 30, seed: int = 0, subsampling_factor: int = 4) -> nn.Module:
+def _tiny(kind: str, vocab_size: int = 30, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    model = tiny_transducer(
-        vocab_size=vocab_size, rnn_hidden_size=HIDDEN[kind], subsampling_factor=subsampling_factor, **TINY
-    )
+    model = tiny_transducer(vocab_size=vocab_size, rnn_hidden_size=HIDDEN[kind], **TINY)
     return _perturb(model, seed + 100).eval()
 
 
@@ -119,13 +117,11 @@ def test_conversion_replaces_every_scaled_module_and_leaves_model_alone(kind):
 
 
 @pytest.mark.parametrize("kind", ["no_proj", "proj"])
-@pytest.mark.parametrize("factor, decode_chunk_len", [(4, 4), (4, 8), (6, 6), (6, 12)])
-def test_streaming_encoder_matches_original_encoder_with_states(kind, factor, decode_chunk_len):
-    model = _tiny(kind, subsampling_factor=factor)
+@pytest.mark.parametrize("decode_chunk_len", [4, 8])
+def test_streaming_encoder_matches_original_encoder_with_states(kind, decode_chunk_len):
+    model = _tiny(kind)
     ex = build_exportable(model, decode_chunk_len=decode_chunk_len)
     meta = ex.meta
-    # Output frame p needs input frames [f p, f p + f + 5) at both factors (worked by hand from the
-    # strides: 4x 1 + 2 + 2 * 1 + 2 * 2 = 9 frames, 6x 1 + 2 + 2 * 1 + 2 * 3 = 11).
     assert meta.T == decode_chunk_len + 5
     n = 3
     x = _randn(n, meta.T, 80, seed=1)
@@ -135,21 +131,17 @@ def test_streaming_encoder_matches_original_encoder_with_states(kind, factor, de
         enc, lens, (want_h, want_c) = model.encoder(x, torch.full((n,), meta.T), (h, c))
         want = model.joiner.encoder_proj(enc)
         got, (got_h, got_c) = ex.run_encoder(x, (h, c))
-    assert got.shape == (n, decode_chunk_len // factor, TINY["joiner_dim"])
-    assert int(lens[0]) == decode_chunk_len // factor
+    assert got.shape == (n, decode_chunk_len // 4, TINY["joiner_dim"]) and int(lens[0]) == decode_chunk_len // 4
     assert got_h.shape == h.shape and got_c.shape == c.shape
     assert _max_diff(got, want) < TOL
     assert _max_diff(got_h, want_h) < TOL and _max_diff(got_c, want_c) < TOL
 
 
 @pytest.mark.parametrize("kind", ["no_proj", "proj"])
-@pytest.mark.parametrize("factor", [4, 6])
-def test_chunked_streaming_reproduces_full_utterance_encoder(kind, factor):
-    """Windows of f + 5 frames every f frames (the default chunk), states carried: the same frames as one
-    full-utterance pass."""
-    model = _tiny(kind, subsampling_factor=factor)
+def test_chunked_streaming_reproduces_full_utterance_encoder(kind):
+    """Windows of 9 frames every 4 frames, states carried: the same frames as one full-utterance pass."""
+    model = _tiny(kind)
     ex = build_exportable(model)
-    assert (ex.meta.decode_chunk_len, ex.meta.T) == (factor, factor + 5)
     num_frames = 62
     feats = _randn(num_frames, 80, seed=4)
     with torch.no_grad():
@@ -181,10 +173,8 @@ def test_decoder_and_joiner_wrappers_match_original(kind):
 
 
 def test_build_exportable_rejects_bad_chunk_len():
-    with pytest.raises(ValueError, match=r"multiple of the model's subsampling factor \(4\), got 6"):
+    with pytest.raises(ValueError, match="multiple of 4"):
         build_exportable(_tiny("proj"), decode_chunk_len=6)
-    with pytest.raises(ValueError, match=r"multiple of the model's subsampling factor \(6\), got 8"):
-        build_exportable(_tiny("proj", subsampling_factor=6), decode_chunk_len=8)
 
 
 def test_chunk_starts_follow_sherpa_onnx_is_ready():
@@ -303,7 +293,7 @@ def test_int8_files_are_quantised_and_close(exported):
     assert float(torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)) > 0.9
 
 
-def _emitting_model(kind: str, vocab_size: int = 40, subsampling_factor: int = 4) -> nn.Module:
+def _emitting_model(kind: str, vocab_size: int = 40) -> nn.Module:
     """A random-weight model whose greedy search emits a mix of blanks and several tokens.
 
     The output layer is scaled up and the blank logit raised; the seeds were
@@ -318,7 +308,6 @@ def _emitting_model(kind: str, vocab_size: int = 40, subsampling_factor: int = 4
         num_encoder_layers=2,
         decoder_dim=16,
         joiner_dim=16,
-        subsampling_factor=subsampling_factor,
     ).eval()
     with torch.no_grad():
         out = model.joiner.output_linear
@@ -502,9 +491,7 @@ def test_export_script_errors(export_script, bpe_model, tmp_path, capsys):
     assert "does not fit this model" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         export_script.main(base + ["--decode-chunk-len", "6"])
-    assert "--decode-chunk-len must be a positive multiple of the model's subsampling factor (4), got 6" in (
-        capsys.readouterr().err
-    )
+    assert "--decode-chunk-len must be a positive multiple of 4" in capsys.readouterr().err
     assert not list(exp.glob("*.onnx"))
 
 
@@ -559,24 +546,6 @@ def test_sherpa_onnx_greedy_equals_pytorch_streaming_greedy(sherpa_exports, kind
         assert text.strip() and len(got) < calls  # some tokens, some blanks
         all_tokens += got
     assert len(set(all_tokens)) >= 4
-
-
-def test_sherpa_onnx_runs_a_6x_model_with_its_metadata(bpe_model, tmp_path):
-    """6x subsampling: windows of T = 11 frames every 6 (the ONNX metadata), sherpa-onnx's tokens equal
-    the PyTorch streaming search's, and the encoder calls are the windows of that chunking."""
-    ex = build_exportable(_emitting_model("proj", subsampling_factor=6))
-    assert (ex.meta.decode_chunk_len, ex.meta.T) == (6, 11)
-    files = export_transducer_onnx(ex, tmp_path, "epoch-1-avg-1", int8=False)
-    write_tokens_file(bpe_model, tmp_path / "tokens.txt")
-    emitted = 0
-    for wav in _waveforms():
-        feats = _features(wav)
-        want = streaming_search(ex, [feats], unk_id=2)[0]
-        calls, got, _ = _sherpa_decode(files, tmp_path / "tokens.txt", wav, "greedy_search")
-        assert calls == len(chunk_starts(feats.size(0), 11, 6))
-        assert got == want
-        emitted += len(got)
-    assert emitted > 0
 
 
 def test_sherpa_onnx_treats_unk_as_blank(bpe_model, tmp_path):

@@ -53,7 +53,6 @@ def test_encoder_shapes_and_filters(threshold):
     torch.manual_seed(0)
     enc = RNN(
         num_features=80,
-        subsampling_factor=4,
         d_model=16,
         dim_feedforward=32,
         rnn_hidden_size=24,
@@ -76,7 +75,6 @@ def test_encoder_padding_does_not_change_valid_outputs():
     torch.manual_seed(0)
     enc = RNN(
         num_features=80,
-        subsampling_factor=4,
         d_model=16,
         dim_feedforward=32,
         rnn_hidden_size=16,
@@ -101,7 +99,6 @@ def test_encoder_streaming_states_continue_the_sequence():
     torch.manual_seed(0)
     enc = RNN(
         num_features=80,
-        subsampling_factor=4,
         d_model=16,
         dim_feedforward=32,
         rnn_hidden_size=16,

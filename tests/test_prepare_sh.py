@@ -232,7 +232,7 @@ def test_training_batch_from_the_tiny_data(tiny: Path, monkeypatch: pytest.Monke
     )
     dm = LibriSpeechAsrDataModule(args)
     sp = load_bpe_model(tiny / "data" / "lang_bpe_100" / "bpe.model")
-    batch = next(iter(dm.train_dataloaders(filter_cuts(dm.train_cuts(), sp, subsampling_factor=4))))
+    batch = next(iter(dm.train_dataloaders(filter_cuts(dm.train_cuts(), sp))))
     x, sup = batch["inputs"], batch["supervisions"]
     assert x.dim() == 3 and x.shape[2] == 80 and x.shape[0] == len(sup["text"]) >= 1
     assert {"text", "sequence_idx", "start_frame", "num_frames", "cut"} <= set(sup)
@@ -371,7 +371,7 @@ def test_mini_librispeech_from_a_local_mirror(tiny: Path, tmp_path: Path, monkey
     dm = LibriSpeechAsrDataModule(args)
     assert len(dm.train_cuts().to_eager()) == len(train) and len(dm.valid_cuts().to_eager()) == len(dev)
     sp = load_bpe_model(lang / "bpe.model")
-    batch = next(iter(dm.train_dataloaders(filter_cuts(dm.train_cuts(), sp, subsampling_factor=4))))
+    batch = next(iter(dm.train_dataloaders(filter_cuts(dm.train_cuts(), sp))))
     assert batch["inputs"].shape[2] == 80 and batch["inputs"].shape[0] == len(batch["supervisions"]["text"]) >= 1
     with pytest.raises(SystemExit):
         LibriSpeechAsrDataModule.check_args(parser, parser.parse_args(["--mini-libri", "true", "--full-libri", "true"]))

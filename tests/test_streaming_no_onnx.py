@@ -20,9 +20,8 @@ PROGRAM = textwrap.dedent(
     from icefall_lite.nn.model import build_transducer
 
     torch.manual_seed(0)
-    model = build_transducer(vocab_size=10, num_features=80, subsampling_factor=4, encoder_dim=16,
-                             rnn_hidden_size=24, dim_feedforward=32, num_encoder_layers=2, decoder_dim=16,
-                             joiner_dim=20, context_size=2, blank_id=0,
+    model = build_transducer(vocab_size=10, num_features=80, encoder_dim=16, rnn_hidden_size=24, dim_feedforward=32,
+                             num_encoder_layers=2, decoder_dim=16, joiner_dim=20, context_size=2, blank_id=0,
                              grad_filter_threshold=25.0, dropout=0.0, layer_dropout=0.0, use_ctc=False)
     streamer = TorchStreamingModel(model)
     feats = [torch.randn(40, 80), torch.randn(25, 80)]

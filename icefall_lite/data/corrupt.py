@@ -38,8 +38,6 @@ from lhotse.utils import fastcopy
 
 from icefall_lite.data.datamodule import encoder_frames, rejection_reason
 from icefall_lite.data.layout import TRAIN_PART, librispeech_cuts_name
-from icefall_lite.nn.encoder import check_subsampling_factor
-from icefall_lite.nn.model import MODEL_PRESETS
 from icefall_lite.utils import atomic_output, progress_bar, remove_path, write_text_atomic
 
 CORRUPTION_METHODS = ("random-text", "scale-features")
@@ -64,8 +62,6 @@ class CorruptionConfig:
     seed: int = 42
     density: float = 0.9
     scale: float = 10.0
-    # of the model that trains on the set: the encoder frames that ``density`` counts tokens per
-    subsampling_factor: int = MODEL_PRESETS["cpu"]["subsampling_factor"]
 
     def validate(self) -> None:
         """Raise :class:`CorruptionError` for a value out of range."""
@@ -77,10 +73,6 @@ class CorruptionConfig:
             raise CorruptionError(f"the token density must be in (0, 1] (tokens per encoder frame), got {self.density}")
         if self.scale <= 0:
             raise CorruptionError(f"the feature scale must be positive, got {self.scale}")
-        try:
-            check_subsampling_factor(self.subsampling_factor)
-        except ValueError as e:
-            raise CorruptionError(str(e)) from None
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -93,16 +85,9 @@ def num_to_corrupt(num_cuts: int, fraction: float) -> int:
     return max(1, int(round(fraction * num_cuts)))
 
 
-def eligible_cut_ids(
-    cuts: Sequence[Cut], sp: Any, duration_range: Tuple[float, float], subsampling_factor: int
-) -> List[str]:
-    """Ids of the cuts the training keeps (``duration_range`` in seconds, no more tokens than frames after
-    subsampling by ``subsampling_factor``), sorted."""
-    return sorted(
-        c.id
-        for c in cuts
-        if not rejection_reason(c, sp, cut_duration_range=duration_range, subsampling_factor=subsampling_factor)
-    )
+def eligible_cut_ids(cuts: Sequence[Cut], sp: Any, duration_range: Tuple[float, float]) -> List[str]:
+    """Ids of the cuts the training keeps (``duration_range`` in seconds, no more tokens than frames), sorted."""
+    return sorted(c.id for c in cuts if not rejection_reason(c, sp, cut_duration_range=duration_range))
 
 
 def choose_cut_ids(eligible: Sequence[str], count: int, seed: int) -> List[str]:
@@ -137,11 +122,10 @@ def random_text(sp: Any, num_tokens: int, rng: random.Random, pieces: Optional[S
 
 
 def corrupt_text(
-    cut: Cut, sp: Any, density: float, rng: random.Random, pieces: Sequence[int], subsampling_factor: int
+    cut: Cut, sp: Any, density: float, rng: random.Random, pieces: Sequence[int]
 ) -> Tuple[Cut, Dict[str, Any]]:
-    """``cut`` with its transcript replaced by :func:`random_text` of ``density`` x its encoder frames
-    (after subsampling by ``subsampling_factor``)."""
-    frames = encoder_frames(cut.num_frames, subsampling_factor)
+    """``cut`` with its transcript replaced by :func:`random_text` of ``density`` x its encoder frames."""
+    frames = encoder_frames(cut.num_frames)
     target = max(1, int(density * frames))
     original = cut.supervisions[0].text
     text = random_text(sp, target, rng, pieces)
@@ -188,7 +172,7 @@ def corrupt_cuts(
     for cut in progress_bar(cuts, desc=f"corrupting ({config.method})", unit="cut"):
         if cut.id in chosen_set:
             if config.method == "random-text":
-                cut, details[cut.id] = corrupt_text(cut, sp, config.density, rng, pieces, config.subsampling_factor)
+                cut, details[cut.id] = corrupt_text(cut, sp, config.density, rng, pieces)
             else:
                 cut, details[cut.id] = corrupt_features(cut, config.scale, writer, str(feats_dir))
         out.append(cut)
@@ -256,7 +240,7 @@ def make_corrupted_dir(
         raise CorruptionError(f"no training manifest {src}: run prepare.sh first")
     cuts = load_manifest(src)
     count = num_to_corrupt(len(cuts), config.fraction)
-    chosen = choose_cut_ids(eligible_cut_ids(cuts, sp, duration_range, config.subsampling_factor), count, config.seed)
+    chosen = choose_cut_ids(eligible_cut_ids(cuts, sp, duration_range), count, config.seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     feats_dir = out_dir / "feats" if config.method == "scale-features" else None
     if feats_dir is not None:

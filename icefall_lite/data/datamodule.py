@@ -8,7 +8,7 @@ Usage, as in icefall's ``train.py``::
     LibriSpeechAsrDataModule.check_args(parser, args)
     librispeech = LibriSpeechAsrDataModule(args)
     sp = load_bpe_model(args.bpe_model)
-    train_cuts = filter_cuts(librispeech.train_cuts(), sp, TRAIN_CUT_DURATION_RANGE, subsampling_factor=4)
+    train_cuts = filter_cuts(librispeech.train_cuts(), sp, TRAIN_CUT_DURATION_RANGE)
     train_dl = librispeech.train_dataloaders(train_cuts)
     valid_dl = librispeech.valid_dataloaders(librispeech.valid_cuts())
     test_dl = librispeech.test_dataloaders(librispeech.test_clean_cuts())
@@ -439,9 +439,9 @@ def set_transform_rng_state(dataloader: DataLoader, states: List[Any]) -> None:
 TRAIN_CUT_DURATION_RANGE = (1.0, 20.0)
 
 
-def encoder_frames(num_frames: int, subsampling_factor: int) -> int:
+def encoder_frames(num_frames: int) -> int:
     """Frames after the encoder's Conv2dSubsampling (:func:`icefall_lite.nn.encoder.subsampled_length`)."""
-    return int(subsampled_length(num_frames, subsampling_factor))
+    return int(subsampled_length(num_frames))
 
 
 def cut_num_frames(cut: Cut) -> int:
@@ -455,15 +455,13 @@ def rejection_reason(
     cut: Cut,
     sp: Optional[Any] = None,
     cut_duration_range: Optional[Tuple[float, float]] = None,
-    *,
-    subsampling_factor: int,
 ) -> str:
     """Why ``cut`` cannot be trained on ("" if it can).
 
     Reasons: no supervision text; duration outside ``cut_duration_range``
-    (seconds, both ends included); fewer than one frame after the encoder's
-    subsampling by ``subsampling_factor``; more BPE tokens (with ``sp``) than
-    frames after subsampling (the transducer loss needs ``T' >= U``).
+    (seconds, both ends included); fewer than one frame after subsampling;
+    more BPE tokens (with ``sp``) than frames after subsampling (the
+    transducer loss needs ``T' >= U``).
     """
     text = " ".join(s.text or "" for s in cut.supervisions).strip()
     if not text:
@@ -474,7 +472,7 @@ def rejection_reason(
             return f"shorter than {shortest} s"
         if cut.duration > longest:
             return f"longer than {longest} s"
-    t_out = encoder_frames(cut_num_frames(cut), subsampling_factor)
+    t_out = encoder_frames(cut_num_frames(cut))
     if t_out < 1:
         return "too short for the encoder's subsampling"
     if sp is not None and len(sp.encode(text)) > t_out:
@@ -497,11 +495,8 @@ def filter_cuts(
     sp: Optional[Any] = None,
     cut_duration_range: Optional[Tuple[float, float]] = None,
     name: str = "cuts",
-    *,
-    subsampling_factor: int,
 ) -> CutSet:
-    """Remove the cuts :func:`rejection_reason` rejects (for a model subsampling by ``subsampling_factor``);
-    log how many and why.
+    """Remove the cuts :func:`rejection_reason` rejects; log how many and why.
 
     One pass decides (and logs each removed cut at DEBUG level, the counts per
     reason at INFO/WARNING); the result filters by cut id, so it stays lazy for
@@ -510,7 +505,7 @@ def filter_cuts(
     kept = set()
     reasons: Counter = Counter()
     for cut in cuts:
-        reason = rejection_reason(cut, sp, cut_duration_range, subsampling_factor=subsampling_factor)
+        reason = rejection_reason(cut, sp, cut_duration_range)
         if reason:
             reasons[reason] += 1
             logging.debug(f"removing cut {cut.id} ({cut.duration:.2f} s): {reason}")

@@ -7,4 +7,8 @@ STREAMING_METHODS = ("greedy_search", "modified_beam_search")
 # The LibriSpeech test sets decoded by default and tabulated by the reports.
 TEST_SETS = ("test-clean", "test-other")
 
-__all__ = ["DECODING_METHODS", "STREAMING_METHODS", "TEST_SETS"]
+# Feature frames between two encoder calls in streaming decoding and export
+# (each call sees decode_chunk_len + 5 frames: one output frame per 4).
+DEFAULT_DECODE_CHUNK_LEN = 4
+
+__all__ = ["DECODING_METHODS", "STREAMING_METHODS", "TEST_SETS", "DEFAULT_DECODE_CHUNK_LEN"]

@@ -9,12 +9,9 @@ is the same over the converted (exportable) model, and
 :class:`~icefall_lite.export.onnx_runtime.OnnxRuntimeTransducer` runs the exported
 files with onnxruntime. Nothing here imports ONNX or the export package.
 
-:func:`streaming_search` feeds the encoder windows of ``T = decode_chunk_len + extra``
-feature frames every ``decode_chunk_len`` frames (``extra`` is
-:func:`~icefall_lite.nn.encoder.subsampling_extra_frames`, 5; by default
-``decode_chunk_len`` is the model's subsampling factor, one encoder frame per
-chunk: 9 and 4 at 4x), exactly the windows sherpa-onnx's ``OnlineRecognizer``
-feeds (:func:`chunk_starts`),
+:func:`streaming_search` feeds the encoder windows of ``T = decode_chunk_len + 5``
+feature frames every ``decode_chunk_len`` frames (9 and 4 by default), exactly
+the windows sherpa-onnx's ``OnlineRecognizer`` feeds (:func:`chunk_starts`),
 with all utterances of a batch decoded side by side, each with its own states.
 After every chunk, greedy search or icefall's modified beam search
 (:class:`~icefall_lite.decoding.greedy_search.GreedyBatchSearch`,
@@ -32,7 +29,6 @@ the caller's business, as it is sherpa-onnx's user's.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
@@ -40,48 +36,14 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from icefall_lite.decoding.constants import STREAMING_METHODS
+from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN, STREAMING_METHODS
 from icefall_lite.decoding.greedy_search import GreedyBatchSearch
 from icefall_lite.decoding.modified_beam_search import ModifiedBeamSearch
 from icefall_lite.decoding.search_utils import sort_by_length, unsort
-from icefall_lite.nn.encoder import EncoderStates, subsampling_extra_frames
-from icefall_lite.nn.model import Transducer, subsampling_factor_from_args
+from icefall_lite.nn.encoder import SUBSAMPLING_EXTRA_FRAMES, SUBSAMPLING_FACTOR, EncoderStates
+from icefall_lite.nn.model import Transducer
 
 MODEL_AUTHOR = "icefall-lite"
-
-
-def check_decode_chunk_len(decode_chunk_len: int, subsampling_factor: int) -> None:
-    """``ValueError`` unless ``decode_chunk_len`` is a positive multiple of ``subsampling_factor``."""
-    if decode_chunk_len <= 0 or decode_chunk_len % subsampling_factor != 0:
-        raise ValueError(
-            f"--decode-chunk-len must be a positive multiple of the model's subsampling factor "
-            f"({subsampling_factor}), got {decode_chunk_len}"
-        )
-
-
-def add_decode_chunk_len_argument(parser: argparse.ArgumentParser) -> None:
-    """``--decode-chunk-len`` of streaming_decode.py and export_onnx.py (resolved by
-    :func:`resolve_decode_chunk_len`)."""
-    parser.add_argument(
-        "--decode-chunk-len",
-        type=int,
-        default=None,
-        help="Feature frames between encoder calls, a multiple of the model's subsampling factor; every call "
-        "sees decode_chunk_len + 5 frames (T in the ONNX metadata). (default: the subsampling factor, one "
-        "encoder frame per call)",
-    )
-
-
-def resolve_decode_chunk_len(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Set ``args.decode_chunk_len`` to the subsampling factor of the model flags when not given;
-    an argparse error naming the flag when it is not a positive multiple of that factor."""
-    factor = subsampling_factor_from_args(args)
-    if args.decode_chunk_len is None:
-        args.decode_chunk_len = factor
-    try:
-        check_decode_chunk_len(args.decode_chunk_len, factor)
-    except ValueError as e:
-        parser.error(str(e))
 
 
 @dataclass(frozen=True)
@@ -98,24 +60,22 @@ class StreamingMeta:
     joiner_dim: int
 
     @classmethod
-    def of_model(cls, model: Transducer, decode_chunk_len: Optional[int] = None) -> "StreamingMeta":
-        """The sizes of ``model`` with windows of ``T = decode_chunk_len + extra`` frames
-        (``extra`` = :func:`~icefall_lite.nn.encoder.subsampling_extra_frames`, 5).
+    def of_model(cls, model: Transducer, decode_chunk_len: int = DEFAULT_DECODE_CHUNK_LEN) -> "StreamingMeta":
+        """The sizes of ``model`` with windows of ``T = decode_chunk_len + 5`` frames.
 
         Args:
-          decode_chunk_len: feature frames between chunks; a positive multiple of the model's
-            subsampling factor (None: the factor itself, one encoder frame per chunk).
+          decode_chunk_len: feature frames between chunks; a positive multiple of 4.
         """
-        factor = model.encoder.subsampling_factor
-        if decode_chunk_len is None:
-            decode_chunk_len = factor
-        check_decode_chunk_len(decode_chunk_len, factor)
+        if decode_chunk_len <= 0 or decode_chunk_len % SUBSAMPLING_FACTOR != 0:
+            raise ValueError(
+                f"decode_chunk_len must be a positive multiple of {SUBSAMPLING_FACTOR}, got {decode_chunk_len}"
+            )
         return cls(
             num_encoder_layers=model.encoder.num_layers,
             d_model=model.encoder.d_model,
             rnn_hidden_size=model.encoder.rnn_hidden_size,
             decode_chunk_len=decode_chunk_len,
-            T=decode_chunk_len + subsampling_extra_frames(factor),
+            T=decode_chunk_len + SUBSAMPLING_EXTRA_FRAMES,
             vocab_size=model.decoder.vocab_size,
             context_size=model.decoder.context_size,
             joiner_dim=model.joiner.output_linear.in_features,
@@ -170,11 +130,10 @@ class TorchStreamingModel(nn.Module):
 
     Args:
       model: the transducer; its streaming API does the work.
-      decode_chunk_len: feature frames between chunks (a positive multiple of the model's subsampling
-        factor; None: the factor).
+      decode_chunk_len: feature frames between chunks (a positive multiple of 4).
     """
 
-    def __init__(self, model: Transducer, decode_chunk_len: Optional[int] = None) -> None:
+    def __init__(self, model: Transducer, decode_chunk_len: int = DEFAULT_DECODE_CHUNK_LEN) -> None:
         super().__init__()
         self.meta = StreamingMeta.of_model(model, decode_chunk_len)
         self.model = model.eval()

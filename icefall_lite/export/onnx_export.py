@@ -11,9 +11,8 @@ As icefall's ``lstm_transducer_stateless2/export-onnx.py`` (our own code):
    - encoder ``(x (N, T, 80), h (L, N, d_model), c (L, N, rnn_hidden_size))
      -> (encoder_out (N, T', joiner_dim), next_h, next_c)``, ``encoder_out``
      after ``joiner.encoder_proj``; ``T = decode_chunk_len + 5`` feature frames
-     give ``T' = decode_chunk_len / f`` output frames for subsampling factor
-     ``f`` (by default ``decode_chunk_len = f``: one frame per chunk, T 9 at 4x,
-     11 at 6x);
+     give ``T' = decode_chunk_len / 4`` output frames (default 4 and 9: one
+     frame per chunk);
    - decoder ``y int64 (N, context_size) -> decoder_out (N, joiner_dim)``
      after ``joiner.decoder_proj``;
    - joiner ``(encoder_out (N, joiner_dim), decoder_out (N, joiner_dim))
@@ -23,8 +22,8 @@ As icefall's ``lstm_transducer_stateless2/export-onnx.py`` (our own code):
    optionally ``*.int8.onnx`` (dynamic int8 quantisation).
 
 Output frame ``p`` of ``Conv2dSubsampling`` depends on input frames
-``[f p, f p + f + 5)`` only (:func:`~icefall_lite.nn.encoder.subsampling_extra_frames`),
-so feeding windows of ``T`` frames every ``decode_chunk_len`` frames while carrying the LSTM states reproduces the
+``[4p, 4p + 9)`` only, so feeding windows of ``T`` frames every
+``decode_chunk_len`` frames while carrying the LSTM states reproduces the
 full-utterance encoder output exactly. :mod:`icefall_lite.decoding.streaming` decodes
 chunk by chunk as sherpa-onnx does, with the PyTorch model (converted here:
 :class:`ExportableTransducer`) or the ONNX files
@@ -37,7 +36,7 @@ import contextlib
 import logging
 import warnings
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Sequence, Tuple, Union
 
 import onnx
 import torch
@@ -46,6 +45,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import Tensor
 
 from icefall_lite.data.bpe import load_bpe_model, write_tokens
+from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN
 from icefall_lite.decoding.streaming import TorchStreamingModel
 from icefall_lite.export.scaling_converter import convert_scaled_to_non_scaled
 from icefall_lite.nn.model import Transducer
@@ -110,19 +110,19 @@ class ExportableTransducer(TorchStreamingModel):
     ``encoder``/``decoder``/``joiner`` are the wrappers written to ONNX.
     """
 
-    def __init__(self, plain_model: Transducer, decode_chunk_len: Optional[int] = None) -> None:
+    def __init__(self, plain_model: Transducer, decode_chunk_len: int = DEFAULT_DECODE_CHUNK_LEN) -> None:
         super().__init__(plain_model, decode_chunk_len)
         self.encoder = StreamingEncoder(plain_model)
         self.decoder = StreamingDecoder(plain_model)
         self.joiner = StreamingJoiner(plain_model)
 
 
-def build_exportable(model: Transducer, decode_chunk_len: Optional[int] = None) -> ExportableTransducer:
+def build_exportable(model: Transducer, decode_chunk_len: int = DEFAULT_DECODE_CHUNK_LEN) -> ExportableTransducer:
     """Convert ``model`` (left untouched) into :class:`ExportableTransducer`, on the model's device.
 
     Args:
-      decode_chunk_len: feature frames between chunks; a positive multiple of the model's subsampling
-        factor (None: the factor). Each encoder call sees ``T = decode_chunk_len + 5`` frames.
+      decode_chunk_len: feature frames between chunks; a positive multiple of 4.
+        Each encoder call sees ``T = decode_chunk_len + 5`` frames.
     """
     return ExportableTransducer(convert_scaled_to_non_scaled(model), decode_chunk_len).eval()
 

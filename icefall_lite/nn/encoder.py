@@ -13,7 +13,7 @@ warm-up. Streaming is supported by passing and returning the LSTM states.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -32,35 +32,10 @@ from icefall_lite.nn.scaling import (
 # States of the whole encoder: h (num_layers, N, d_model or proj),
 # c (num_layers, N, rnn_hidden_size).
 EncoderStates = Tuple[Tensor, Tensor]
-# Time strides of Conv2dSubsampling's three 3x3 convolutions for each
-# subsampling factor (their frequency strides are always 1, 2, 2, so the
-# parameter shapes do not depend on the factor). 4 is icefall's.
-SUBSAMPLING_TIME_STRIDES: Dict[int, Tuple[int, int, int]] = {4: (1, 2, 2), 6: (1, 3, 2)}
-CONV_KERNEL = 3
-
-
-def check_subsampling_factor(subsampling_factor: int) -> None:
-    """``ValueError`` for a factor without time strides in :data:`SUBSAMPLING_TIME_STRIDES`."""
-    if subsampling_factor not in SUBSAMPLING_TIME_STRIDES:
-        raise ValueError(
-            f"subsampling factor must be one of {sorted(SUBSAMPLING_TIME_STRIDES)}, got {subsampling_factor}"
-        )
-
-
-def subsampling_extra_frames(subsampling_factor: int) -> int:
-    """Input frames beyond ``subsampling_factor`` that one output frame needs.
-
-    Output frame ``p`` of :class:`Conv2dSubsampling` depends on input frames
-    ``[f p, f p + f + extra)``, so a window of ``decode_chunk_len + extra``
-    frames gives ``decode_chunk_len / f`` outputs (4: extra 5, icefall's
-    ``T = decode_chunk_len + 5``; 6: extra 5).
-    """
-    check_subsampling_factor(subsampling_factor)
-    receptive_field, step = 1, 1
-    for stride in SUBSAMPLING_TIME_STRIDES[subsampling_factor]:
-        receptive_field += (CONV_KERNEL - 1) * step
-        step *= stride
-    return receptive_field - subsampling_factor
+# Conv2dSubsampling: output frame p needs input frames [4p, 4p + 9), so a
+# window of decode_chunk_len + 5 frames gives decode_chunk_len / 4 outputs.
+SUBSAMPLING_FACTOR = 4
+SUBSAMPLING_EXTRA_FRAMES = 5
 
 
 def zero_states(
@@ -72,29 +47,21 @@ def zero_states(
     return h, c
 
 
-def subsampled_length(num_frames: Tensor, subsampling_factor: int) -> Tensor:
-    """Output frames of :class:`Conv2dSubsampling` (tensor or int): each convolution maps ``T`` to
-    ``(T - 3) // stride + 1``; for 4, ``((T - 3) // 2 - 1) // 2`` (T >= 9 for 1 frame)."""
-    check_subsampling_factor(subsampling_factor)
-    for stride in SUBSAMPLING_TIME_STRIDES[subsampling_factor]:
-        num_frames = (num_frames - CONV_KERNEL) // stride + 1
-    return num_frames
+def subsampled_length(num_frames: Tensor) -> Tensor:
+    """Output frames of :class:`Conv2dSubsampling`: ``((T - 3) // 2 - 1) // 2`` (needs T >= 9 for 1 frame)."""
+    return (((num_frames - 3) >> 1) - 1) >> 1
 
 
 class Conv2dSubsampling(nn.Module):
-    """Three 3x3 convolutions then a linear layer: (N, T, F) -> (N, T', d_model).
+    """Three 3x3 convolutions (strides 1, 2, 2) then a linear layer: (N, T, F) -> (N, T', d_model).
 
-    Frequency strides 1, 2, 2; time strides
-    ``SUBSAMPLING_TIME_STRIDES[subsampling_factor]`` (4: 1, 2, 2 as icefall,
-    ``T' = ((T - 3) // 2 - 1) // 2``; 6: 1, 3, 2). ``T'`` is
-    :func:`subsampled_length`.
+    ``T' = ((T - 3) // 2 - 1) // 2``.
     """
 
     def __init__(
         self,
         num_features: int,
         d_model: int,
-        subsampling_factor: int,
         layer1_channels: int = 8,
         layer2_channels: int = 32,
         layer3_channels: int = 128,
@@ -102,17 +69,14 @@ class Conv2dSubsampling(nn.Module):
         super().__init__()
         if num_features < 9:
             raise ValueError(f"Conv2dSubsampling needs at least 9 feature bins, got {num_features}")
-        check_subsampling_factor(subsampling_factor)
-        self.subsampling_factor = subsampling_factor
-        stride1, stride2, stride3 = SUBSAMPLING_TIME_STRIDES[subsampling_factor]
         self.conv = nn.Sequential(
-            ScaledConv2d(1, layer1_channels, kernel_size=CONV_KERNEL, stride=(stride1, 1)),
+            ScaledConv2d(1, layer1_channels, kernel_size=3, padding=0),
             ActivationBalancer(layer1_channels, channel_dim=1),
             DoubleSwish(),
-            ScaledConv2d(layer1_channels, layer2_channels, kernel_size=CONV_KERNEL, stride=(stride2, 2)),
+            ScaledConv2d(layer1_channels, layer2_channels, kernel_size=3, stride=2),
             ActivationBalancer(layer2_channels, channel_dim=1),
             DoubleSwish(),
-            ScaledConv2d(layer2_channels, layer3_channels, kernel_size=CONV_KERNEL, stride=(stride3, 2)),
+            ScaledConv2d(layer2_channels, layer3_channels, kernel_size=3, stride=2),
             ActivationBalancer(layer3_channels, channel_dim=1),
             DoubleSwish(),
         )
@@ -269,8 +233,7 @@ class RNN(nn.Module):
 
     Every size is an argument without a default: the presets of
     :data:`icefall_lite.nn.model.MODEL_PRESETS` hold the numbers. The
-    layers' arguments are :class:`RNNEncoderLayer`'s; ``subsampling_factor``
-    is :class:`Conv2dSubsampling`'s.
+    layers' arguments are :class:`RNNEncoderLayer`'s.
 
     Padding frames at the end of a sequence do not affect the valid outputs
     (the LSTM is unidirectional), so no packing is needed.
@@ -279,7 +242,6 @@ class RNN(nn.Module):
     def __init__(
         self,
         num_features: int,
-        subsampling_factor: int,
         d_model: int,
         dim_feedforward: int,
         rnn_hidden_size: int,
@@ -290,11 +252,10 @@ class RNN(nn.Module):
     ) -> None:
         super().__init__()
         self.num_features = num_features
-        self.subsampling_factor = subsampling_factor
         self.d_model = d_model
         self.rnn_hidden_size = rnn_hidden_size
         self.num_layers = num_layers
-        self.encoder_embed = Conv2dSubsampling(num_features, d_model, subsampling_factor)
+        self.encoder_embed = Conv2dSubsampling(num_features, d_model)
         self.encoder = RNNEncoder(
             d_model, dim_feedforward, rnn_hidden_size, num_layers, grad_filter_threshold, dropout, layer_dropout
         )
@@ -313,7 +274,7 @@ class RNN(nn.Module):
 
         Args:
           x: (N, T, num_features), T frames valid in every stream (e.g.
-            ``decode_chunk_len + subsampling_extra_frames(subsampling_factor)``).
+            ``decode_chunk_len + SUBSAMPLING_EXTRA_FRAMES``).
           states: (h (L, N, d_model), c (L, N, rnn_hidden_size)) after the previous chunk.
         Returns:
           encoder_out (N, T', d_model) and the states after this chunk.
@@ -340,7 +301,7 @@ class RNN(nn.Module):
           encoder_out (N, T', d_model), encoder_out_lens (N,), final states.
         """
         x = self.encoder_embed(x).permute(1, 0, 2)  # (T', N, d_model)
-        lengths = subsampled_length(x_lens, self.subsampling_factor)
+        lengths = subsampled_length(x_lens)
         x, new_states = self.encoder(x, states, warmup=warmup)
         return x.permute(1, 0, 2), lengths, new_states
 

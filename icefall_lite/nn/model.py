@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from icefall_lite.nn.decoder import Decoder
-from icefall_lite.nn.encoder import RNN, SUBSAMPLING_TIME_STRIDES, EncoderStates
+from icefall_lite.nn.encoder import RNN, EncoderStates
 from icefall_lite.nn.joiner import Joiner
 from icefall_lite.nn.rnnt_loss import (
     do_rnnt_pruning,
@@ -198,7 +198,6 @@ def build_transducer(
     *,
     vocab_size: int,
     num_features: int,
-    subsampling_factor: int,
     encoder_dim: int,
     rnn_hidden_size: int,
     dim_feedforward: int,
@@ -220,7 +219,6 @@ def build_transducer(
     """
     encoder = RNN(
         num_features=num_features,
-        subsampling_factor=subsampling_factor,
         d_model=encoder_dim,
         dim_feedforward=dim_feedforward,
         rnn_hidden_size=rnn_hidden_size,
@@ -248,7 +246,6 @@ def count_parameters(model: nn.Module) -> int:
 DEFAULT_GRAD_FILTER_THRESHOLD = 25.0
 MODEL_PRESETS: Dict[str, Dict[str, int]] = {
     "cpu": dict(
-        subsampling_factor=4,
         num_encoder_layers=4,
         encoder_dim=256,
         rnn_hidden_size=256,
@@ -257,7 +254,6 @@ MODEL_PRESETS: Dict[str, Dict[str, int]] = {
         joiner_dim=256,
     ),
     "icefall": dict(
-        subsampling_factor=4,
         num_encoder_layers=12,
         encoder_dim=512,
         rnn_hidden_size=1024,
@@ -295,12 +291,6 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def subsampling_factor_from_args(args: argparse.Namespace) -> int:
-    """The subsampling factor of the model flags: ``--subsampling-factor`` or the preset's."""
-    factor = getattr(args, "subsampling_factor", None)
-    return MODEL_PRESETS[args.model_preset]["subsampling_factor"] if factor is None else factor
-
-
 def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """An argparse error (exit 2, naming the flag) for model flags :func:`model_config_from_args` rejects."""
     try:
@@ -325,11 +315,6 @@ def model_config_from_args(
             if value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
             config[name] = value
-    if config["subsampling_factor"] not in SUBSAMPLING_TIME_STRIDES:
-        raise ValueError(
-            f"--subsampling-factor must be one of {sorted(SUBSAMPLING_TIME_STRIDES)}, "
-            f"got {config['subsampling_factor']}"
-        )
     if config["rnn_hidden_size"] < config["encoder_dim"]:
         raise ValueError(
             f"--rnn-hidden-size ({config['rnn_hidden_size']}) must be >= --encoder-dim ({config['encoder_dim']})"

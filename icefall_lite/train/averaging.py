@@ -36,11 +36,9 @@ import torch.nn as nn
 from icefall_lite.train.checkpoint import (
     CheckpointError,
     PathLike,
-    check_trained_subsampling_factor,
     find_checkpoints,
     load_checkpoint_file,
     load_state_dict_checked,
-    read_checkpoint_settings,
     unwrap,
 )
 
@@ -283,8 +281,6 @@ def load_averaged_weights(
     """
     plan = select_checkpoints(exp_dir, epoch=epoch, iter=iter, avg=avg, use_averaged_model=use_averaged_model)
     logging.info(f"Loading {plan.describe()}")
-    last = plan.filenames[-1]
-    check_trained_subsampling_factor(read_checkpoint_settings(last), model, str(last))
     load_state_dict_checked(model, averaged_state_dict(plan, device), plan.describe())
     return plan
 
@@ -299,9 +295,7 @@ def load_checkpoint_weights(model: nn.Module, filename: PathLike, device: torch.
     """
     plan = CheckpointPlan([Path(filename)], averaged_model=False, one_file=True)
     logging.info(f"Loading {plan.describe()}")
-    checkpoint = load_checkpoint_file(filename)
-    check_trained_subsampling_factor(checkpoint, model, plan.describe())
-    state_dict = {k: v.to(device) for k, v in checkpoint["model"].items()}
+    state_dict = {k: v.to(device) for k, v in load_checkpoint_file(filename)["model"].items()}
     load_state_dict_checked(model, state_dict, plan.describe())
     return plan
 

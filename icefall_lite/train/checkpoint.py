@@ -23,7 +23,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -113,27 +113,6 @@ def load_checkpoint_file(filename: PathLike) -> Dict[str, Any]:
     return checkpoint
 
 
-def check_trained_subsampling_factor(checkpoint: Mapping[str, Any], model: nn.Module, source: str) -> None:
-    """:class:`CheckpointError` when ``checkpoint`` (a loaded checkpoint dict) records a
-    ``subsampling_factor`` (icefall's and this package's training checkpoints do; a bare
-    ``pretrained.pt`` does not) other than ``model``'s encoder's: the weights would load (the factor changes
-    no parameter shape) and decode garbage."""
-    trained = checkpoint.get("subsampling_factor")
-    factor = getattr(getattr(unwrap(model), "encoder", None), "subsampling_factor", None)
-    if trained is not None and factor is not None and int(trained) != factor:
-        raise CheckpointError(
-            f"{source} was trained with subsampling factor {trained}, this model subsamples by {factor}: "
-            f"decode (or resume) with --subsampling-factor {trained}"
-        )
-
-
-def read_checkpoint_settings(filename: PathLike) -> Dict[str, Any]:
-    """The plain (non-tensor) top-level entries of a checkpoint file, read without loading its tensors
-    (memory-mapped): training progress and settings such as ``subsampling_factor``."""
-    checkpoint = torch.load(filename, map_location="cpu", weights_only=False, mmap=True)
-    return {k: v for k, v in checkpoint.items() if _is_plain(v)}
-
-
 DDP_PREFIX = "module."
 # The names this package used before it took icefall's (``encoder.layers.N.`` for
 # ``encoder.encoder.layers.N.``, ``lstm._scales.<i>`` for ``lstm.<flat weight>_scale``).
@@ -217,7 +196,6 @@ def load_checkpoint(
 ) -> Dict[str, Any]:
     """Load a checkpoint into the given objects; returns the whole checkpoint dict."""
     checkpoint = load_checkpoint_file(filename)
-    check_trained_subsampling_factor(checkpoint, model, str(filename))
     load_state_dict_checked(unwrap(model), checkpoint["model"], str(filename))
     if model_avg is not None and checkpoint.get("model_avg") is not None:
         load_state_dict_checked(model_avg, checkpoint["model_avg"], f"{filename} (model_avg)")

@@ -11,7 +11,6 @@ import torch.nn as nn
 
 from icefall_lite.data.features import pad_tail
 from icefall_lite.nn.encoder import subsampled_length
-from icefall_lite.train.checkpoint import unwrap
 from icefall_lite.utils import MetricsTracker
 
 LOSS_RAMPS = ("step", "linear")
@@ -115,8 +114,7 @@ def compute_loss(
             ctc_loss = ctc_loss[is_finite].sum()
             info["ctc_loss"] = float(ctc_loss.detach())
             loss = loss + params["ctc_loss_scale"] * ctc_loss
-    factor = unwrap(model).encoder.subsampling_factor
-    info["frames"] = float(subsampled_length(num_frames[is_finite], factor).sum())
+    info["frames"] = float(subsampled_length(num_frames[is_finite]).sum())
     info["simple_loss"] = float(simple_loss.detach())
     info["pruned_loss"] = float(pruned_loss.detach())
     return loss, info

@@ -11,7 +11,6 @@ import torch.nn as nn
 
 from icefall_lite.train.checkpoint import (
     CheckpointError,
-    check_trained_subsampling_factor,
     find_checkpoints,
     load_checkpoint,
     load_checkpoint_file,
@@ -45,7 +44,6 @@ def init_from_weights(path: Path, model: nn.Module, model_avg: Optional[nn.Modul
     """--init-from: ``model`` takes the ``model`` weights of checkpoint ``path`` (a clear error if they do not
     fit); ``model_avg`` starts as their float64 copy, as a fresh run's starts as the initial weights."""
     checkpoint = load_checkpoint_file(path)
-    check_trained_subsampling_factor(checkpoint, model, f"--init-from {path}")
     load_state_dict_checked(unwrap(model), checkpoint["model"], f"--init-from {path}")
     if model_avg is not None:
         model_avg.load_state_dict({k: v.to(torch.float64) for k, v in unwrap(model).state_dict().items()})

@@ -64,14 +64,12 @@ def build_models(
 ) -> Tuple[nn.Module, Optional[nn.Module]]:
     """The model of the flags for the BPE model ``sp``, and on rank 0 its float64 running average ``model_avg``.
 
-    Sets ``params.blank_id``, ``params.vocab_size``, ``params.subsampling_factor`` (icefall's name, kept in
-    checkpoints) and the model's configuration (``params.model_*``), and logs the params.
+    Sets ``params.blank_id``, ``params.vocab_size`` and the model's configuration, and logs the params.
     """
     params.blank_id = sp.piece_to_id("<blk>")
     params.vocab_size = sp.get_piece_size()
     model_config = training_model_config(args, vocab_size=params.vocab_size, blank_id=params.blank_id)
     params.update({f"model_{k}": v for k, v in model_config.items()})
-    params.subsampling_factor = model_config["subsampling_factor"]
     model = build_transducer(**model_config)
     params.num_parameters = count_parameters(model)
     logging.info("Training started")
@@ -101,13 +99,10 @@ def make_optimizer(params: AttributeDict, model: nn.Module) -> torch.optim.Optim
     return Eve(model.parameters(), lr=params.base_lr)
 
 
-def load_training_data(librispeech: LibriSpeechAsrDataModule, sp: spm.SentencePieceProcessor, subsampling_factor: int):
-    """The cuts a model subsampling by ``subsampling_factor`` can train on and the validation dataloader
-    (an error if either set is empty)."""
-    train_cuts = filter_cuts(
-        librispeech.train_cuts(), sp, TRAIN_CUT_DURATION_RANGE, name="train", subsampling_factor=subsampling_factor
-    )
-    valid_cuts = filter_cuts(librispeech.valid_cuts(), sp, name="valid", subsampling_factor=subsampling_factor)
+def load_training_data(librispeech: LibriSpeechAsrDataModule, sp: spm.SentencePieceProcessor):
+    """The filtered training cuts and the validation dataloader (an error if either set is empty)."""
+    train_cuts = filter_cuts(librispeech.train_cuts(), sp, TRAIN_CUT_DURATION_RANGE, name="train")
+    valid_cuts = filter_cuts(librispeech.valid_cuts(), sp, name="valid")
     require_nonempty(train_cuts, "training")
     require_nonempty(valid_cuts, "validation")
     return train_cuts, librispeech.valid_dataloaders(valid_cuts)

@@ -47,14 +47,6 @@ def get_parser() -> argparse.ArgumentParser:
         "--density", type=float, default=defaults.density, help="random-text: tokens per encoder frame (<= 1)"
     )
     parser.add_argument("--scale", type=float, default=defaults.scale, help="scale-features: the factor")
-    parser.add_argument(
-        "--subsampling-factor",
-        type=int,
-        default=defaults.subsampling_factor,
-        help="the subsampling factor of the model that will train on the set (train.py --subsampling-factor; "
-        "the default is the cpu preset's): --density counts tokens per frame after it, and cuts with more "
-        "tokens than such frames are not chosen",
-    )
     return parser
 
 
@@ -66,12 +58,7 @@ def main() -> int:
     sp = spm.SentencePieceProcessor()
     sp.load(str(args.bpe_model))
     config = CorruptionConfig(
-        method=args.method,
-        fraction=args.fraction,
-        seed=args.seed,
-        density=args.density,
-        scale=args.scale,
-        subsampling_factor=args.subsampling_factor,
+        method=args.method, fraction=args.fraction, seed=args.seed, density=args.density, scale=args.scale
     )
     try:
         make_corrupted_dir(args.src_dir, args.out_dir, config, sp, TRAIN_CUT_DURATION_RANGE)

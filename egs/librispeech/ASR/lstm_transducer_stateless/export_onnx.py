@@ -45,8 +45,8 @@ from typing import Dict, List, Optional
 import torch
 
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL, load_bpe_model
+from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN
 from icefall_lite.decoding.decode_run import build_decoding_model
-from icefall_lite.decoding.streaming import add_decode_chunk_len_argument, resolve_decode_chunk_len
 from icefall_lite.export.onnx_export import (
     ExportableTransducer,
     build_exportable,
@@ -78,7 +78,13 @@ def get_parser() -> argparse.ArgumentParser:
         default=Path(DEFAULT_BPE_MODEL),
         help=f"sentencepiece model. (default: {DEFAULT_BPE_MODEL})",
     )
-    add_decode_chunk_len_argument(parser)
+    parser.add_argument(
+        "--decode-chunk-len",
+        type=int,
+        default=DEFAULT_DECODE_CHUNK_LEN,
+        help="Feature frames per encoder call (a multiple of 4); the encoder sees "
+        f"decode_chunk_len + 5 frames (T). (default: {DEFAULT_DECODE_CHUNK_LEN})",
+    )
     parser.add_argument(
         "--int8",
         type=str2bool,
@@ -92,12 +98,13 @@ def get_parser() -> argparse.ArgumentParser:
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """argparse errors naming the flag for bad values."""
     validate_checkpoint_args(parser, args)
+    if args.decode_chunk_len < 4 or args.decode_chunk_len % 4:
+        parser.error(f"--decode-chunk-len must be a positive multiple of 4, got {args.decode_chunk_len}")
     if not args.bpe_model.is_file():
         parser.error(f"--bpe-model {args.bpe_model} does not exist; run prepare.sh (stage 4) first")
     if args.checkpoint is None and not args.exp_dir.is_dir():
         parser.error(f"--exp-dir {args.exp_dir} does not exist; train first (train.py --exp-dir ...)")
     check_model_args(parser, args)
-    resolve_decode_chunk_len(parser, args)
 
 
 @torch.no_grad()

@@ -51,7 +51,7 @@ import torch
 from lhotse import load_manifest_lazy
 
 from icefall_lite.data.datamodule import CutDataError, LibriSpeechAsrDataModule
-from icefall_lite.decoding.constants import STREAMING_METHODS
+from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN, STREAMING_METHODS
 from icefall_lite.decoding.decode_run import (
     add_decoding_arguments,
     add_decoding_method_argument,
@@ -65,12 +65,7 @@ from icefall_lite.decoding.decode_run import (
     result_key,
     validate_decoding_args,
 )
-from icefall_lite.decoding.streaming import (
-    TorchStreamingModel,
-    add_decode_chunk_len_argument,
-    resolve_decode_chunk_len,
-    streaming_search,
-)
+from icefall_lite.decoding.streaming import TorchStreamingModel, streaming_search
 from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
 from icefall_lite.train.checkpoint import CheckpointError
 from icefall_lite.train.checkpoint_args import add_checkpoint_arguments
@@ -81,7 +76,13 @@ def get_parser() -> argparse.ArgumentParser:
     """decode.py's flags (greedy and modified beam search only), ``--decode-chunk-len`` and ``--num-threads``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_decoding_method_argument(parser, STREAMING_METHODS)
-    add_decode_chunk_len_argument(parser)
+    parser.add_argument(
+        "--decode-chunk-len",
+        type=int,
+        default=DEFAULT_DECODE_CHUNK_LEN,
+        help="Feature frames between encoder calls, a multiple of 4 (export_onnx.py's flag); every "
+        f"call sees decode_chunk_len + 5 frames. (default: {DEFAULT_DECODE_CHUNK_LEN})",
+    )
     add_num_threads_argument(parser)
     add_checkpoint_arguments(parser, epoch=NUM_EPOCHS, avg=AVG, exp_dir=EXP_DIR)
     add_decoding_arguments(parser)
@@ -90,9 +91,10 @@ def get_parser() -> argparse.ArgumentParser:
 
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """argparse errors naming the flag for bad values; also resolves ``args.test_set_paths``."""
+    if args.decode_chunk_len < 4 or args.decode_chunk_len % 4:
+        parser.error(f"--decode-chunk-len must be a positive multiple of 4, got {args.decode_chunk_len}")
     check_positive(parser, args, ["num_threads"])
     validate_decoding_args(parser, args)
-    resolve_decode_chunk_len(parser, args)
 
 
 def get_params(args: argparse.Namespace) -> AttributeDict:

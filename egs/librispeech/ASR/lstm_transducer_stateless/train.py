@@ -31,6 +31,7 @@ import torch.multiprocessing as mp
 from icefall_lite.data.bpe import DEFAULT_BPE_MODEL, load_bpe_model
 from icefall_lite.data.datamodule import CutDataError, LibriSpeechAsrDataModule
 from icefall_lite.data.features import NUM_MEL_BINS
+from icefall_lite.nn.encoder import SUBSAMPLING_FACTOR
 from icefall_lite.nn.model import add_model_arguments, check_model_args
 from icefall_lite.recipe_defaults import EXP_DIR, NUM_EPOCHS, TRAIN_MAX_DURATION
 from icefall_lite.train.args import add_training_arguments, check_training_args
@@ -153,6 +154,7 @@ def get_params() -> AttributeDict:
             "batch_idx_in_epoch": 0,
             "reset_interval": 200,
             "feature_dim": NUM_MEL_BINS,
+            "subsampling_factor": SUBSAMPLING_FACTOR,
             "skipped_steps": 0,
             "skipped_utterances": 0,
             "train_seconds": 0.0,
@@ -199,7 +201,7 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
     if resume is not None:
         resume.restore_optimizers(optimizer, scheduler, scaler, grad_control)
     librispeech = LibriSpeechAsrDataModule(args)
-    train_cuts, valid_dl = load_training_data(librispeech, sp, params.subsampling_factor)
+    train_cuts, valid_dl = load_training_data(librispeech, sp)
     training = Training(
         params,
         model,
