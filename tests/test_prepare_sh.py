@@ -2,7 +2,6 @@
 it builds, reruns, and the real-LibriSpeech path against a local mirror."""
 
 import argparse
-import dataclasses
 import functools
 import json
 import os
@@ -21,7 +20,6 @@ from lhotse import load_manifest
 
 from icefall_lite.data.bpe import load_bpe_model
 from icefall_lite.data.datamodule import LibriSpeechAsrDataModule, filter_cuts
-from icefall_lite.data.synthetic import corpus as synth_corpus
 from icefall_lite.data.synthetic import tts
 from icefall_lite.data.synthetic.corpus import EVAL_PARTS, PARTS, SIZES, TRAIN_PART, plan_corpus, render_utterance
 from icefall_lite.data.text_norm import ALLOWED_CHARS
@@ -181,81 +179,16 @@ def test_default_corpus_is_small_plus_extra_speech_with_the_same_eval_parts() ->
     assert len(extra_text) == len(extra)  # 7 h of unique sentences: no sentence read twice
 
 
-def _energy_above(samples: np.ndarray, hz: float) -> float:
-    """The share of ``samples``' energy (16 kHz) above ``hz``, by numpy's FFT."""
-    power = np.abs(np.fft.rfft(samples.astype(np.float64))) ** 2
-    freqs = np.fft.rfftfreq(samples.size, 1 / tts.SAMPLE_RATE)
-    return float(power[freqs > hz].sum() / power.sum())
-
-
-def test_band_limit_removes_what_is_above_half_the_rate_and_keeps_the_rest() -> None:
-    speech = tts.synthesize(tts.Voice("espeak", "en-us+m1", 170, 50), "she sells sea shells by the sea shore")
-    assert _energy_above(speech, 4200) > 1e-3  # espeak-ng's 22 kHz speech has energy up there
-    for rate in (8000, 12000):
-        narrow = tts.band_limit(speech, rate)
-        assert abs(narrow.size - speech.size) <= 1
-        assert _energy_above(narrow, rate / 2 + 200) < 1e-9
-        # Below the new band's edge the spectrum is the original's (sox's passband is flat to 0.1 dB).
-        n = min(speech.size, narrow.size)
-        keep = np.fft.rfftfreq(n, 1 / tts.SAMPLE_RATE) < 0.4 * rate
-        a, b = (np.abs(np.fft.rfft(x[:n].astype(np.float64)))[keep] ** 2 for x in (speech, narrow))
-        assert b.sum() == pytest.approx(a.sum(), rel=0.03)
-    for rate in (0, 16000, 22050):
-        with pytest.raises(ValueError, match="not below"):
-            tts.band_limit(speech, rate)
-
-
-def test_only_training_utterances_are_band_limited_and_nothing_else_moves() -> None:
-    size = SIZES["default"]
-    plan = plan_corpus(size, 42)
-    full_band = plan_corpus(dataclasses.replace(size, narrowband_fraction=0.0), 42)
-    assert [dataclasses.replace(u, band_rate=0) for u in plan.utterances] == full_band.utterances
-    train = [u for u in plan.utterances if u.part == TRAIN_PART]
-    narrow = [u for u in train if u.band_rate]
-    assert all(u.band_rate == 0 for u in plan.utterances if u.part != TRAIN_PART)
-    # A binomial share of ~12,000 draws: 4 standard deviations either side.
-    sd = np.sqrt(size.narrowband_fraction * (1 - size.narrowband_fraction) / len(train))
-    assert abs(len(narrow) / len(train) - size.narrowband_fraction) < 4 * sd
-    low, high = tts.NARROWBAND_RATE_RANGE
-    assert all(low <= u.band_rate <= high and u.band_rate % 100 == 0 for u in narrow)
-    assert len({u.band_rate for u in narrow}) > 30 and {u.voice.engine for u in narrow} == {"espeak", "flite"}
-
-
-def test_band_limited_training_audio_in_the_built_corpus(tiny: Path) -> None:
-    corpus = tiny / "download" / "LibriSpeech"
-    train = [u for u in plan_corpus(SIZES["tiny"], 42).utterances if u.part == TRAIN_PART]
-    narrow = [u for u in train if u.band_rate]
-    assert narrow and len(narrow) < len(train)
-    for utt in narrow:
-        samples, _ = sf.read(str(corpus / utt.relpath), dtype="float32")
-        assert _energy_above(samples, utt.band_rate / 2 + 200) < 1e-6, utt.utt_id  # 16-bit FLAC's rounding
-    wide, _ = sf.read(str(corpus / next(u for u in train if not u.band_rate).relpath), dtype="float32")
-    assert _energy_above(wide, 6200) > 1e-4
-
-
-def test_a_corpus_of_an_earlier_version_is_refused_naming_what_changed(tmp_path: Path) -> None:
-    corpus = tmp_path / "LibriSpeech"
-    corpus.mkdir()
-    old = synth_corpus.corpus_config("tiny", 42)
-    del old["params"]["narrowband_fraction"]
-    (corpus / synth_corpus.MARKER).write_text(json.dumps({"config": old}))
-    with pytest.raises(FileExistsError) as e:
-        synth_corpus.existing_corpus(corpus, "tiny", 42)
-    assert "size=tiny seed=42 by an earlier version (narrowband_fraction: absent -> 0.2), not size=tiny seed=42" in str(
-        e.value
-    )
-    assert synth_corpus.existing_corpus(tmp_path / "absent", "tiny", 42) is False
-
-
 def test_corpus_is_deterministic_for_a_seed(tiny: Path, tmp_path: Path) -> None:
     a, b, c = plan_corpus(SIZES["tiny"], 42), plan_corpus(SIZES["tiny"], 42), plan_corpus(SIZES["tiny"], 43)
     assert a.utterances == b.utterances and a.utterances != c.utterances
-    # Re-render clean, band-limited and noisy utterances in this process (prepare.sh used 2
+    # Re-render clean and noisy utterances in this process (prepare.sh used 2
     # worker processes): the FLACs must be identical to the bytes.
+    from icefall_lite.data.synthetic import corpus as synth_corpus
+
     bank = synth_corpus.make_babble_bank(a, SIZES["tiny"], 1)
     synth_corpus.set_babble_bank(bank)
     chosen = [u for u in a.utterances if u.noise is None][:2] + [u for u in a.utterances if u.noise][:4]
-    chosen += [u for u in a.utterances if u.band_rate][:2]
     for utt in chosen:
         utt_id, seconds, error = render_utterance((utt, tmp_path))
         assert error == "" and seconds > 0

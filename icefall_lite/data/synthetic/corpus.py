@@ -20,12 +20,7 @@ extra speech is planned after everything else from its own random stream, so
 every size with the same base (``small`` and ``default``) has the same
 evaluation parts, utterance for utterance.
 
-A share of the training utterances (``narrowband_fraction``, drawn from a
-random stream of its own after everything else) is band-limited before it is
-written: passed through a sample rate of ``tts.NARROWBAND_RATE_RANGE`` and
-back, as speech recorded at 8-12 kHz.  No dev or test utterance is.
-
-The whole plan (texts, voices, noise types, SNRs, gains, bandwidths, seeds) is drawn up
+The whole plan (texts, voices, noise types, SNRs, gains, seeds) is drawn up
 front from one seeded generator, so the corpus is the same for a seed whatever
 the number of worker processes.  The tree is built in ``.tmp-LibriSpeech``
 (:func:`icefall_lite.utils.atomic_output`) and renamed to ``LibriSpeech`` only when complete.
@@ -38,7 +33,7 @@ import json
 import logging
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
@@ -86,18 +81,15 @@ class CorpusSize:
     extra_train_hours: float = 0.0  # planned hours of extra training speech
     extra_train_speakers: int = 0  # voices of the extra speech (tts.extra_voice_names(), TRAIN_FLITE)
     extra_vocab_words: int = 0  # extra sentences use only these most frequent words
-    narrowband_fraction: float = 0.0  # share of training utterances band-limited (Utterance.band_rate)
 
 
 SIZES: Dict[str, CorpusSize] = {
-    "default": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40, 7.0, 240, 10000, 0.2),
-    "small": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40, narrowband_fraction=0.2),
-    "tiny": CorpusSize(2000, 0.0, 40, 8, 6, 3, 2, 3, 6.0, 20, narrowband_fraction=0.2),
+    "default": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40, 7.0, 240, 10000),
+    "small": CorpusSize(2000, 3.0, None, 300, 48, 12, 12, 5, 20.0, 40),
+    "tiny": CorpusSize(2000, 0.0, 40, 8, 6, 3, 2, 3, 6.0, 20),
 }
-# The random streams of the extra training speech and of the band limits:
-# np.random.default_rng([seed, EXTRA_STREAM]) and np.random.default_rng([seed, NARROWBAND_STREAM]).
+# The random stream of the extra training speech: np.random.default_rng([seed, EXTRA_STREAM]).
 EXTRA_STREAM = 1
-NARROWBAND_STREAM = 2
 
 
 @dataclass(frozen=True)
@@ -112,7 +104,6 @@ class Utterance:
     snr_db: float
     peak: float
     seed: int
-    band_rate: int = 0  # Hz: the speech is resampled to this rate and back before noise (0: full band)
 
     @property
     def relpath(self) -> Path:
@@ -257,7 +248,6 @@ def plan_corpus(size: CorpusSize, seed: int) -> CorpusPlan:
     num_babble = size.babble_segments * size.babble_talkers * noise_lib.SENTENCES_PER_TALKER
     if size.extra_train_hours > 0:
         utterances += _extra_train_utterances(sentences, vocab, set(babble_text[:num_babble]), ids, size, seed)
-    utterances = _draw_band_limits(utterances, size.narrowband_fraction, seed)
     return CorpusPlan(
         utterances=utterances,
         babble_voices=babble_voices,
@@ -299,26 +289,6 @@ def _extra_train_utterances(
     voices = tts.sample_voices(rng, size.extra_train_speakers, tts.extra_voice_names(), tts.TRAIN_FLITE)
     texts = _cycle_to_hours(pool, size.extra_train_hours)
     return _part_utterances(TRAIN_PART, texts, voices, ids, size, rng)
-
-
-def _draw_band_limits(utterances: Sequence[Utterance], fraction: float, seed: int) -> List[Utterance]:
-    """``utterances`` with a ``band_rate`` for each training utterance drawn narrowband (with probability ``fraction``).
-
-    One draw per training utterance in plan order, from its own stream, so a
-    corpus whose training part starts with another's (``small`` and
-    ``default``) gets the same band limits there.
-    """
-    if fraction <= 0:
-        return list(utterances)
-    rng = np.random.default_rng([seed, NARROWBAND_STREAM])
-    out = []
-    for utt in utterances:
-        if utt.part == TRAIN_PART:
-            narrow, rate = rng.random() < fraction, rng.integers(*tts.NARROWBAND_RATE_RANGE, endpoint=True)
-            if narrow:
-                utt = replace(utt, band_rate=100 * int(round(rate / 100)))
-        out.append(utt)
-    return out
 
 
 # --- rendering (runs in worker processes) ------------------------------------
@@ -368,8 +338,6 @@ def render_utterance(job: Tuple[Utterance, Path]) -> Tuple[str, float, str]:
     utt, root = job
     try:
         samples = utt.speech()
-        if utt.band_rate:
-            samples = tts.band_limit(samples, utt.band_rate)
         rng = np.random.default_rng(utt.seed)
         if utt.noise is not None:
             noise = _noise_for(utt, samples.size, rng)
@@ -441,24 +409,11 @@ def existing_config(corpus_dir: Path, wanted: dict) -> bool:
     built = built_config(corpus_dir)
     if built != wanted:
         raise FileExistsError(
-            f"{corpus_dir} was built with {describe_config(built)}{_changed_params(built, wanted)}, "
+            f"{corpus_dir} was built with {describe_config(built)}, "
             f"not {describe_config(wanted)}. Remove {corpus_dir} and the data/ "
             f"outputs made from it (data/manifests, data/fbank, data/lang_bpe_*) to rebuild."
         )
     return True
-
-
-def _changed_params(built: dict, wanted: dict) -> str:
-    """`` by an earlier version (<param>: <built> -> <wanted>, ...)`` when only the parameters of a size differ."""
-    if {k: v for k, v in built.items() if k != "params"} != {k: v for k, v in wanted.items() if k != "params"}:
-        return ""
-    old, new = built.get("params", {}), wanted.get("params", {})
-    changes = [
-        f"{k}: {old.get(k, 'absent')} -> {new.get(k, 'absent')}"
-        for k in sorted(old.keys() | new.keys())
-        if old.get(k) != new.get(k)
-    ]
-    return f" by an earlier version ({', '.join(changes)})"
 
 
 def _part_stats(utts: Sequence[Utterance], seconds: Dict[str, float]) -> Dict[str, dict]:
@@ -525,15 +480,10 @@ def build_corpus(dl_dir: Path, size_name: str = "default", seed: int = 42, num_j
     start = time.time()
     plan = plan_corpus(size, seed)
     logging.info(f"planned {len(plan.utterances)} utterances (size={size_name}, seed={seed}, {num_jobs} jobs)")
-    narrow = sum(1 for u in plan.utterances if u.band_rate)
     with atomic_output(corpus_dir) as partial:
         partial.mkdir()
-        narrowband = {"planned_utterances": narrow, "rate_hz": list(tts.NARROWBAND_RATE_RANGE)}
-        stats = _write_corpus_tree(
-            partial, plan, size, corpus_config(size_name, seed), num_jobs, extra_info={"narrowband": narrowband}
-        )
+        stats = _write_corpus_tree(partial, plan, size, corpus_config(size_name, seed), num_jobs)
     for part, s in stats.items():
         logging.info(f"{part}: {s['utterances']} utterances, {s['hours']:.3f} h, {s['speakers']} speakers")
-    logging.info(f"{TRAIN_PART}: {narrow} utterances band-limited through {tts.NARROWBAND_RATE_RANGE} Hz sample rates")
     logging.info(f"corpus written to {corpus_dir} in {time.time() - start:.1f} s")
     return corpus_dir

@@ -3,8 +3,7 @@
 A :class:`Voice` is one "speaker" of the synthetic corpus: an engine, a voice
 name (for espeak-ng an accent plus a variant, ``en-us+m3``), a speaking rate
 and a pitch.  :func:`synthesize` renders text with it and returns 16 kHz mono
-float32 samples; :func:`band_limit` narrows an utterance's bandwidth.  The
-voice pools below are disjoint by construction:
+float32 samples.  The voice pools below are disjoint by construction:
 
 * training voices: espeak-ng accents ``TRAIN_ACCENTS`` with variants
   ``TRAIN_VARIANTS``, and flite voices ``TRAIN_FLITE``; the extra training
@@ -59,9 +58,6 @@ ESPEAK_RATE_RANGE = (145, 195)  # words per minute (espeak-ng -s)
 ESPEAK_PITCH_RANGE = (30, 70)  # espeak-ng -p, 0-99
 FLITE_STRETCH_RANGE = (0.85, 1.15)  # flite duration_stretch
 FLITE_F0_RANGE = (85.0, 190.0)  # flite int_f0_target_mean, Hz
-# Narrowband speech: the sample rates (Hz) a band-limited utterance passes through, so its
-# bandwidth is 4-6 kHz instead of 8 (as speech recorded at 8-12 kHz and upsampled).
-NARROWBAND_RATE_RANGE = (8000, 12000)
 
 REQUIRED_TOOLS = ("espeak-ng", "flite", "sox")
 
@@ -179,27 +175,6 @@ def _run(cmd: List[str]) -> bytes:
         err = proc.stderr.decode(errors="replace").strip()
         raise SynthesisError(f"{cmd[0]} failed ({proc.returncode}): {err}")
     return proc.stdout
-
-
-def band_limit(samples: np.ndarray, rate_hz: int) -> np.ndarray:
-    """``samples`` (16 kHz) resampled by sox to ``rate_hz`` and back: nothing above ``rate_hz / 2`` is left.
-
-    The length may change by a sample. sox runs in repeatable mode (``-R``).
-    """
-    if not 0 < rate_hz < SAMPLE_RATE:
-        raise ValueError(f"band-limiting rate {rate_hz} Hz is not below the corpus's {SAMPLE_RATE} Hz")
-    raw = ["-t", "f32", "-r", str(SAMPLE_RATE), "-c", "1"]
-    proc = subprocess.run(
-        ["sox", "-R", *raw, "-", *raw, "-", "rate", "-h", str(rate_hz)],
-        input=np.ascontiguousarray(samples, dtype=np.float32).tobytes(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    if proc.returncode != 0:
-        raise SynthesisError(
-            f"sox failed ({proc.returncode}) band-limiting to {rate_hz} Hz: {proc.stderr.decode().strip()}"
-        )
-    return np.frombuffer(proc.stdout, dtype=np.float32).copy()
 
 
 def synthesize(voice: Voice, text: str) -> np.ndarray:
