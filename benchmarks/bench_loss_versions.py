@@ -267,7 +267,7 @@ def accuracy_table(versions: Dict[str, types.ModuleType], args: argparse.Namespa
             "version",
             "simple loss: d/d(lm, am)",
             "simple loss: px_grad, py_grad",
-            "posterior sums: |sum px_grad - sum U_b| / |sum py_grad - sum T_b|",
+            "posterior sums: abs(sum px_grad - sum U_b) / abs(sum py_grad - sum T_b)",
             "pruned training loss: d/d(lm, am, logits)",
         ],
         rows,
