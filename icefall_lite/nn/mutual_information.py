@@ -11,7 +11,7 @@ splits the total score into the contributions of several ``px``/``py`` terms.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -444,6 +444,12 @@ def _check_px_py(px: Tensor, py: Tensor) -> Tuple[int, int, int]:
     return B, S, T
 
 
+def upcast_half(x: Any) -> Any:
+    """``x`` in float32 when it is a float16/bfloat16 tensor, else unchanged (gradients flow back through the
+    cast in ``x``'s own dtype)."""
+    return x.float() if isinstance(x, Tensor) and x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def mutual_information_recursion(
     px: Tensor,
     py: Tensor,
@@ -476,7 +482,8 @@ def mutual_information_recursion(
 
     Args:
       px: ``(B, S, T+1)`` (regular) or ``(B, S, T)`` (modified),
-        float32/float64, symbol-arc log-scores.  For regular RNN-T
+        float32/float64, symbol-arc log-scores (float16/bfloat16 are cast to
+        float32 first: their posteriors would be flushed to zero).  For regular RNN-T
         ``px[:, :, T]`` (and ``px[b, :, t_end_b]``) should be ``-inf``.
       py: ``(B, S+1, T)`` same dtype/device, frame-arc log-scores.
       boundary: ``(B, 4)`` int64 ``[s_begin, t_begin, s_end, t_end]`` with
@@ -494,6 +501,7 @@ def mutual_information_recursion(
       ``(scores, (px_grad, py_grad))`` if ``return_grad``.  ``scores`` is
       differentiable w.r.t. ``px`` and ``py``.
     """
+    px, py = upcast_half(px), upcast_half(py)
     B, S, T = _check_px_py(px, py)
     if boundary is None:
         boundary = _default_boundary(B, S, T, px.device)

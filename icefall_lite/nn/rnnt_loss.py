@@ -23,7 +23,9 @@ orders, defaults, return shapes and semantics (k2's own tests of
 
 Every loss takes k2's ``rnnt_type`` (``"regular"``, ``"modified"``,
 ``"constrained"``; see :mod:`icefall_lite.nn.rnnt_logprobs`), ``delay_penalty``
-(see :func:`apply_delay_penalty`) and ``reduction``.
+(see :func:`apply_delay_penalty`) and ``reduction``, and computes in at least
+float32 with autocast off: float16/bfloat16 scores are cast up first
+(:func:`computed_in_float32`).
 
 The lattice recursion and the ``boundary`` helpers live in
 :mod:`icefall_lite.nn.mutual_information`, the ``px``/``py`` scores of the
@@ -49,7 +51,8 @@ divided by lengths).
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+import functools
+from typing import Any, Callable, Optional, Tuple, TypeVar, Union
 
 import torch
 
@@ -58,6 +61,7 @@ from icefall_lite.nn.mutual_information import (
     joint_mutual_information_recursion,
     make_boundary,
     mutual_information_recursion,
+    upcast_half,
 )
 from icefall_lite.nn.rnnt_logprobs import (
     get_hat_logprobs_pruned,
@@ -68,6 +72,7 @@ from icefall_lite.nn.rnnt_logprobs import (
 )
 
 Tensor = torch.Tensor
+T_co = TypeVar("T_co")
 
 __all__ = [
     "make_boundary",
@@ -89,6 +94,27 @@ __all__ = [
     "rnnt_loss",
     "rnnt_loss_torchaudio",
 ]
+
+
+def computed_in_float32(loss_fn: Callable[..., T_co]) -> Callable[..., T_co]:
+    """A loss that takes half-precision scores and computes in float32, with autocast off.
+
+    In float16 the occupancy posteriors of a lattice fall below the smallest
+    normal number and are flushed to zero (every gradient 0.0), and scores
+    overflow past 65504; bfloat16 keeps 8 bits of mantissa. So float16/bfloat16
+    arguments are cast to float32 (their gradients come back in their own
+    dtype through the cast) and the loss is float32.
+    """
+
+    @functools.wraps(loss_fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T_co:
+        args = tuple(upcast_half(a) for a in args)
+        kwargs = {k: upcast_half(v) for k, v in kwargs.items()}
+        device = next(a.device for a in (*args, *kwargs.values()) if isinstance(a, Tensor))
+        with torch.autocast(device_type=device.type, enabled=False):
+            return loss_fn(*args, **kwargs)
+
+    return wrapper
 
 
 def _reduce(loss: Tensor, reduction: Optional[str]) -> Tensor:
@@ -162,6 +188,7 @@ def _lattice_loss(
 # --------------------------------------------------------------------------
 
 
+@computed_in_float32
 def rnnt_loss_simple(
     lm: Tensor,
     am: Tensor,
@@ -192,6 +219,7 @@ def rnnt_loss_simple(
     return _lattice_loss(px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad)
 
 
+@computed_in_float32
 def rnnt_loss_smoothed(
     lm: Tensor,
     am: Tensor,
@@ -394,6 +422,7 @@ def do_rnnt_pruning(am: Tensor, lm: Tensor, ranges: Tensor) -> Tuple[Tensor, Ten
     return am_pruned, lm_pruned
 
 
+@computed_in_float32
 def rnnt_loss_pruned(
     logits: Tensor,
     symbols: Tensor,
@@ -425,6 +454,7 @@ def rnnt_loss_pruned(
     return _lattice_loss(px, py, boundary, rnnt_type, delay_penalty, reduction)  # type: ignore[return-value]
 
 
+@computed_in_float32
 def rnnt_loss(
     logits: Tensor,
     symbols: Tensor,
@@ -437,7 +467,7 @@ def rnnt_loss(
     """Full RNN-T loss on joiner output, k2's signature.
 
     Args:
-      logits: ``(B, T, S+1, C)`` unnormalised joiner output (float32/64).
+      logits: ``(B, T, S+1, C)`` unnormalised joiner output (float32/64; float16/bfloat16 are cast to float32).
       symbols: ``(B, S)`` int64 in ``[0, C)``.
       termination_symbol: blank id.
       boundary: ``(B, 4)`` ``[0, 0, U_b, T_b]`` or None (``[0, 0, S, T]``).
@@ -451,6 +481,7 @@ def rnnt_loss(
     return _lattice_loss(px, py, boundary, rnnt_type, delay_penalty, reduction)  # type: ignore[return-value]
 
 
+@computed_in_float32
 def rnnt_loss_torchaudio(
     logits: Tensor,
     targets: Tensor,
@@ -469,7 +500,7 @@ def rnnt_loss_torchaudio(
     and no ``fused_log_softmax`` (the log-softmax is always taken here).
 
     Args:
-      logits: ``(B, T, U+1, V)`` unnormalised joiner output (float32/64).
+      logits: ``(B, T, U+1, V)`` unnormalised joiner output (float32/64; float16/bfloat16 are cast to float32).
       targets: ``(B, U)`` integer; entries at ``u >= target_lengths[b]`` are
         ignored (any value, e.g. padding -1).
       logit_lengths: ``(B,)`` frames ``T_b <= T``.

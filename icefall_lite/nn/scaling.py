@@ -205,6 +205,21 @@ class ScaledLSTM(nn.LSTM):
         flat_weights = self._flat_scaled_weights()
         if self.grad_filter is not None:
             input, *flat_weights = self.grad_filter(input, *flat_weights)
+        if cuda_autocast_dtype(input) == torch.bfloat16:
+            # CUDA autocast sends an LSTM to cuDNN in float16 whatever dtype it was asked for (ATen's
+            # AutocastRNN casts to kHalf), with no GradScaler behind --use-bf16: cast to bfloat16 ourselves
+            # and run the LSTM with autocast off, so bf16 means bf16 here too.
+            with torch.autocast(device_type="cuda", enabled=False):
+                return self._lstm(
+                    input.to(torch.bfloat16),
+                    (hx[0].to(torch.bfloat16), hx[1].to(torch.bfloat16)),
+                    [w.to(torch.bfloat16) for w in flat_weights],
+                )
+        return self._lstm(input, hx, flat_weights)
+
+    def _lstm(
+        self, input: Tensor, hx: Tuple[Tensor, Tensor], flat_weights: List[Tensor]
+    ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
         output, h_n, c_n = torch._VF.lstm(
             input,
             hx,
@@ -217,6 +232,13 @@ class ScaledLSTM(nn.LSTM):
             self.batch_first,
         )
         return output, (h_n, c_n)
+
+
+def cuda_autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
+    """The dtype CUDA autocast runs lower-precision ops in when ``x`` is on a GPU and autocast is on, else None."""
+    if x.device.type != "cuda" or not torch.is_autocast_enabled("cuda"):
+        return None
+    return torch.get_autocast_dtype("cuda")
 
 
 class BasicNorm(nn.Module):
