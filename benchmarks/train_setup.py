@@ -23,9 +23,10 @@ from icefall_lite.nn.model import add_model_arguments, build_transducer
 from icefall_lite.recipe_defaults import TRAIN_MAX_DURATION
 from icefall_lite.train.args import add_training_arguments
 from icefall_lite.train.grad_control import GradientControl
-from icefall_lite.train.loop import filter_stats, train_step
+from icefall_lite.train.loop import Training, filter_stats, train_step
 from icefall_lite.train.optim import Eden
 from icefall_lite.train.setup import make_optimizer, training_model_config
+from icefall_lite.train.step_log import read_scalars
 from icefall_lite.utils import AttributeDict
 
 FRAMES_PER_SECOND = 100  # 10 ms fbank frame shift
@@ -144,9 +145,17 @@ class Trainer:
         self.scheduler = Eden(self.optimizer, params.lr_batches, params.lr_epochs)
 
     def step(self, batch: Batch, tokens: TokenTable) -> None:
-        """``train_step`` (forward, backward, clipping, optimizer) plus reading the filter statistics."""
-        train_step(self.params, self.model, self.optimizer, self.scheduler, None, self.grad_control, tokens, batch.data)
-        filter_stats(self.model)
+        """``train_step`` (forward, backward, clipping, optimizer) plus reading the filters' fraction filtered."""
+        training = Training(
+            params=self.params,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            grad_control=self.grad_control,
+            sp=tokens,
+        )
+        train_step(training, batch.data)
+        read_scalars([s.fraction_filtered for s in filter_stats(self.model)])
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -18,7 +18,7 @@ from conftest import RECIPE, recipe_env, tiny_transducer
 from icefall_lite.nn.model import build_transducer
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.train.grad_control import GradientControl
-from icefall_lite.train.loop import train_step
+from icefall_lite.train.loop import Training, train_step
 from icefall_lite.train.loss import compute_loss, loss_scales, pruned_loss_scale
 from icefall_lite.train.optim import Eden, Eve
 from icefall_lite.train.presets import ICEFALL_PRESET
@@ -246,7 +246,10 @@ def test_nonfinite_batch_is_skipped_and_weights_stay_finite(tiny_data, nan_rows)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     params.batch_idx_train = 1
     control = GradientControl.from_params(params)
-    info, grad_norm, _ = train_step(params, model, optimizer, scheduler, None, control, sp, _batch(nan_rows))
+    training = Training(
+        params=params, model=model, optimizer=optimizer, scheduler=scheduler, grad_control=control, sp=sp
+    )
+    info, grad_norm, _ = train_step(training, _batch(nan_rows))
     assert params.skipped_steps == 1
     assert params.skipped_utterances == len(nan_rows)
     for n, p in model.named_parameters():
@@ -254,7 +257,7 @@ def test_nonfinite_batch_is_skipped_and_weights_stay_finite(tiny_data, nan_rows)
         assert torch.equal(p, before[n]), n
     # A clean batch afterwards trains normally.
     params.batch_idx_train = 2
-    train_step(params, model, optimizer, scheduler, None, control, sp, _batch())
+    train_step(training, _batch())
     assert params.skipped_steps == 1
     assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
 

@@ -12,9 +12,9 @@ import math
 import shutil
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import sentencepiece as spm
 import torch
@@ -27,9 +27,10 @@ from icefall_lite.train.diagnostics import ModelDiagnostics
 from icefall_lite.train.grad_control import GradientControl
 from icefall_lite.train.loss import compute_loss
 from icefall_lite.train.optim import Eden, ScaledAdam
-from icefall_lite.train.optimizer_state import SecondMomentMonitor, StepReport
+from icefall_lite.train.optimizer_state import SecondMomentMonitor
 from icefall_lite.train.resume import Resumption
 from icefall_lite.train.rng import fix_random_seed, get_rng_state, set_rng_state
+from icefall_lite.train.step_log import Scalar, StepLog, read_scalars
 from icefall_lite.train.tb_tags import TB_TAGS
 from icefall_lite.utils import AttributeDict, MetricsTracker, progress_bar
 
@@ -42,28 +43,44 @@ class Training:
 
     params: AttributeDict
     model: nn.Module
-    model_avg: Optional[nn.Module]
     optimizer: torch.optim.Optimizer
     scheduler: Eden
-    scaler: Optional[torch.amp.GradScaler]
     grad_control: GradientControl
     sp: spm.SentencePieceProcessor
-    valid_dl: Any
-    tb_writer: Any
-    world_size: int
-    rank: int
-    diagnostics: Optional[ModelDiagnostics]
+    model_avg: Optional[nn.Module] = None
+    scaler: Optional[torch.amp.GradScaler] = None
+    valid_dl: Any = None
+    tb_writer: Any = None
+    world_size: int = 1
+    rank: int = 0
+    diagnostics: Optional[ModelDiagnostics] = None
     second_moment: Optional[SecondMomentMonitor] = None
+    step_log: StepLog = field(init=False)
+    # The GradScaler's scale of the last backward (--use-fp16), a device tensor.
+    loss_scale: Optional[torch.Tensor] = field(init=False, default=None)
 
-    def add_scalar(self, tag: str, value: float) -> None:
-        """A TensorBoard scalar at the current global batch (rank 0 with --tensorboard)."""
-        if self.tb_writer is not None:
-            self.tb_writer.add_scalar(tag, value, self.params.batch_idx_train)
+    def __post_init__(self) -> None:
+        self.step_log = StepLog(self.tb_writer)
+
+    def add_scalar(self, tag: str, value: Scalar) -> None:
+        """A TensorBoard scalar at the current global batch (rank 0 with --tensorboard), written at the next
+        :meth:`flush_log`."""
+        self.step_log.add(tag, value, self.params.batch_idx_train)
+
+    def flush_log(self) -> None:
+        """Write the queued scalars and the second-moment reports (one device-to-host transfer each)."""
+        if self.second_moment is not None:
+            for step, moment in self.second_moment.reports():
+                self.step_log.add(TB_TAGS.exp_avg_sq_jump, moment.jump, step)
+                if moment.recovery_steps:
+                    self.step_log.add(TB_TAGS.exp_avg_sq_recovery, max(moment.recovery_steps), step)
+        self.step_log.flush()
 
     def save(self, filename: Path, train_dl) -> None:
         """Rank 0 saves model, model_avg, optimizer, scheduler, scaler, sampler position and RNG states."""
         if self.rank != 0:
             return
+        self.flush_log()
         save_checkpoint(
             filename,
             model=self.model,
@@ -89,38 +106,39 @@ def mixed_precision(params: AttributeDict, device: torch.device) -> torch.autoca
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=params.use_fp16 or params.use_bf16)
 
 
-def train_step(
-    params: AttributeDict,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Eden,
-    scaler: Optional[torch.amp.GradScaler],
-    grad_control: GradientControl,
-    sp: spm.SentencePieceProcessor,
-    batch: Dict[str, Any],
-) -> Tuple[MetricsTracker, float, float]:
-    """Forward, backward, clip and update on one batch (``params.batch_idx_train`` already counts it).
+def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, float, float]:
+    """Forward, backward, clip and update on one batch (``t.params.batch_idx_train`` already counts it).
 
     A step whose gradient norm is not finite, or whose batch has no utterance
     with a finite loss, is skipped: no update, counted in
-    ``params.skipped_steps`` and logged. Returns (info, pre-clip grad norm, clip scale).
+    ``params.skipped_steps`` and logged. Under --use-fp16 a non-finite norm is
+    the loss scaler's overflow: the scaler skips the update and halves its
+    scale, counted in ``params.scaler_backoffs``, not as a skipped step.
+    Returns (info, pre-clip grad norm, clip scale).
     """
+    params, model, optimizer, scaler = t.params, t.model, t.optimizer, t.scaler
     warmup = params.batch_idx_train / params.model_warm_step
     with mixed_precision(params, next(model.parameters()).device):
-        loss, info = compute_loss(params, model, sp, batch, is_training=True, warmup=warmup)
+        loss, info = compute_loss(params, model, t.sp, batch, is_training=True, warmup=warmup)
     params.skipped_utterances += int(info["dropped_utterances"])
     if loss is None:
         # Keep DDP ranks in step: backward through a zero that touches every parameter.
         loss = sum(p.sum() * 0.0 for p in model.parameters())
     if scaler is not None:
+        # The loss scale of this backward, for the filter statistics (read later, without a sync now).
+        t.loss_scale = scaler._get_scale_async()
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
     else:
         loss.backward()
-    grad_norm, clip_scale = grad_control.clip(model)
+    grad_norm, clip_scale = t.grad_control.clip(model)
     # As icefall: the learning rate of update b is Eden's at batch b (set before the step).
-    scheduler.step_batch(params.batch_idx_train)
-    if not math.isfinite(grad_norm) or info["utterances"] == 0:
+    t.scheduler.step_batch(params.batch_idx_train)
+    if scaler is not None and not math.isfinite(grad_norm) and info["utterances"] > 0:
+        params.scaler_backoffs = params.get("scaler_backoffs", 0) + 1
+        optimizer.zero_grad(set_to_none=True)
+        scaler.update()  # unscale_ recorded the inf/NaN: the scale is halved
+    elif not math.isfinite(grad_norm) or info["utterances"] == 0:
         params.skipped_steps += 1
         reason = "no utterance with a finite loss" if info["utterances"] == 0 else f"gradient norm is {grad_norm}"
         logging.warning(
@@ -139,13 +157,35 @@ def train_step(
     return info, grad_norm, clip_scale
 
 
-def filter_stats(model: nn.Module) -> Dict[str, float]:
-    """Per-layer GradientFilter statistics of the last backward: ``{"layer<i>/<stat>": value}``."""
-    stats: Dict[str, float] = {}
+@dataclass(frozen=True)
+class LayerFilterStats:
+    """One encoder layer's GradientFilter statistics of the last backward, as 0-dim device tensors
+    (:class:`icefall_lite.nn.clip.GradientFilterStats`); ``median_norm`` in unscaled gradient units."""
+
+    layer: int
+    median_norm: torch.Tensor
+    max_over_median: torch.Tensor
+    fraction_filtered: torch.Tensor
+    param_scale: torch.Tensor
+
+    STATS = ("median_norm", "max_over_median", "fraction_filtered", "param_scale")
+
+
+def filter_stats(model: nn.Module, loss_scale: Optional[torch.Tensor] = None) -> List[LayerFilterStats]:
+    """Per-layer GradientFilter statistics of the last backward (none before the first), without a device sync.
+
+    ``loss_scale``: the GradScaler's scale of that backward (--use-fp16), which
+    multiplied every gradient the filters saw: the median norm is divided by it
+    (the ratios are unchanged by a common scale).
+    """
+    out = []
     for layer, grad_filter in unwrap(model).encoder.gradient_filters():
-        for key, value in grad_filter.stats.as_dict().items():
-            stats[f"layer{layer}/{key}"] = value
-    return stats
+        stats = grad_filter.stats
+        if stats.num_backward == 0:
+            continue
+        median = stats.median_norm if loss_scale is None else stats.median_norm / loss_scale.to(stats.median_norm)
+        out.append(LayerFilterStats(layer, median, stats.max_over_median, stats.fraction_filtered, stats.param_scale))
+    return out
 
 
 def batch_digest(batch: Dict[str, Any]) -> Optional[int]:
@@ -163,20 +203,16 @@ def log_step(
     info: MetricsTracker,
     grad_norm: float,
     clip_scale: float,
-    stats: Dict[str, float],
-    moment: Optional[StepReport],
+    stats: List[LayerFilterStats],
 ) -> None:
     """The step's TensorBoard scalars: losses per frame, learning rate, gradient norm and clip scale,
-    skipped steps, the filter statistics, the batch digest and the second-moment jump and recoveries."""
+    skipped steps, the filter statistics and the batch digest (the second moment's come with
+    :meth:`Training.flush_log`)."""
     if t.tb_writer is None:
         return
     digest = batch_digest(batch)
     if digest is not None:
         t.add_scalar(TB_TAGS.batch_digest, digest)
-    if moment is not None:
-        t.add_scalar(TB_TAGS.exp_avg_sq_jump, moment.jump)
-        if moment.recovery_steps:
-            t.add_scalar(TB_TAGS.exp_avg_sq_recovery, max(moment.recovery_steps))
     if info["frames"] > 0:
         for key in ("loss", "simple_loss", "pruned_loss", "ctc_loss"):
             if key in info:
@@ -187,9 +223,9 @@ def log_step(
     if isinstance(t.optimizer, ScaledAdam):
         t.add_scalar(TB_TAGS.optimizer_clip_scale, t.optimizer.last_clipping_scale)
     t.add_scalar(TB_TAGS.skipped_steps, t.params.skipped_steps)
-    for key, value in stats.items():
-        layer, stat = key.split("/", 1)
-        t.add_scalar(TB_TAGS.filter_tag(int(layer[len("layer") :]), stat), value)
+    for layer_stats in stats:
+        for stat in LayerFilterStats.STATS:
+            t.add_scalar(TB_TAGS.filter_tag(layer_stats.layer, stat), getattr(layer_stats, stat))
 
 
 # --------------------------------------------------------------------------
@@ -269,31 +305,33 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
     for batch in progress:
         params.batch_idx_train += 1
         params.batch_idx_in_epoch += 1
-        info, grad_norm, clip_scale = train_step(
-            params, t.model, t.optimizer, t.scheduler, t.scaler, t.grad_control, t.sp, batch
-        )
-        stats = filter_stats(t.model)
-        moment = t.second_moment.update(params.batch_idx_train) if t.second_moment is not None else None
+        info, grad_norm, clip_scale = train_step(t, batch)
+        # A loss-scale overflow (--use-fp16) leaves the filters' statistics non-finite: not logged.
+        stats = filter_stats(t.model, t.loss_scale) if t.scaler is None or math.isfinite(grad_norm) else []
+        if t.second_moment is not None:
+            t.second_moment.record(params.batch_idx_train)
         if t.diagnostics is not None and params.batch_idx_in_epoch >= DIAGNOSTICS_BATCHES:
             t.diagnostics.print_diagnostics()
             return False
         if t.model_avg is not None and params.batch_idx_train % params.average_period == 0:
             update_averaged_model(params.average_period, params.batch_idx_train, t.model, t.model_avg)
         tot_loss = tot_loss * (1 - 1 / params.reset_interval) + info
-        log_step(t, batch, info, grad_norm, clip_scale, stats, moment)
+        log_step(t, batch, info, grad_norm, clip_scale, stats)
         lr = t.scheduler.get_last_lr()[0]
         if t.rank == 0:
             progress.set_postfix(
                 loss=f"{tot_loss.per_frame('loss'):.3f}", lr=f"{lr:.2e}", gnorm=f"{grad_norm:.3g}", refresh=False
             )
         if params.batch_idx_train % params.log_interval == 0:
-            filtered = [v for k, v in stats.items() if k.endswith("fraction_filtered")]
+            t.flush_log()
+            filtered = read_scalars([s.fraction_filtered for s in stats])
+            backoffs = f", loss-scale back-offs: {params.scaler_backoffs}" if "scaler_backoffs" in params else ""
             logging.info(
                 f"Epoch {params.cur_epoch}, batch {params.batch_idx_in_epoch}, global batch {params.batch_idx_train}, "
                 f"loss[{info.per_frame_str()}], tot_loss[{tot_loss.per_frame_str()}], "
                 f"batch size: {len(batch['supervisions']['text'])}, lr: {lr:.2e}, grad_norm: {grad_norm:.3g}, "
                 f"clip_scale: {clip_scale:.3g}, filtered: {(sum(filtered) / len(filtered)) if filtered else 0.0:.3f}, "
-                f"skipped steps: {params.skipped_steps}"
+                f"skipped steps: {params.skipped_steps}{backoffs}"
             )
         batch_idx = params.batch_idx_in_epoch - 1  # icefall's 0-based index in the epoch
         if params.valid_interval > 0 and batch_idx > 0 and batch_idx % params.valid_interval == 0:
@@ -311,9 +349,11 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
         last_time = now
         if budget_spent(params):
             progress.close()
+            t.flush_log()
             params.train_loss = tot_loss.per_frame("loss")
             return False
     progress.close()
+    t.flush_log()
     params.train_loss = tot_loss.per_frame("loss")
     if params.train_loss < params.best_train_loss:
         params.best_train_epoch = params.cur_epoch

@@ -18,7 +18,7 @@ after every optimizer step:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -54,8 +54,9 @@ class SecondMomentMonitor:
     """Watches the ``exp_avg_sq`` of every parameter of ``model`` in ``optimizer``'s state (see the module doc).
 
     Built once the optimizer's state is loaded (a resumed run measures its first step as the uninterrupted
-    run did; an event open at the checkpoint is not carried over). Call :meth:`update` after every training
-    step (skipped steps included).
+    run did; an event open at the checkpoint is not carried over). After every training step (skipped steps
+    included) call :meth:`record`, which only queues the sums on the device, and read the reports of the
+    queued steps with :meth:`reports` (one device-to-host transfer), or do both with :meth:`update`.
     """
 
     def __init__(
@@ -69,21 +70,41 @@ class SecondMomentMonitor:
         self.optimizer = optimizer
         self.event_jump = event_jump
         self.recovered_ratio = recovered_ratio
-        self.previous: Dict[str, float] = self.sums()
+        self.pending: List[Tuple[int, List[str], Optional[torch.Tensor]]] = []
+        self.previous: Dict[str, float] = {}
         self.open_events: Dict[str, InflationEvent] = {}
+        self.record(0)
+        self.reports()
 
-    def sums(self) -> Dict[str, float]:
-        """``{parameter name: sum of its exp_avg_sq}`` for the tensors that have one."""
-        out = {}
+    def _sums(self) -> Tuple[List[str], Optional[torch.Tensor]]:
+        """The names of the tensors that have an ``exp_avg_sq`` and the float64 sums of theirs, on the device."""
+        names, sums = [], []
         for name, p in self.named:
             state = self.optimizer.state.get(p)
             if state is not None and "exp_avg_sq" in state:
-                out[name] = float(state["exp_avg_sq"].detach().double().sum())
-        return out
+                names.append(name)
+                sums.append(state["exp_avg_sq"].detach().double().sum())
+        return names, (torch.stack(sums) if sums else None)
+
+    def record(self, step: int) -> None:
+        """Queue the sums after the step just taken (``step``: its global batch index); nothing is read yet."""
+        names, sums = self._sums()
+        self.pending.append((step, names, sums))
+
+    def reports(self) -> List[Tuple[int, StepReport]]:
+        """``(step, report)`` of every queued step, in order."""
+        pending, self.pending = self.pending, []
+        return [
+            (step, self._measure(step, dict(zip(names, [] if sums is None else sums.tolist()))))
+            for step, names, sums in pending
+        ]
 
     def update(self, step: int) -> StepReport:
-        """Measure the step just taken (``step``: its global batch index)."""
-        now = self.sums()
+        """Measure the step just taken at once (``step``: its global batch index)."""
+        self.record(step)
+        return self.reports()[-1][1]
+
+    def _measure(self, step: int, now: Dict[str, float]) -> StepReport:
         jump, jump_tensor = 1.0, ""
         recovered: List[int] = []
         for name, value in now.items():
@@ -103,5 +124,6 @@ class SecondMomentMonitor:
         return StepReport(jump, jump_tensor, recovered)
 
     def largest_open(self) -> Optional[InflationEvent]:
-        """The open event with the largest jump (None when every tensor has recovered)."""
+        """The open event with the largest jump (None when every tensor has recovered; read :meth:`reports`
+        first)."""
         return max(self.open_events.values(), key=lambda e: e.jump, default=None)

@@ -203,26 +203,27 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
     librispeech = LibriSpeechAsrDataModule(args)
     train_cuts, valid_dl = load_training_data(librispeech, sp)
     training = Training(
-        params,
-        model,
-        model_avg,
-        optimizer,
-        scheduler,
-        scaler,
-        grad_control,
-        sp,
-        valid_dl,
-        open_tensorboard(params, rank),
-        world_size,
-        rank,
-        diagnostics,
-        SecondMomentMonitor(model, optimizer) if rank == 0 else None,
+        params=params,
+        model=model,
+        model_avg=model_avg,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=scaler,
+        grad_control=grad_control,
+        sp=sp,
+        valid_dl=valid_dl,
+        tb_writer=open_tensorboard(params, rank),
+        world_size=world_size,
+        rank=rank,
+        diagnostics=diagnostics,
+        second_moment=SecondMomentMonitor(model, optimizer) if rank == 0 else None,
     )
     start = time.time()
     train_epochs(training, librispeech, train_cuts, resume)
     logging.info(f"Done. Training took {time.time() - start:.1f} s; skipped steps: {params.skipped_steps}")
     logging.info(f"Model checksum (rank {rank}): {model_checksum(model)}")
     if training.tb_writer is not None:
+        training.flush_log()
         training.tb_writer.close()
     if world_size > 1:
         dist.barrier()

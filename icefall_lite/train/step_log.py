@@ -1,0 +1,53 @@
+"""Per-step TensorBoard scalars kept off the device's critical path.
+
+Reading a GPU tensor into a Python float waits for every kernel queued before
+it. A training step has dozens of such statistics (the GradientFilter's per
+layer, the optimizer's second moment per tensor), so :class:`StepLog` keeps
+them as device tensors and reads them all with one transfer when it is
+flushed, at the log interval, before a checkpoint and at the end of training.
+Every scalar is still written at its own step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple, Union
+
+import torch
+
+Scalar = Union[float, int, torch.Tensor]
+
+
+def read_scalars(values: List[Scalar]) -> List[float]:
+    """``values`` as Python floats, with one device-to-host transfer per device for the tensors among them."""
+    out: List[float] = [float(v) if not isinstance(v, torch.Tensor) else 0.0 for v in values]
+    by_device: dict = {}
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor):
+            by_device.setdefault(v.device, []).append(i)
+    for indices in by_device.values():
+        stacked = torch.stack([values[i].detach().reshape(()).to(torch.float64) for i in indices])
+        for i, x in zip(indices, stacked.tolist()):
+            out[i] = x
+    return out
+
+
+class StepLog:
+    """Scalars ``(tag, value, step)`` waiting to be written to ``writer`` (a SummaryWriter, or None: then
+    nothing is kept)."""
+
+    def __init__(self, writer: Optional[Any]) -> None:
+        self.writer = writer
+        self.pending: List[Tuple[str, Scalar, int]] = []
+
+    def add(self, tag: str, value: Scalar, step: int) -> None:
+        if self.writer is not None:
+            self.pending.append((tag, value, step))
+
+    def flush(self) -> None:
+        """Write every pending scalar, in the order they were added."""
+        if not self.pending:
+            return
+        values = read_scalars([value for _, value, _ in self.pending])
+        for (tag, _, step), value in zip(self.pending, values):
+            self.writer.add_scalar(tag, value, step)
+        self.pending = []
