@@ -24,6 +24,7 @@ from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.train.averaging import update_averaged_model
 from icefall_lite.train.checkpoint import remove_checkpoints, save_checkpoint, unwrap
 from icefall_lite.train.diagnostics import ModelDiagnostics
+from icefall_lite.train.distributed import any_rank, sum_over_ranks
 from icefall_lite.train.grad_control import GradientControl
 from icefall_lite.train.loss import compute_loss
 from icefall_lite.train.optim import Eden, ScaledAdam
@@ -134,13 +135,16 @@ def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, floa
     grad_norm, clip_scale = t.grad_control.clip(model)
     # As icefall: the learning rate of update b is Eden's at batch b (set before the step).
     t.scheduler.step_batch(params.batch_idx_train)
-    if scaler is not None and not math.isfinite(grad_norm) and info["utterances"] > 0:
+    # One decision for every DDP rank: the utterances with a finite loss of all ranks (the gradient norm is
+    # already the same on every rank after DDP's all-reduce).
+    utterances = sum_over_ranks(info["utterances"])
+    if scaler is not None and not math.isfinite(grad_norm) and utterances > 0:
         params.scaler_backoffs = params.get("scaler_backoffs", 0) + 1
         optimizer.zero_grad(set_to_none=True)
         scaler.update()  # unscale_ recorded the inf/NaN: the scale is halved
-    elif not math.isfinite(grad_norm) or info["utterances"] == 0:
+    elif not math.isfinite(grad_norm) or utterances == 0:
         params.skipped_steps += 1
-        reason = "no utterance with a finite loss" if info["utterances"] == 0 else f"gradient norm is {grad_norm}"
+        reason = "no utterance with a finite loss" if utterances == 0 else f"gradient norm is {grad_norm}"
         logging.warning(
             f"Skipping step at batch {params.batch_idx_train}: {reason} (skipped steps so far: {params.skipped_steps})"
         )
@@ -268,10 +272,15 @@ def validate(t: Training) -> MetricsTracker:
 
 
 def budget_spent(params: AttributeDict) -> bool:
-    """Whether --max-batches or --max-minutes says training is over."""
-    return (params.max_batches > 0 and params.batch_idx_train >= params.max_batches) or (
-        params.max_minutes > 0 and params.train_seconds >= 60.0 * params.max_minutes
-    )
+    """Whether --max-batches or --max-minutes says training is over.
+
+    Under DDP every rank measures its own clock: with --max-minutes the ranks decide together (a collective:
+    every rank calls this at the same point), and all stop once any rank's clock is past the limit.
+    """
+    minutes_spent = params.max_minutes > 0 and params.train_seconds >= 60.0 * params.max_minutes
+    if params.max_minutes > 0:
+        minutes_spent = any_rank(minutes_spent)
+    return (params.max_batches > 0 and params.batch_idx_train >= params.max_batches) or minutes_spent
 
 
 def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] = None) -> bool:

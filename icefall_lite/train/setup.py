@@ -7,7 +7,6 @@ import argparse
 import copy
 import hashlib
 import logging
-import os
 from typing import Any, Dict, Optional, Tuple
 
 import sentencepiece as spm
@@ -26,25 +25,34 @@ from icefall_lite.data.features import NUM_MEL_BINS
 from icefall_lite.nn.model import build_transducer, count_parameters, model_config_from_args
 from icefall_lite.train.checkpoint import unwrap
 from icefall_lite.train.diagnostics import ModelDiagnostics, register_inf_check_hooks
+from icefall_lite.train.distributed import DEFAULT_MASTER_PORT, Placement
 from icefall_lite.train.optim import Eve, ScaledAdam
 from icefall_lite.utils import AttributeDict
 
 OPTIMIZERS = ("eve", "scaled-adam")
 
 
-def init_distributed(params: AttributeDict, rank: int, world_size: int) -> None:
-    """Join the DDP process group (nccl on GPUs, gloo on CPUs) when ``world_size > 1``."""
-    if world_size <= 1:
+def init_distributed(params: AttributeDict, placement: Placement) -> None:
+    """Join the DDP process group (nccl on GPUs, gloo on CPUs) when ``placement`` has more than one rank.
+
+    Under torchrun the rank, world size and master address and port come from its environment
+    (``init_method="env://"``); the processes of ``--world-size`` meet at ``localhost:--master-port``.
+    """
+    if not placement.distributed:
         return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    os.environ.setdefault("MASTER_ADDR", "localhost")
-    os.environ.setdefault("MASTER_PORT", str(params.master_port))
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    if placement.launcher == "torchrun":
+        dist.init_process_group(backend, init_method="env://")
+    else:
+        port = params.master_port if params.master_port is not None else DEFAULT_MASTER_PORT
+        dist.init_process_group(
+            backend, init_method=f"tcp://localhost:{port}", rank=placement.rank, world_size=placement.world_size
+        )
 
 
-def training_device(rank: int) -> torch.device:
-    """GPU ``rank`` if there is CUDA, else the CPU."""
-    device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
+def training_device(local_rank: int) -> torch.device:
+    """GPU ``local_rank`` (the process's index on its machine) if there is CUDA, else the CPU."""
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     logging.info(f"Device: {device}")
@@ -80,7 +88,7 @@ def build_models(
 
 
 def place_model(
-    params: AttributeDict, model: nn.Module, device: torch.device, rank: int, world_size: int
+    params: AttributeDict, model: nn.Module, device: torch.device, world_size: int
 ) -> Tuple[nn.Module, Optional[ModelDiagnostics]]:
     """``model`` on ``device`` with the --inf-check hooks and --print-diagnostics, DDP-wrapped when distributed."""
     model.to(device)
@@ -88,7 +96,7 @@ def place_model(
         register_inf_check_hooks(model)
     diagnostics = ModelDiagnostics(model) if params.print_diagnostics else None
     if world_size > 1:
-        model = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     return model, diagnostics
 
 

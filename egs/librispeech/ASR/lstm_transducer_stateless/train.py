@@ -9,6 +9,9 @@ Usage (from egs/librispeech/ASR):
   # GPU, icefall's settings (every one: --preset icefall), 4 GPUs
   ./lstm_transducer_stateless/train.py --world-size 4 --preset icefall --max-duration 500
 
+  # The same with torchrun (one machine; for several: --nnodes, --node-rank, --rdzv-* on each)
+  torchrun --standalone --nproc-per-node 4 ./lstm_transducer_stateless/train.py --preset icefall --max-duration 500
+
 Rerunning with the same --exp-dir resumes from the newest checkpoint
 (or pass --start-epoch / --start-batch explicitly). The training loop is
 icefall_lite.train (loss, gradient control, step, epochs, resumption); this
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -36,6 +41,15 @@ from icefall_lite.nn.model import add_model_arguments, check_model_args
 from icefall_lite.recipe_defaults import EXP_DIR, NUM_EPOCHS, TRAIN_MAX_DURATION
 from icefall_lite.train.args import add_training_arguments, check_training_args
 from icefall_lite.train.checkpoint import CheckpointError
+from icefall_lite.train.distributed import (
+    DEFAULT_MASTER_PORT,
+    LaunchError,
+    Placement,
+    check_launch,
+    same_on_all_ranks,
+    spawn_placement,
+    torchrun_placement,
+)
 from icefall_lite.train.grad_control import GradientControl
 from icefall_lite.train.loop import DIAGNOSTICS_BATCHES, Training, train_epochs
 from icefall_lite.train.optim import Eden
@@ -68,8 +82,20 @@ def parse_args(parser: argparse.ArgumentParser, argv: Optional[List[str]] = None
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add = parser.add_argument
-    add("--world-size", type=int, default=1, help="Number of processes (GPUs, or CPU processes with gloo).")
-    add("--master-port", type=int, default=12354, help="Master port for DDP.")
+    add(
+        "--world-size",
+        type=int,
+        default=1,
+        help="Number of processes to spawn on this machine, one per GPU (or CPU processes with gloo). Under "
+        "torchrun leave it out: torchrun starts the processes (--nproc-per-node, --nnodes).",
+    )
+    add(
+        "--master-port",
+        type=int,
+        default=None,
+        help=f"Port at which the --world-size processes meet on localhost (default {DEFAULT_MASTER_PORT}). Under "
+        "torchrun leave it out: torchrun's --master-port or --rdzv-endpoint sets it.",
+    )
     add("--tensorboard", type=str2bool, default=True, help="Write TensorBoard scalars to exp-dir/tensorboard.")
     add("--num-epochs", type=int, default=NUM_EPOCHS, help="Number of epochs to train.")
     add(
@@ -165,6 +191,16 @@ def get_params() -> AttributeDict:
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """argparse errors naming the flag for bad or conflicting values."""
     check_positive(parser, args, ["world_size", "num_epochs", "start_epoch", "average_period"])
+    try:
+        check_launch(args.world_size, num_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        under_torchrun = torchrun_placement() is not None
+    except LaunchError as e:
+        parser.error(str(e))
+    if under_torchrun and args.master_port is not None:
+        parser.error(
+            "--master-port is for the processes --world-size spawns; under torchrun leave it out and use "
+            "torchrun's --master-port or --rdzv-endpoint"
+        )
     if args.start_epoch > args.num_epochs:
         parser.error(f"--start-epoch ({args.start_epoch}) is larger than --num-epochs ({args.num_epochs})")
     for name in ("start_batch", "valid_interval", "max_minutes"):
@@ -179,22 +215,34 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     LibriSpeechAsrDataModule.check_args(parser, args)
 
 
-def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
-    """Train on one process (rank ``rank`` of ``world_size``): set up, resume if there is a checkpoint, train."""
+def run(placement: Placement, args: argparse.Namespace) -> None:
+    """Train on one process (global rank ``placement.rank`` of ``placement.world_size``): set up, resume if there
+    is a checkpoint, train."""
+    rank, world_size = placement.rank, placement.world_size
     params = get_params()
     params.update(vars(args))
     fix_random_seed(params.seed)
-    init_distributed(params, rank, world_size)
+    init_distributed(params, placement)
     setup_logger(params.exp_dir / "log" / "log-train", rank=rank, world_size=world_size)
-    device = training_device(rank)
+    if placement.distributed:
+        logging.info(
+            f"Rank {rank} of {world_size} ({placement.launcher}), local rank {placement.local_rank} of "
+            f"{placement.local_world_size} on {socket.gethostname()}, process id {os.getpid()}"
+        )
+    device = training_device(placement.local_rank)
     sp = load_bpe_model(params.bpe_model)
     model, model_avg = build_models(params, args, sp, rank)
     grad_control = GradientControl.from_params(params)
     grad_control.install(model)
     resume = Resumption.load(params, model, model_avg, rank)
+    if not same_on_all_ranks(params.batch_idx_train):
+        raise CheckpointError(
+            f"the ranks did not all resume from the same checkpoint (rank {rank}: batch {params.batch_idx_train}): "
+            "--exp-dir must be one directory that every machine of the run shares"
+        )
     if resume is None and params.init_from is not None:
         init_from_weights(params.init_from, model, model_avg)
-    model, diagnostics = place_model(params, model, device, rank, world_size)
+    model, diagnostics = place_model(params, model, device, world_size)
     optimizer = make_optimizer(params, model)
     scheduler = Eden(optimizer, params.lr_batches, params.lr_epochs)
     scaler = torch.amp.GradScaler("cuda") if params.use_fp16 else None
@@ -230,17 +278,25 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
+def run_spawned(rank: int, world_size: int, args: argparse.Namespace) -> None:
+    """:func:`run` as rank ``rank`` of the ``world_size`` processes that ``--world-size`` spawns."""
+    run(spawn_placement(rank, world_size), args)
+
+
 def main() -> None:
     parser = get_parser()
     args = parse_args(parser)
     validate_args(parser, args)
     args.exp_dir = Path(args.exp_dir)
     args.exp_dir.mkdir(parents=True, exist_ok=True)
+    placement = torchrun_placement()
     try:
-        if args.world_size > 1:
-            mp.spawn(run, args=(args.world_size, args), nprocs=args.world_size, join=True)
+        if placement is not None:
+            run(placement, args)
+        elif args.world_size > 1:
+            mp.spawn(run_spawned, args=(args.world_size, args), nprocs=args.world_size, join=True)
         else:
-            run(rank=0, world_size=1, args=args)
+            run(spawn_placement(0, 1), args)
     except (CheckpointError, CutDataError, FileNotFoundError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(1)
