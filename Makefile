@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench ablation learning-speed
+.PHONY: setup test demo bench gpu-check ablation learning-speed
 
 setup:
 	@VENV=$(VENV) bash scripts/setup.sh
@@ -31,6 +31,12 @@ ablation: setup
 # trained default model (exp/, --epoch 5 --avg 2) and test-clean. About 5 minutes (4 min 24 s measured 2026-11-23).
 bench: setup
 	. $(VENV)/bin/activate && python -m benchmarks.run_all
+
+# The GPU check: icefall-preset training in float32/fp16/bf16 with a resume, the three decoding methods and
+# streaming on CUDA, LSTM dtypes under autocast, an injected overflow under the GradScaler, the losses CUDA
+# against CPU, host synchronisations per step -> benchmarks/gpu-check.md. Fails at once without a GPU.
+gpu-check: setup
+	. $(VENV)/bin/activate && python -m benchmarks.gpu_check
 
 # The learning-speed study: 17 arms x 5 minutes of training each from scratch on the 3-h corpus
 # (--size small, own work dir; one change from the defaults of 2026-11-23 per arm, a second baseline seed, the combination), greedy WER ->

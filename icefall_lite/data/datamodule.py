@@ -304,6 +304,7 @@ class LibriSpeechAsrDataModule:
             num_workers=args.num_workers,
             persistent_workers=False,
             worker_init_fn=_SeedWorkers(seed),
+            pin_memory=torch.cuda.is_available(),  # page-locked batches copy to the GPU asynchronously
         )
 
     def _sampler(self, cuts: CutSet, bucketing: bool, shuffle: bool, drop_last: bool) -> Any:
@@ -323,7 +324,13 @@ class LibriSpeechAsrDataModule:
     def _eval_dataloader(self, cuts: CutSet) -> DataLoader:
         dataset = FiniteFeaturesDataset(input_strategy=self._input_strategy(), return_cuts=self.args.return_cuts)
         sampler = self._sampler(cuts, bucketing=True, shuffle=False, drop_last=False)
-        return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=self.args.num_workers)
+        return DataLoader(
+            dataset,
+            sampler=sampler,
+            batch_size=None,
+            num_workers=self.args.num_workers,
+            pin_memory=torch.cuda.is_available(),
+        )
 
     def valid_dataloaders(self, cuts_valid: CutSet) -> DataLoader:
         """Validation DataLoader: no augmentation, no shuffling."""

@@ -1,0 +1,488 @@
+#!/usr/bin/env python3
+"""The GPU check: the CUDA path of training, decoding and the loss, on one GPU, in one command.
+
+Run from a clone with ``make gpu-check`` (the tiny corpus is prepared first), or
+``python -m benchmarks.gpu_check --work-dir DIR`` on a corpus prepared by
+``prepare.sh --size tiny --work-dir DIR``. Each check runs even when an
+earlier one failed; the report (``--report``, Markdown) is written as the
+checks finish, and the command exits 1 when any check failed. Without a CUDA
+GPU it fails at once: nothing here can be checked on a CPU.
+
+The checks:
+
+1. train.py with ``--preset icefall`` (12 layers, LSTM hidden 1024 with
+   projection: the cuDNN path with ``proj_size``) for 16 batches in float32,
+   ``--use-fp16`` (stopped at 8 and resumed) and ``--use-bf16``: finite
+   weights, the model average updated, the resume taken from checkpoint-8.pt.
+2. decode.py with the three decoding methods and streaming_decode.py on
+   CUDA, from the float32 run's averaged model.
+3. The dtype every LSTM's output has under autocast (forward hooks): float16
+   with ``--use-fp16``, bfloat16 with ``--use-bf16``.
+4. A non-finite gradient injected under the GradScaler: the update skipped,
+   the scale halved, the weights unchanged, a back-off counted (not a skipped
+   step), and the next step trains.
+5. The simple and the pruned loss, values and gradients, CUDA against the
+   CPU at two lattice shapes, with time per call, kernel launches and peak
+   memory.
+6. One training step under ``torch.cuda.set_sync_debug_mode("warn")``: the
+   host synchronisations counted by the function that caused them.
+7. Training time per step of the icefall-preset model in float32, float16
+   and bfloat16 on one fixed batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import torch
+
+from benchmarks.common import markdown_table
+from benchmarks.train_setup import TokenTable, Trainer, make_batches
+from icefall_lite.nn.rnnt_loss import (
+    do_rnnt_pruning,
+    get_rnnt_prune_ranges,
+    make_boundary,
+    rnnt_loss_pruned,
+    rnnt_loss_smoothed,
+)
+from icefall_lite.nn.scaling import ScaledLSTM
+from icefall_lite.train.checkpoint import load_checkpoint_file
+from icefall_lite.train.loop import Training, filter_stats, log_step, train_step
+from icefall_lite.train.optimizer_state import SecondMomentMonitor
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "egs" / "librispeech" / "ASR"
+SCRIPTS = RECIPE / "lstm_transducer_stateless"
+BPE = "data/lang_bpe_100/bpe.model"
+# Short batches of the tiny corpus keep the 84.7 M-parameter model's checkpoints (model, float64 average,
+# optimizer: about 1.7 GB each) few.
+TRAIN_FLAGS = ["--preset", "icefall", "--bpe-model", BPE, "--max-duration", "10", "--save-every-n", "8"]
+TRAIN_FLAGS += ["--average-period", "2", "--log-interval", "4", "--tensorboard", "false"]
+DECODE_FLAGS = ["--model-preset", "icefall", "--bpe-model", BPE, "--iter", "16", "--avg", "1"]
+DECODE_FLAGS += ["--use-averaged-model", "true", "--max-duration", "60"]
+# Lattice shapes of check 5: (batch, frames T, symbols S, vocabulary V).
+LOSS_SHAPES = [(8, 25, 110, 500), (8, 250, 15, 50)]
+
+
+class Report:
+    """The Markdown report, rewritten after every check so that a run cut short keeps what it found."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.parts: List[str] = []
+        self.failures: List[str] = []
+
+    def add(self, text: str) -> None:
+        self.parts.append(text.rstrip() + "\n")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("\n".join(self.parts))
+        tmp.replace(self.path)
+        print(text, flush=True)
+
+    def run(self, title: str, check: Callable[[], str]) -> None:
+        start = time.time()
+        try:
+            body = check()
+            status = "passed"
+        except Exception:  # a failed check is reported and the next one runs
+            body = "```\n" + traceback.format_exc()[-4000:] + "```"
+            status = "FAILED"
+            self.failures.append(title)
+        self.add(f"## {title}: {status} ({time.time() - start:.0f} s)\n\n{body}\n")
+
+
+def run_script(script: str, args: Sequence[str], work_dir: Path, log: Path) -> Tuple[float, str]:
+    """Run a recipe script in ``work_dir``; its output goes to ``log``; an error names the script and the log's
+    tail. Returns (wall seconds, output)."""
+    start = time.time()
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *args], cwd=work_dir, capture_output=True, text=True, timeout=900
+    )
+    seconds = time.time() - start
+    output = proc.stdout + proc.stderr
+    log.write_text(output)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script} {' '.join(args)} exited {proc.returncode}:\n{output[-3000:]}")
+    return seconds, output
+
+
+def check_checkpoint(path: Path, batches: int) -> str:
+    """The checkpoint at ``path`` is of batch ``batches``, finite, and its model average differs from the model."""
+    ckpt = load_checkpoint_file(path)
+    assert ckpt["batch_idx_train"] == batches, (path, ckpt["batch_idx_train"])
+    model, avg = ckpt["model"], ckpt["model_avg"]
+    assert all(torch.isfinite(v).all() for v in model.values() if v.is_floating_point()), f"{path}: non-finite weights"
+    assert all(torch.isfinite(v).all() for v in avg.values() if v.is_floating_point()), f"{path}: non-finite average"
+    differs = sum(not torch.equal(model[k].double(), avg[k].double()) for k in model if model[k].is_floating_point())
+    assert differs > 0, f"{path}: the model average equals the model"
+    return f"{path.name}: batch {batches}, weights finite, model average finite and updated ({differs} tensors differ)"
+
+
+def training_runs(work_dir: Path, out: Path) -> str:
+    rows = []
+    notes = []
+    for precision, flags in (
+        ("float32", []),
+        ("float16", ["--use-fp16", "true"]),
+        ("bfloat16", ["--use-bf16", "true"]),
+    ):
+        exp = work_dir / f"exp-{precision}"
+        common = [*TRAIN_FLAGS, "--exp-dir", str(exp), *flags]
+        if precision == "float16":
+            first, _ = run_script("train.py", [*common, "--max-batches", "8"], work_dir, out / "train-fp16-a.log")
+            seconds, output = run_script("train.py", [*common, "--max-batches", "16"], work_dir, out / "train-fp16.log")
+            assert re.search(r"Loading checkpoint \S*checkpoint-8\.pt", output), "the second run did not resume"
+            notes.append("float16: stopped at batch 8 and resumed from checkpoint-8.pt to 16")
+            seconds += first
+        else:
+            seconds, output = run_script(
+                "train.py", [*common, "--max-batches", "16"], work_dir, out / f"train-{precision}.log"
+            )
+        assert "Device: cuda" in output, "train.py did not train on CUDA"
+        loss = re.findall(r"tot_loss\[loss=([0-9.na]+)", output)
+        notes.append(check_checkpoint(exp / "checkpoint-16.pt", 16))
+        backoffs = re.findall(r"loss-scale back-offs: (\d+)", output)
+        rows.append([precision, f"{seconds:.1f}", loss[-1] if loss else "-", backoffs[-1] if backoffs else "-"])
+    table = markdown_table(["precision", "wall s (all processes)", "last tot_loss", "loss-scale back-offs"], rows)
+    return table + "\n\n" + "\n".join(f"- {n}" for n in notes)
+
+
+def decoding_runs(work_dir: Path, out: Path) -> str:
+    exp = work_dir / "exp-float32"
+    rows = []
+    for script, method in (
+        ("decode.py", "greedy_search"),
+        ("decode.py", "modified_beam_search"),
+        ("decode.py", "fast_beam_search"),
+        ("streaming_decode.py", "greedy_search"),
+    ):
+        args = [*DECODE_FLAGS, "--exp-dir", str(exp), "--decoding-method", method]
+        seconds, output = run_script(script, args, work_dir, out / f"{script[:-3]}-{method}.log")
+        res_dir = exp / ("streaming" if script.startswith("streaming") else "") / method
+        summaries = sorted(res_dir.glob("wer-summary-test-*.txt"))
+        assert summaries, f"{script} {method}: no wer-summary file in {res_dir}"
+        assert "Device: cuda" in output, f"{script} {method}: did not decode on CUDA"
+        wers = [f"{p.name.split('-')[3]}-{p.name.split('-')[4]} {p.read_text().split()[-1]}" for p in summaries]
+        rows.append([script, method, f"{seconds:.1f}", ", ".join(wers)])
+    note = "WERs of 16 batches of training are not a result; the check is that each search runs on CUDA."
+    return markdown_table(["script", "method", "wall s", "WER"], rows) + "\n\n" + note
+
+
+def icefall_trainer(flags: Sequence[str], device: torch.device) -> Trainer:
+    trainer = Trainer(["--model-preset", "icefall", *flags], vocab_size=500, seed=0)
+    trainer.model.to(device)
+    return trainer
+
+
+def batches(num: int = 2) -> Tuple[TokenTable, list]:
+    parser = argparse.ArgumentParser()
+    from benchmarks.train_setup import add_batch_arguments
+
+    add_batch_arguments(parser)
+    args = parser.parse_args(["--max-duration", "60", "--vocab-size", "500", "--num-batches", str(num)])
+    tokens = TokenTable()
+    return tokens, make_batches(args, tokens)
+
+
+def training(trainer: Trainer, tokens: TokenTable, scaler=None, tb_writer=None, monitor=None) -> Training:
+    return Training(
+        params=trainer.params,
+        model=trainer.model,
+        optimizer=trainer.optimizer,
+        scheduler=trainer.scheduler,
+        grad_control=trainer.grad_control,
+        sp=tokens,
+        scaler=scaler,
+        tb_writer=tb_writer,
+        second_moment=monitor,
+    )
+
+
+def lstm_dtypes(device: torch.device) -> str:
+    tokens, data = batches(1)
+    rows = []
+    for name, flags, expected in (
+        ("--use-fp16", ["--use-fp16", "true"], torch.float16),
+        ("--use-bf16", ["--use-bf16", "true"], torch.bfloat16),
+    ):
+        trainer = icefall_trainer(flags, device)
+        seen: List[torch.dtype] = []
+        hooks = [
+            m.register_forward_hook(lambda _m, _i, out: seen.append(out[0].dtype))
+            for m in trainer.model.modules()
+            if isinstance(m, ScaledLSTM)
+        ]
+        scaler = torch.amp.GradScaler("cuda") if expected == torch.float16 else None
+        train_step(training(trainer, tokens, scaler), data[0].data)
+        for h in hooks:
+            h.remove()
+        assert len(seen) == 12, f"{name}: {len(seen)} LSTM calls, expected 12"
+        assert all(d == expected for d in seen), f"{name}: LSTM outputs {sorted(set(map(str, seen)))}, want {expected}"
+        rows.append([name, str(expected), len(seen), ", ".join(sorted(set(map(str, seen))))])
+    return markdown_table(["flag", "expected", "LSTM calls", "output dtypes seen"], rows)
+
+
+def injected_overflow(device: torch.device) -> str:
+    tokens, data = batches(2)
+    trainer = icefall_trainer(["--use-fp16", "true"], device)
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
+    t = training(trainer, tokens, scaler)
+    _, first_norm, _ = train_step(t, data[0].data)  # a normal first step: optimizer state exists
+    assert math.isfinite(first_norm), f"the first step overflowed at scale 1024: {first_norm}"
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    scale_before = scaler.get_scale()
+    victim = trainer.model.joiner.output_linear.weight
+    handle = victim.register_hook(lambda g: torch.full_like(g, float("inf")))
+    trainer.params.batch_idx_train += 1
+    _, grad_norm, _ = train_step(t, data[1].data)
+    handle.remove()
+    assert not math.isfinite(grad_norm), grad_norm
+    unchanged = all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    assert unchanged, "weights changed on an overflow step"
+    assert scaler.get_scale() == scale_before / 2, (scaler.get_scale(), scale_before)
+    assert trainer.params.get("scaler_backoffs") == 1 and trainer.params.skipped_steps == 0, trainer.params
+    trainer.params.batch_idx_train += 1
+    train_step(t, data[1].data)
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters()), "no update after"
+    return (
+        f"inf injected into `joiner.output_linear.weight`'s gradient: update skipped, weights unchanged, "
+        f"scale {scale_before:g} -> {scaler.get_scale():g}, back-offs 1, skipped steps 0; the next step trained."
+    )
+
+
+def loss_on(device: torch.device, shape: Tuple[int, int, int, int], seed: int):
+    B, T, S, V = shape
+    gen = torch.Generator().manual_seed(seed)
+    lm = torch.randn(B, S + 1, V, generator=gen).to(device).requires_grad_(True)
+    am = torch.randn(B, T, V, generator=gen).to(device).requires_grad_(True)
+    logits_full = torch.randn(B, T, 5, V, generator=gen).to(device).requires_grad_(True)
+    symbols = torch.randint(1, V, (B, S), generator=gen).to(device)
+    boundary = make_boundary(torch.full((B,), S), torch.full((B,), T)).to(device)
+
+    def call():
+        simple, (px_grad, py_grad) = rnnt_loss_smoothed(
+            lm, am, symbols, 0, 0.1, 0.1, boundary, reduction="sum", return_grad=True
+        )
+        ranges = get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range=5)
+        pruned_am, pruned_lm = do_rnnt_pruning(am, lm, ranges)
+        pruned = rnnt_loss_pruned(pruned_am + pruned_lm + logits_full, symbols, ranges, 0, boundary, reduction="sum")
+        (0.5 * simple + pruned).backward()
+        return simple.detach(), pruned.detach()
+
+    return call, (lm, am, logits_full)
+
+
+def loss_parity(device: torch.device) -> str:
+    rows = []
+    for shape in LOSS_SHAPES:
+        cpu_call, cpu_leaves = loss_on(torch.device("cpu"), shape, 0)
+        gpu_call, gpu_leaves = loss_on(device, shape, 0)
+        cpu_values, gpu_values = cpu_call(), gpu_call()
+        for c, g in zip(cpu_values, gpu_values):
+            torch.testing.assert_close(g.cpu(), c, rtol=1e-5, atol=1e-4)
+        grad_err = max(
+            float((g.grad.cpu() - c.grad).abs().max() / c.grad.abs().max().clamp(min=1e-30))
+            for c, g in zip(cpu_leaves, gpu_leaves)
+        )
+        assert grad_err < 1e-4, f"{shape}: gradients differ by {grad_err:.2e} of their largest value"
+        for leaf in gpu_leaves:
+            leaf.grad = None
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            gpu_call()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            gpu_call()
+            torch.cuda.synchronize()
+        kernels = sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        gpu_call()
+        peak = torch.cuda.max_memory_allocated(device) - base
+        rows.append(
+            [
+                "x".join(map(str, shape)),
+                f"{float(cpu_values[0]):.4f} / {float(cpu_values[1]):.4f}",
+                f"{float(gpu_values[0]):.4f} / {float(gpu_values[1]):.4f}",
+                f"{grad_err:.1e}",
+                f"{sorted(times)[len(times) // 2]:.2f}",
+                kernels,
+                f"{peak / 2**20:.1f}",
+            ]
+        )
+    header = ["B x T x S x V", "CPU simple / pruned", "CUDA simple / pruned", "max grad diff (rel.)", "ms per call"]
+    header += ["CUDA kernels per call", "peak MiB"]
+    note = "One call = smoothed simple loss with posteriors, prune ranges (s_range 5), pruned loss, backward."
+    return markdown_table(header, rows) + "\n\n" + note
+
+
+class _NullWriter:
+    def add_scalar(self, tag, value, step) -> None:
+        pass
+
+
+def sync_counts(device: torch.device) -> str:
+    tokens, data = batches(2)
+    trainer = icefall_trainer([], device)
+    monitor = SecondMomentMonitor(trainer.model, trainer.optimizer)
+    t = training(trainer, tokens, tb_writer=_NullWriter(), monitor=monitor)
+    train_step(t, data[0].data)  # warm-up: optimizer state, cuDNN plans
+    t.flush_log()
+    counts: Counter = Counter()
+
+    def where() -> str:
+        frames = [
+            f for f in traceback.extract_stack()[:-2] if "icefall_lite" in f.filename or "benchmarks" in f.filename
+        ]
+        inner = [f for f in frames if "icefall_lite" in f.filename]
+        frame = (inner or frames or [traceback.extract_stack()[-3]])[-1]
+        return f"{frame.filename.split('icefall_lite/')[-1]}:{frame.name}"
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            counts[(phase[0], where())] += 1
+
+    phase = ["step"]
+    original = warnings.showwarning
+    warnings.showwarning = show
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                trainer.params.batch_idx_train += 1
+                info, grad_norm, clip_scale = train_step(t, data[1].data)
+                phase[0] = "per-step logging"
+                stats = filter_stats(t.model, t.loss_scale)
+                t.second_moment.record(trainer.params.batch_idx_train)
+                log_step(t, data[1].data, info, grad_norm, clip_scale, stats)
+                phase[0] = "flush (every --log-interval)"
+                t.flush_log()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        warnings.showwarning = original
+    rows = [[p, w, n] for (p, w), n in sorted(counts.items(), key=lambda kv: (kv[0][0], -kv[1]))]
+    totals = Counter()
+    for (p, _), n in counts.items():
+        totals[p] += n
+    summary = ", ".join(f"{p}: {n}" for p, n in totals.items())
+    return markdown_table(["part", "caused in", "synchronisations"], rows) + f"\n\nTotals: {summary}."
+
+
+def step_times(device: torch.device) -> str:
+    tokens, data = batches(2)
+    rows = []
+    for precision, flags in (
+        ("float32", []),
+        ("float16", ["--use-fp16", "true"]),
+        ("bfloat16", ["--use-bf16", "true"]),
+    ):
+        trainer = icefall_trainer(flags, device)
+        scaler = torch.amp.GradScaler("cuda") if precision == "float16" else None
+        t = training(trainer, tokens, scaler)
+        for _ in range(2):
+            train_step(t, data[0].data)
+        times = []
+        for _ in range(6):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            train_step(t, data[0].data)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        rows.append([precision, f"{1000 * sorted(times)[len(times) // 2]:.1f}"])
+        del t, trainer
+        torch.cuda.empty_cache()
+    shape = f"{len(data[0].data['supervisions']['text'])} utterances, {data[0].data['inputs'].shape[1]} frames"
+    return markdown_table(["precision", "ms per train_step (median of 6)"], rows) + f"\n\nOne batch: {shape}."
+
+
+def prepare_tiny(work_dir: Path) -> None:
+    proc = subprocess.run(
+        ["bash", str(RECIPE / "prepare.sh"), "--size", "tiny", "--work-dir", str(work_dir)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"gpu_check: prepare.sh --size tiny failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="A corpus prepared by prepare.sh --size tiny --work-dir DIR (default: one is prepared in a temporary "
+        "folder). Experiment folders are written into it.",
+    )
+    parser.add_argument(
+        "--report", type=Path, default=REPO / "benchmarks" / "gpu-check.md", help="The Markdown report to write."
+    )
+    parser.add_argument(
+        "--only",
+        type=lambda text: [int(x) for x in text.split(",")],
+        default=None,
+        help="Run only these checks, by number (e.g. 3,4); default: all seven.",
+    )
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit(
+            f"gpu_check: no CUDA GPU: torch.cuda.is_available() is False (torch {torch.__version__}, CUDA build "
+            f"{torch.version.cuda}). This check exercises the CUDA path and needs a GPU; nothing was checked."
+        )
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    if args.work_dir is None:
+        prepare_tiny(work_dir)
+    work_dir = work_dir.resolve()
+    logs = args.report.parent / "gpu-check-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    report = Report(args.report)
+    props = torch.cuda.get_device_properties(device)
+    report.add(
+        f"# GPU check\n\n{time.strftime('%Y-%m-%d %H:%M')} UTC; {props.name} ({props.total_memory / 2**30:.0f} GiB, "
+        f"compute capability {props.major}.{props.minor}); torch {torch.__version__}, CUDA {torch.version.cuda}, "
+        f"cuDNN {torch.backends.cudnn.version()}; Python {sys.version.split()[0]}; command: "
+        f"`python -m benchmarks.gpu_check{' --work-dir ' + str(args.work_dir) if args.work_dir else ''}`.\n"
+    )
+    checks: Dict[str, Callable[[], str]] = {
+        "1. train.py --preset icefall in float32, float16 (resumed) and bfloat16": lambda: training_runs(
+            work_dir, logs
+        ),
+        "2. decoding on CUDA (three methods, streaming)": lambda: decoding_runs(work_dir, logs),
+        "3. LSTM output dtype under autocast": lambda: lstm_dtypes(device),
+        "4. a non-finite gradient under the GradScaler": lambda: injected_overflow(device),
+        "5. simple and pruned loss, CUDA against CPU": lambda: loss_parity(device),
+        "6. host synchronisations of one training step": lambda: sync_counts(device),
+        "7. training step time by precision": lambda: step_times(device),
+    }
+    for title, check in checks.items():
+        if args.only is None or int(title.split(".")[0]) in args.only:
+            report.run(title, check)
+    verdict = "all checks passed" if not report.failures else f"FAILED: {', '.join(report.failures)}"
+    report.add(f"**{verdict}**")
+    sys.exit(1 if report.failures else 0)
+
+
+if __name__ == "__main__":
+    main()
