@@ -26,6 +26,12 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "egs" / "librispeech" / "ASR"
 RECIPE_SCRIPTS = RECIPE / "lstm_transducer_stateless"
 
+# The tests' small model as recipe-script flags (train.py, decode.py, ...); one of 2 x 32 LSTM layers.
+TINY_MODEL = [
+    *("--encoder-dim", "32", "--rnn-hidden-size", "32", "--dim-feedforward", "64"),
+    *("--num-encoder-layers", "2", "--decoder-dim", "32", "--joiner-dim", "32"),
+]
+
 
 def recipe_env() -> dict:
     """Environment for recipe scripts: the venv's python first on PATH."""

@@ -113,6 +113,34 @@ def test_voices_split_as_librispeech(default_plan: corpus_lib.CorpusPlan) -> Non
     assert all(len(v) == 1 for v in by_speaker.values())
 
 
+def test_both_corpora_share_one_reading_assignment() -> None:
+    """corpus.read_by_voices (used by both corpora): round-robin over the voices, shifted by one voice on each
+    pass through a repeated pool; each voice's items in chapters; speaker and chapter numbers continue across
+    calls that share the ids (the parts of one corpus), and a voice without items still gets its speaker."""
+    a, b, c, d = "abcd"  # stand-ins for tts.Voice (any hashable)
+    ids = corpus_lib.SpeakerIds()
+    assert corpus_lib.read_by_voices(list("pqrstu"), [a, b, c], ids, 1) == [
+        (a, "100-1001-0000", "p"),
+        (a, "100-1002-0000", "s"),
+        (b, "101-1003-0000", "q"),
+        (b, "101-1004-0000", "t"),
+        (c, "102-1005-0000", "r"),
+        (c, "102-1006-0000", "u"),
+    ]
+    assert corpus_lib.read_by_voices(list("xyzxyz"), [c, a, d], ids, 2, repeat_period=3) == [
+        (c, "102-1007-0000", "x"),
+        (c, "102-1007-0001", "z"),
+        (a, "100-1008-0000", "y"),
+        (a, "100-1008-0001", "x"),
+        (d, "103-1009-0000", "z"),
+        (d, "103-1009-0001", "y"),
+    ]
+    assert corpus_lib.read_by_voices(["only"], [b, d], corpus_lib.SpeakerIds(), 2) == [(b, "100-1001-0000", "only")]
+    fresh = corpus_lib.SpeakerIds()
+    corpus_lib.read_by_voices(["only"], [b, d], fresh, 2)
+    assert fresh.speakers == {b: 100, d: 101}
+
+
 def test_noise_only_in_the_other_parts(default_plan: corpus_lib.CorpusPlan) -> None:
     for u in default_plan.utterances:
         if u.part.endswith("-other"):

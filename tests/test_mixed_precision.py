@@ -7,9 +7,9 @@ import argparse
 
 import pytest
 import torch
-from test_train import TINY_MODEL
 
 from benchmarks.train_setup import Batch, TokenTable, Trainer, add_batch_arguments, make_batches
+from conftest import TINY_MODEL
 from icefall_lite.train.args import add_training_arguments, check_training_args
 from icefall_lite.train.loop import mixed_precision
 

@@ -14,7 +14,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from conftest import RECIPE, recipe_env, tiny_transducer
+from conftest import RECIPE, TINY_MODEL, recipe_env, tiny_transducer
 from icefall_lite.nn.model import build_transducer
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.train.grad_control import GradientControl
@@ -25,20 +25,6 @@ from icefall_lite.train.presets import ICEFALL_PRESET
 from icefall_lite.train.setup import training_model_config
 
 TRAIN = RECIPE / "lstm_transducer_stateless" / "train.py"
-TINY_MODEL = [
-    "--encoder-dim",
-    "32",
-    "--rnn-hidden-size",
-    "32",
-    "--dim-feedforward",
-    "64",
-    "--num-encoder-layers",
-    "2",
-    "--decoder-dim",
-    "32",
-    "--joiner-dim",
-    "32",
-]
 
 
 def _load_train_module():

@@ -16,7 +16,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/lstm_transdu
 
 
 @pytest.fixture(scope="module")
-def test_other():
+def tiny_plan():
+    """The tiny corpus's plan: ({utt_id: utterance}, the test-other utterances)."""
     plan = plan_corpus(SIZES["tiny"], 42)
     return {u.utt_id: u for u in plan.utterances}, [u for u in plan.utterances if u.part == "test-other"]
 
@@ -38,8 +39,8 @@ def test_cut_ids_map_to_plan_ids() -> None:
     assert plan_utt_id("103-1004-0007_sp0.9") == "103-1004-0007"
 
 
-def test_attributes_of_unseen_voices_are_marked(test_other) -> None:
-    _, utts = test_other
+def test_attributes_of_unseen_voices_are_marked(tiny_plan) -> None:
+    _, utts = tiny_plan
     for u in utts:
         a = utterance_attributes(u)
         assert a["noise"] == u.noise and a["noise"] != "none"
@@ -55,8 +56,8 @@ def test_attributes_of_unseen_voices_are_marked(test_other) -> None:
             assert a["accent"] == a["variant"] == f"flite:{u.voice.name} (unseen)"
 
 
-def test_wer_by_noise_counts_each_group_by_hand(test_other) -> None:
-    plan, utts = test_other
+def test_wer_by_noise_counts_each_group_by_hand(tiny_plan) -> None:
+    plan, utts = tiny_plan
     table = wer_by_attribute(_results_deleting_first_word_of_babble(utts), plan)
     rows = {value: (stats, count) for value, stats, count in table["noise"]}
     babble = [u for u in utts if u.noise == "babble"]
@@ -79,14 +80,14 @@ def test_wer_by_noise_counts_each_group_by_hand(test_other) -> None:
         assert sum(count for _, _, count in attribute_rows) == len(utts), attribute
 
 
-def test_unknown_utterance_is_named(test_other) -> None:
-    plan, _ = test_other
+def test_unknown_utterance_is_named(tiny_plan) -> None:
+    plan, _ = tiny_plan
     with pytest.raises(KeyError, match="999-9999-0000"):
         wer_by_attribute([("999-9999-0000", ["A"], ["A"])], plan)
 
 
-def test_script_prints_the_breakdown(test_other, tmp_path: Path) -> None:
-    _, utts = test_other
+def test_script_prints_the_breakdown(tiny_plan, tmp_path: Path) -> None:
+    _, utts = tiny_plan
     corpus = tmp_path / "LibriSpeech"
     corpus.mkdir()
     (corpus / MARKER).write_text(json.dumps({"config": {"size": "tiny", "seed": 42}}))

@@ -35,7 +35,7 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, TypeVar
 
 import numpy as np
 import soundfile as sf
@@ -55,6 +55,7 @@ from icefall_lite.data.synthetic.corpus_text import (
 from icefall_lite.utils import atomic_output, parallel_imap
 
 PARTS = DEFAULT_PARTS
+T = TypeVar("T")
 OTHER_SNR_RANGE = (10.0, 20.0)
 PEAK_RANGE = (0.3, 0.95)
 # Duration ~ 0.52 s + 0.24 s/word (least-squares fit on the default corpus);
@@ -165,8 +166,8 @@ def _cycle_to_hours(pool: Sequence[str], hours: float) -> List[str]:
     return texts
 
 
-class _Ids:
-    """Deterministic LibriSpeech-style speaker and chapter numbers."""
+class SpeakerIds:
+    """Deterministic LibriSpeech-style speaker and chapter numbers, shared by all parts of one corpus."""
 
     def __init__(self) -> None:
         self.speakers: Dict[tts.Voice, int] = {}
@@ -180,42 +181,85 @@ class _Ids:
         return self.next_chapter
 
 
+# The order in which the parts are read (speaker and chapter numbers, and the random draws of each
+# utterance, follow it).
+READING_ORDER = (TRAIN_PART, "dev-other", "test-other", "dev-clean", "test-clean")
+
+
+def part_voices(rng: np.random.Generator, train_speakers: int, eval_speakers: int) -> Dict[str, List[tts.Voice]]:
+    """The voices of every part (both corpora): ``train_speakers`` voices from the training pools read the
+    training part; ``dev-clean`` and ``test-clean`` get two disjoint random subsets of ``eval_speakers`` of
+    them (``test-clean`` the same as ``dev-clean`` when there are too few); ``dev-other`` and ``test-other``
+    ``eval_speakers`` voices each from the unseen pools."""
+    n = eval_speakers
+    train_voices = tts.sample_voices(rng, train_speakers, tts.train_voice_names(), tts.TRAIN_FLITE)
+    other_voices = tts.sample_voices(rng, 2 * n, tts.other_voice_names(), tts.OTHER_FLITE)
+    clean_idx = rng.permutation(len(train_voices))
+    return {
+        TRAIN_PART: train_voices,
+        "dev-clean": [train_voices[i] for i in clean_idx[:n]],
+        "test-clean": [train_voices[i] for i in clean_idx[n : 2 * n]] or [train_voices[i] for i in clean_idx[:n]],
+        "dev-other": other_voices[:n],
+        "test-other": other_voices[n:],
+    }
+
+
+def read_by_voices(
+    items: Sequence[T],
+    voices: Sequence[tts.Voice],
+    ids: SpeakerIds,
+    utts_per_chapter: int,
+    repeat_period: Optional[int] = None,
+) -> List[Tuple[tts.Voice, str, T]]:
+    """Who reads what, and the utterance ids (both corpora): ``items`` read round-robin by ``voices``,
+    each voice's items grouped in order into chapters of ``utts_per_chapter``. Item ``i`` is read by
+    ``voices[(i % p + i // p) % len(voices)]`` with ``p = repeat_period`` (default ``len(items)``: plain
+    round-robin); with ``p`` the size of a pool that ``items`` cycles through, each pass starts one voice
+    later, so a repeated item is read by another voice.
+
+    Returns ``(voice, utt_id, item)`` voice by voice, chapter by chapter; ``utt_id`` is
+    ``<speaker>-<chapter>-<index in chapter>``."""
+    period = len(items) if repeat_period is None else repeat_period
+    by_voice: Dict[tts.Voice, List[T]] = defaultdict(list)
+    for i, item in enumerate(items):
+        by_voice[voices[(i % period + i // period) % len(voices)]].append(item)
+    out = []
+    for voice in voices:
+        speaker = ids.speaker(voice)
+        lines = by_voice[voice]
+        for start in range(0, len(lines), utts_per_chapter):
+            chapter = ids.chapter()
+            for k, item in enumerate(lines[start : start + utts_per_chapter]):
+                out.append((voice, f"{speaker}-{chapter}-{k:04d}", item))
+    return out
+
+
 def _part_utterances(
     part: str,
     texts: Sequence[str],
     voices: Sequence[tts.Voice],
-    ids: _Ids,
+    ids: SpeakerIds,
     size: CorpusSize,
     rng: np.random.Generator,
 ) -> List[Utterance]:
-    """Assign texts round-robin to voices, group them into chapters, draw noise."""
-    by_voice: Dict[tts.Voice, List[str]] = defaultdict(list)
-    period = len(set(texts))
-    for i, text in enumerate(texts):
-        # A sentence repeated in the training part (a second pass through the
-        # pool) is read by the next voice.
-        by_voice[voices[(i % period + i // period) % len(voices)]].append(text)
+    """``texts`` read by ``voices`` (:func:`read_by_voices`; a sentence repeated in the training part, a
+    second pass through the pool, is read by the next voice), with noise drawn."""
     noisy = part.endswith("-other")
     utts = []
-    for voice in voices:
-        speaker = ids.speaker(voice)
-        lines = by_voice[voice]
-        for start in range(0, len(lines), size.utts_per_chapter):
-            chapter = ids.chapter()
-            for k, text in enumerate(lines[start : start + size.utts_per_chapter]):
-                noise = str(rng.choice(noise_lib.NOISE_TYPES)) if noisy else None
-                utts.append(
-                    Utterance(
-                        part=part,
-                        utt_id=f"{speaker}-{chapter}-{k:04d}",
-                        text=text,
-                        voice=voice,
-                        noise=noise,
-                        snr_db=round(float(rng.uniform(*OTHER_SNR_RANGE)), 2) if noisy else 0.0,
-                        peak=round(float(rng.uniform(*PEAK_RANGE)), 3),
-                        seed=int(rng.integers(2**31)),
-                    )
-                )
+    for voice, utt_id, text in read_by_voices(texts, voices, ids, size.utts_per_chapter, len(set(texts))):
+        noise = str(rng.choice(noise_lib.NOISE_TYPES)) if noisy else None
+        utts.append(
+            Utterance(
+                part=part,
+                utt_id=utt_id,
+                text=text,
+                voice=voice,
+                noise=noise,
+                snr_db=round(float(rng.uniform(*OTHER_SNR_RANGE)), 2) if noisy else 0.0,
+                peak=round(float(rng.uniform(*PEAK_RANGE)), 3),
+                seed=int(rng.integers(2**31)),
+            )
+        )
     return utts
 
 
@@ -224,22 +268,12 @@ def plan_corpus(size: CorpusSize, seed: int) -> CorpusPlan:
     rng = np.random.default_rng(seed)
     sentences, vocab = load_sentences(size.vocab_words)
     splits = split_sentences_for_corpus(sentences, vocab, EVAL_PARTS, size.eval_utts, rng)
-    n = size.eval_speakers
-    train_voices = tts.sample_voices(rng, size.train_speakers, tts.train_voice_names(), tts.TRAIN_FLITE)
-    other_voices = tts.sample_voices(rng, 2 * n, tts.other_voice_names(), tts.OTHER_FLITE)
-    clean_idx = rng.permutation(len(train_voices))
-    part_voices = {
-        TRAIN_PART: train_voices,
-        "dev-clean": [train_voices[i] for i in clean_idx[:n]],
-        "test-clean": [train_voices[i] for i in clean_idx[n : 2 * n]] or [train_voices[i] for i in clean_idx[:n]],
-        "dev-other": other_voices[:n],
-        "test-other": other_voices[n:],
-    }
+    voices = part_voices(rng, size.train_speakers, size.eval_speakers)
     texts = {TRAIN_PART: _train_texts(splits.train, size), **splits.eval}
-    ids = _Ids()
+    ids = SpeakerIds()
     utterances: List[Utterance] = []
-    for part in (TRAIN_PART, "dev-other", "test-other", "dev-clean", "test-clean"):
-        utterances += _part_utterances(part, texts[part], part_voices[part], ids, size, rng)
+    for part in READING_ORDER:
+        utterances += _part_utterances(part, texts[part], voices[part], ids, size, rng)
     babble_names = tts.espeak_names(tts.BABBLE_ACCENTS[1:], tts.TRAIN_VARIANTS)
     babble_voices = tts.sample_voices(rng, size.babble_talkers * 2, babble_names, ())
     oov = {p: oov_counts(texts[TRAIN_PART], texts[p]) for p in EVAL_PARTS}
@@ -278,7 +312,7 @@ def _extra_train_utterances(
     sentences: Sequence[str],
     base_vocab: FrozenSet[str],
     excluded: Set[str],
-    ids: _Ids,
+    ids: SpeakerIds,
     size: CorpusSize,
     seed: int,
 ) -> List[Utterance]:

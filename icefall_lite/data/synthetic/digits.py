@@ -176,40 +176,33 @@ def _part_utterances(
     part: str,
     strings: Sequence[Tuple[str, ...]],
     voices: Sequence[tts.Voice],
-    ids: "corpus_lib._Ids",
+    ids: corpus_lib.SpeakerIds,
     size: DigitsSize,
     rng: np.random.Generator,
 ) -> List[DigitUtterance]:
-    """Utterances read round-robin by ``voices``, grouped into chapters, with silences and noise drawn."""
-    by_voice: Dict[tts.Voice, List[Tuple[str, ...]]] = {v: [] for v in voices}
-    for i, utt in enumerate(strings):
-        by_voice[voices[i % len(voices)]].append(utt)
+    """Utterances read round-robin by ``voices`` (:func:`corpus_lib.read_by_voices`), with silences and noise
+    drawn."""
     noisy = part.endswith("-other")
     utts = []
-    for voice in voices:
-        speaker = ids.speaker(voice)
-        lines = by_voice[voice]
-        for start in range(0, len(lines), size.utts_per_chapter):
-            chapter = ids.chapter()
-            for k, utt_strings in enumerate(lines[start : start + size.utts_per_chapter]):
-                gaps = [round(float(rng.uniform(*LEAD_RANGE)), 3)]
-                gaps += [round(float(rng.uniform(*GAP_RANGE)), 3) for _ in utt_strings[1:]]
-                gaps += [round(float(rng.uniform(*LEAD_RANGE)), 3)]
-                noise = str(rng.choice(noise_lib.NOISE_TYPES)) if noisy else None
-                utts.append(
-                    DigitUtterance(
-                        part=part,
-                        utt_id=f"{speaker}-{chapter}-{k:04d}",
-                        text=" ".join(utt_strings),
-                        voice=voice,
-                        noise=noise,
-                        snr_db=round(float(rng.uniform(*corpus_lib.OTHER_SNR_RANGE)), 2) if noisy else 0.0,
-                        peak=round(float(rng.uniform(*corpus_lib.PEAK_RANGE)), 3),
-                        seed=int(rng.integers(2**31)),
-                        strings=tuple(utt_strings),
-                        gaps=tuple(gaps),
-                    )
-                )
+    for voice, utt_id, utt_strings in corpus_lib.read_by_voices(strings, voices, ids, size.utts_per_chapter):
+        gaps = [round(float(rng.uniform(*LEAD_RANGE)), 3)]
+        gaps += [round(float(rng.uniform(*GAP_RANGE)), 3) for _ in utt_strings[1:]]
+        gaps += [round(float(rng.uniform(*LEAD_RANGE)), 3)]
+        noise = str(rng.choice(noise_lib.NOISE_TYPES)) if noisy else None
+        utts.append(
+            DigitUtterance(
+                part=part,
+                utt_id=utt_id,
+                text=" ".join(utt_strings),
+                voice=voice,
+                noise=noise,
+                snr_db=round(float(rng.uniform(*corpus_lib.OTHER_SNR_RANGE)), 2) if noisy else 0.0,
+                peak=round(float(rng.uniform(*corpus_lib.PEAK_RANGE)), 3),
+                seed=int(rng.integers(2**31)),
+                strings=tuple(utt_strings),
+                gaps=tuple(gaps),
+            )
+        )
     return utts
 
 
@@ -217,21 +210,11 @@ def plan_digits(size: DigitsSize, seed: int) -> corpus_lib.CorpusPlan:
     """Decide every utterance of the digits corpus (no audio is made here)."""
     rng = np.random.default_rng(seed)
     strings = plan_strings(size, rng)
-    n = size.eval_speakers
-    train_voices = tts.sample_voices(rng, size.train_speakers, tts.train_voice_names(), tts.TRAIN_FLITE)
-    other_voices = tts.sample_voices(rng, 2 * n, tts.other_voice_names(), tts.OTHER_FLITE)
-    clean_idx = rng.permutation(len(train_voices))
-    part_voices = {
-        TRAIN_PART: train_voices,
-        "dev-clean": [train_voices[i] for i in clean_idx[:n]],
-        "test-clean": [train_voices[i] for i in clean_idx[n : 2 * n]],
-        "dev-other": other_voices[:n],
-        "test-other": other_voices[n:],
-    }
-    ids = corpus_lib._Ids()
+    voices = corpus_lib.part_voices(rng, size.train_speakers, size.eval_speakers)
+    ids = corpus_lib.SpeakerIds()
     utterances: List[corpus_lib.Utterance] = []
-    for part in (TRAIN_PART, "dev-other", "test-other", "dev-clean", "test-clean"):
-        utterances += _part_utterances(part, strings[part], part_voices[part], ids, size, rng)
+    for part in corpus_lib.READING_ORDER:
+        utterances += _part_utterances(part, strings[part], voices[part], ids, size, rng)
     # Babble of the -other parts: as the fortune corpus (accent en-gb-x-gbcwmd, out-of-vocabulary fortune sentences).
     sentences, vocab = corpus_lib.load_sentences(corpus_lib.SIZES["default"].vocab_words)
     babble_names = tts.espeak_names(tts.BABBLE_ACCENTS[1:], tts.TRAIN_VARIANTS)
