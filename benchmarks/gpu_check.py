@@ -28,6 +28,9 @@ The checks (those in one process first, then the recipe's scripts):
    weights, the model average updated, the resume taken from checkpoint-8.pt.
 7. decode.py with the three decoding methods and streaming_decode.py on
    CUDA, from the float32 run's averaged model.
+8. Two DDP ranks (gloo, on the one GPU): a step where one rank's batch has
+   no finite loss leaves identical weights on both, and --max-minutes stops
+   both at the same batch.
 """
 
 from __future__ import annotations
@@ -239,10 +242,16 @@ def lstm_dtypes(device: torch.device) -> str:
 def injected_overflow(device: torch.device) -> str:
     tokens, data = batches(2)
     trainer = icefall_trainer(["--use-fp16", "true"], device)
-    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
+    scaler = torch.amp.GradScaler("cuda")
     t = training(trainer, tokens, scaler)
-    _, first_norm, _ = train_step(t, data[0].data)  # a normal first step: optimizer state exists
-    assert math.isfinite(first_norm), f"the first step overflowed at scale 1024: {first_norm}"
+    # Normal steps until one updates (the scaler backs off from its initial 65536 as in any fp16 run).
+    for warm_up in range(1, 17):
+        trainer.params.batch_idx_train += 1
+        _, norm, _ = train_step(t, data[0].data)
+        if math.isfinite(norm):
+            break
+    assert math.isfinite(norm), "16 steps in a row overflowed"
+    backoffs = trainer.params.get("scaler_backoffs", 0)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     scale_before = scaler.get_scale()
     victim = trainer.model.joiner.output_linear.weight
@@ -254,22 +263,25 @@ def injected_overflow(device: torch.device) -> str:
     unchanged = all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
     assert unchanged, "weights changed on an overflow step"
     assert scaler.get_scale() == scale_before / 2, (scaler.get_scale(), scale_before)
-    assert trainer.params.get("scaler_backoffs") == 1 and trainer.params.skipped_steps == 0, trainer.params
+    assert trainer.params.get("scaler_backoffs") == backoffs + 1 and trainer.params.skipped_steps == 0
     trainer.params.batch_idx_train += 1
     train_step(t, data[1].data)
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters()), "no update after"
     return (
-        f"inf injected into `joiner.output_linear.weight`'s gradient: update skipped, weights unchanged, "
-        f"scale {scale_before:g} -> {scaler.get_scale():g}, back-offs 1, skipped steps 0; the next step trained."
+        f"The first finite step was step {warm_up} ({backoffs} back-offs from the initial scale 65536). Then inf "
+        f"injected into `joiner.output_linear.weight`'s gradient: update skipped, weights unchanged, scale "
+        f"{scale_before:g} -> {scale_before / 2:g}, back-offs counted {backoffs} -> {backoffs + 1}, skipped "
+        "steps 0; the next step trained."
     )
 
 
 def loss_on(device: torch.device, shape: Tuple[int, int, int, int], seed: int):
+    """One loss call's closure on ``device`` and its leaves (lm, am): the smoothed simple loss with its
+    posteriors, the prune ranges, a tanh joiner on the windows and the pruned loss, then backward."""
     B, T, S, V = shape
     gen = torch.Generator().manual_seed(seed)
     lm = torch.randn(B, S + 1, V, generator=gen).to(device).requires_grad_(True)
     am = torch.randn(B, T, V, generator=gen).to(device).requires_grad_(True)
-    logits_full = torch.randn(B, T, 5, V, generator=gen).to(device).requires_grad_(True)
     symbols = torch.randint(1, V, (B, S), generator=gen).to(device)
     boundary = make_boundary(torch.full((B,), S), torch.full((B,), T)).to(device)
 
@@ -279,11 +291,12 @@ def loss_on(device: torch.device, shape: Tuple[int, int, int, int], seed: int):
         )
         ranges = get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range=5)
         pruned_am, pruned_lm = do_rnnt_pruning(am, lm, ranges)
-        pruned = rnnt_loss_pruned(pruned_am + pruned_lm + logits_full, symbols, ranges, 0, boundary, reduction="sum")
+        logits = 4.0 * torch.tanh(pruned_am + pruned_lm)
+        pruned = rnnt_loss_pruned(logits, symbols, ranges, 0, boundary, reduction="sum")
         (0.5 * simple + pruned).backward()
         return simple.detach(), pruned.detach()
 
-    return call, (lm, am, logits_full)
+    return call, (lm, am)
 
 
 def loss_parity(device: torch.device) -> str:
@@ -331,7 +344,10 @@ def loss_parity(device: torch.device) -> str:
         )
     header = ["B x T x S x V", "CPU simple / pruned", "CUDA simple / pruned", "max grad diff (rel.)", "ms per call"]
     header += ["CUDA kernels per call", "peak MiB"]
-    note = "One call = smoothed simple loss with posteriors, prune ranges (s_range 5), pruned loss, backward."
+    note = (
+        "One call = smoothed simple loss with posteriors, prune ranges (s_range 5), a tanh joiner on the windows, "
+        "pruned loss, backward; float32."
+    )
     return markdown_table(header, rows) + "\n\n" + note
 
 
@@ -414,7 +430,100 @@ def step_times(device: torch.device) -> str:
         del t, trainer
         torch.cuda.empty_cache()
     shape = f"{len(data[0].data['supervisions']['text'])} utterances, {data[0].data['inputs'].shape[1]} frames"
-    return markdown_table(["precision", "ms per train_step (median of 6)"], rows) + f"\n\nOne batch: {shape}."
+    lstm_rows = lstm_times(device, frames=data[0].data["inputs"].shape[1] // 4, batch=21)
+    bf16_cudnn = torch.backends.cudnn.is_acceptable(torch.empty(1, dtype=torch.bfloat16, device=device))
+    return (
+        markdown_table(["precision", "ms per train_step (median of 6)"], rows)
+        + f"\n\nOne batch: {shape}.\n\nOne icefall-preset ScaledLSTM layer (512 -> 1024, projection 512), "
+        f"forward + backward on {data[0].data['inputs'].shape[1] // 4} x 21 frames (cuDNN accepts bfloat16 "
+        f"tensors: {bf16_cudnn}):\n\n" + markdown_table(["autocast", "ms (median of 10)", "output dtype"], lstm_rows)
+    )
+
+
+def lstm_times(device: torch.device, frames: int, batch: int) -> List[List[str]]:
+    lstm = ScaledLSTM(input_size=512, hidden_size=1024, proj_size=512, grad_filter_threshold=25.0).to(device)
+    x = torch.randn(frames, batch, 512, device=device, requires_grad=True)
+    rows = []
+    for name, dtype in (("off (float32)", None), ("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+        times, out_dtype = [], None
+        for rep in range(12):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+                out, _ = lstm(x)
+            out.float().sum().backward()
+            torch.cuda.synchronize()
+            if rep >= 2:
+                times.append(time.perf_counter() - start)
+            out_dtype = out.dtype
+        rows.append([name, f"{1000 * sorted(times)[len(times) // 2]:.2f}", str(out_dtype)])
+    return rows
+
+
+SMALL_MODEL = ["--num-encoder-layers", "2", "--encoder-dim", "64", "--rnn-hidden-size", "128"]
+
+
+def _ddp_worker(rank: int, port: int, out: str) -> None:
+    """Rank ``rank`` of 2 on cuda:0 (gloo: NCCL takes one GPU per rank): one train_step where rank 1's batch
+    has no finite loss, then ten --max-minutes steps where rank 0's clock runs 4x as fast as rank 1's."""
+    import json
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from icefall_lite.train.loop import budget_spent
+    from icefall_lite.train.setup import model_checksum
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
+    )
+    device = torch.device("cuda", 0)
+    tokens, data = batches(1)
+    trainer = Trainer(SMALL_MODEL, vocab_size=500, seed=0)
+    trainer.model.to(device)
+    batch = data[0].data
+    if rank == 1:
+        batch = {**batch, "inputs": torch.full_like(batch["inputs"], float("nan"))}
+    t = training(trainer, tokens)
+    t.model, t.world_size, t.rank = DistributedDataParallel(trainer.model, device_ids=[0]), 2, rank
+    trainer.params.batch_idx_train += 1
+    train_step(t, batch)
+    result = {"checksum": model_checksum(t.model), "skipped": trainer.params.skipped_steps}
+    params = trainer.params
+    params.update(max_batches=0, max_minutes=1.0, train_seconds=0.0)
+    for step in range(1, 11):
+        dist.all_reduce(torch.ones(4, device=device))
+        params.train_seconds += 20.0 if rank == 0 else 5.0
+        if budget_spent(params):
+            result["stopped_at"] = step
+            break
+    dist.all_reduce(torch.ones(2, device=device))  # the validation all-reduce after the stop
+    Path(out, f"{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def ddp_decisions(device: torch.device) -> str:
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_ddp_worker, args=(port, out), nprocs=2, join=True)
+        results = [json.loads(Path(out, f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert results[0]["checksum"] == results[1]["checksum"], "the ranks' weights differ after the step"
+    assert [r["skipped"] for r in results] == [0, 0], results
+    assert [r.get("stopped_at") for r in results] == [3, 3], results
+    return (
+        "Two ranks on one GPU (gloo). Rank 1's batch had no finite loss, rank 0's had: both stepped "
+        f"(skipped steps {results[0]['skipped']} / {results[1]['skipped']}) to identical weights (checksum "
+        f"{results[0]['checksum'][:16]}...). With --max-minutes 1 and rank 0's clock 4x as fast, both stopped at "
+        "batch 3 and met in the validation all-reduce."
+    )
 
 
 def prepare_tiny(work_dir: Path) -> None:
@@ -443,7 +552,7 @@ def main() -> None:
         "--only",
         type=lambda text: [int(x) for x in text.split(",")],
         default=None,
-        help="Run only these checks, by number (e.g. 3,4); default: all seven.",
+        help="Run only these checks, by number (e.g. 3,4); default: all eight.",
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -477,6 +586,7 @@ def main() -> None:
             work_dir, logs
         ),
         "7. decoding on CUDA (three methods, streaming)": lambda: decoding_runs(work_dir, logs),
+        "8. DDP decisions taken on all ranks (2 ranks)": lambda: ddp_decisions(device),
     }
     for title, check in checks.items():
         if args.only is None or int(title.split(".")[0]) in args.only:

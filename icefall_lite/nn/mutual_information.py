@@ -270,17 +270,46 @@ def _recursions(
     scratch = torch.empty((2, K * BW), dtype=arc_rows.dtype, device=arc_rows.device)
     first_terms, second_terms, scratch_pairs = scratch[0], scratch[1], scratch.view(2, K, BW)
     # The backward direction starts at step d_last, so it runs over all of them.
-    for i in range(0 if with_backward else d_first, d_last + 1):
+    steps = range(0 if with_backward else d_first, d_last + 1)
+    begins = _begin_cells(starts, ends if with_backward else {}, steps, d_last, BW, W, arc_rows.device)
+    for i in steps:
         if i > 0:
             torch.add(neighbours[i - 1], arc_steps[i - 1], out=scratch_pairs)
             torch.logaddexp(first_terms, second_terms, out=row_views[i])
-        if i in starts:
-            bs, cols = starts[i]
-            buf[i, 0, bs, cols] = 0.0
-        if with_backward and d_last - i in ends:
-            bs, cols = ends[d_last - i]
-            buf[i, 1, bs, cols] = 0.0
+        if i in begins:
+            row_views[i].index_fill_(0, begins[i], 0.0)
     return buf
+
+
+def _begin_cells(
+    starts: Dict[int, Tuple[List[int], List[int]]],
+    ends: Dict[int, Tuple[List[int], List[int]]],
+    steps: range,
+    d_last: int,
+    BW: int,
+    W: int,
+    device: torch.device,
+) -> Dict[int, Tensor]:
+    """Step -> the positions, in that step's row of :func:`_recursions`'s buffer, of the cells where a
+    recursion begins (score 0): the begin cells of the forward direction (k = 0) at their own step, the end
+    cells of the backward one (k = 1) at step ``d_last - step``. All of them go to the device in one copy
+    (writing through Python lists inside the loop cost a host-to-device copy, and on a GPU a host
+    synchronisation, per step)."""
+    positions: Dict[int, List[int]] = {}
+    for k, groups, step_of in ((0, starts, lambda d: d), (1, ends, lambda d: d_last - d)):
+        for d, (bs, cols) in groups.items():
+            i = step_of(d)
+            if i in steps:
+                positions.setdefault(i, []).extend(k * BW + b * W + c for b, c in zip(bs, cols))
+    if not positions:
+        return {}
+    order = sorted(positions)
+    flat = torch.tensor([p for i in order for p in positions[i]], dtype=torch.int64).to(device, non_blocking=True)
+    out, offset = {}, 0
+    for i in order:
+        out[i] = flat[offset : offset + len(positions[i])]
+        offset += len(positions[i])
+    return out
 
 
 def _lattice_view(z: Tensor, shape: Tuple[int, int, int], modified: bool, col_offset: int) -> Tensor:
