@@ -11,9 +11,11 @@ and ``recipe_defaults``):
   epochs, resumption, TensorBoard tags), optimizers and schedulers,
   checkpoints and averaging, diagnostics;
 * :mod:`icefall_lite.decoding`: searches, decoding plumbing, streaming, WER files;
-* :mod:`icefall_lite.export`: scaled-to-plain conversion, ONNX, sherpa-onnx;
-* :mod:`icefall_lite.ablation`: the gradient-control ablation and the
-  learning-speed study (results, reports, plots, TensorBoard reader).
+* :mod:`icefall_lite.export`: scaled-to-plain conversion, ONNX, sherpa-onnx.
+
+The recipe's studies (the gradient-control ablation, the learning-speed
+study) are the package ``studies`` beside this one: they import the library,
+nothing here imports them.
 
 Each public name has one import path, the module that defines it (README,
 "Public API", lists them).

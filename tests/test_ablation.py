@@ -27,7 +27,11 @@ from tensorboard.backend.event_processing.event_file_loader import LegacyEventFi
 from test_train import TINY_MODEL
 
 from conftest import RECIPE, recipe_env
-from icefall_lite.ablation.arms import (
+from icefall_lite.nn.scaling import ScaledLSTM
+from icefall_lite.train.checkpoint import load_checkpoint_file
+from icefall_lite.train.tb_tags import TB_TAGS
+from studies.ablation import study
+from studies.ablation.arms import (
     CONDITIONS,
     OBSERVE,
     Arm,
@@ -38,22 +42,19 @@ from icefall_lite.ablation.arms import (
     seeds_of,
     select,
 )
-from icefall_lite.ablation.replay import Event, ReplayKey, ReplayResult, choose_replays, reproduces
-from icefall_lite.ablation.report import (
-    RunResult,
+from studies.ablation.compare import paired_comparisons
+from studies.ablation.metrics import (
     Spread,
     diverged,
     format_table,
     loss_spikes,
     outlier_rows,
     outlier_steps,
-    paired_comparisons,
-    read_summary,
     steps_filtered,
 )
-from icefall_lite.nn.scaling import ScaledLSTM
-from icefall_lite.train.checkpoint import load_checkpoint_file
-from icefall_lite.train.tb_tags import TB_TAGS  # noqa: E402
+from studies.ablation.replay import Event, ReplayKey, ReplayResult, choose_replays, reproduces
+from studies.ablation.runs import RunResult, read_summary, write_summary
+from studies.ablation.section import SECTION
 
 ABLATION = RECIPE / "lstm_transducer_stateless" / "ablation.py"
 ARMS = ["none", "filter", "value"]  # the tiny run's arms, in table order
@@ -198,8 +199,6 @@ def test_paired_comparisons_per_seed_with_holm():
 
 
 def test_runs_and_replays_survive_their_summaries(tmp_path):
-    from icefall_lite.ablation.report import write_summary
-
     r = _run("none", 7, 12.3456789, {0: [1.0, 30.0, 2.0, float("inf")], 1: [1.0, 2.0, 3.0, 4.0]}, warm_end=2)
     r.scalars["exp_avg_sq_jump"] = [(3, 55.76123456)]
     write_summary(tmp_path, r)
@@ -247,6 +246,24 @@ def test_format_table_cells():
 # --------------------------------------------------------------------------
 # Arms
 # --------------------------------------------------------------------------
+
+
+def test_results_md_ablation_section_is_the_committed_summaries_rendered(tmp_path):
+    """RESULTS.md's generated ablation section is what the renderer makes of the committed run summaries
+    (ablation-runs/), byte for byte: the same figures from the same runs. Its date and machine are the
+    section's own; the plots are drawn again beside the section."""
+    held = SECTION.read(RECIPE / "RESULTS.md")
+    assert held is not None, "RESULTS.md has no generated ablation section"
+    date, machine = re.search(r"^Date: (\S+)\. Machine: (.*)\.$", held, re.M).groups()
+    shutil.copytree(RECIPE / "ablation-runs", tmp_path / "ablation-runs")
+    module = _load_ablation_script()
+    parser = module.get_parser()
+    s = module.resolve_settings(parser, parser.parse_args(["--results-dir", str(tmp_path)]), need_data=False)
+    assert study.write_report(s, module.invocation([]), date, machine) == tmp_path / "RESULTS.md"
+    rendered = SECTION.read(tmp_path / "RESULTS.md")
+    assert rendered == held
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", rendered)
+    assert len(images) == 7 and all((tmp_path / name).is_file() for name in images)
 
 
 def test_arms_set_every_control_and_switch_the_others_off():
@@ -593,8 +610,8 @@ def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
     assert [k.relpath for k in s.plan.runs[:2]] == ["stress/none/seed-42", "stress/clip/seed-42"]
     assert len(s.plan.runs) == 9 * 2
     key = RunKey("stress", "agc", 43)
-    train = module.train_command(s, key)
-    decode = module.decode_command(s, "stress", s.run_dir(key), "greedy_search", 300)
+    train = study.train_command(s, key)
+    decode = study.decode_command(s, "stress", s.run_dir(key), "greedy_search", 300)
     stress = [
         "--num-encoder-layers",
         "8",
@@ -614,7 +631,7 @@ def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
     primary = module.resolve_settings(parser, parser.parse_args(["--work-dir", str(tiny_data)]))
     assert [a.name for a in primary.plan.arms] == ["none", "clip", "filter", "filter-clip", "clip-relative"]
     assert primary.plan.seeds == [42, 43, 44, 45, 46] and primary.replays_per_seed == 2
-    none = shlex.join(module.train_command(primary, RunKey("digits", "none", 42)))
+    none = shlex.join(study.train_command(primary, RunKey("digits", "none", 42)))
     assert "--keep-last-k 0" in none and "--save-every-n 25" in none, "the replays start from its checkpoints"
     assert "--max-batches 600" in none and "--max-duration 60" in none and "--model-warm-step 50" in none
 
@@ -721,7 +738,7 @@ def test_a_replay_trains_both_branches_on_the_same_batches(ablation, tiny_data, 
     args = ablation_args(tiny_data, out)[2:] + ["--grad-filter-threshold", "1.0001", "--replay-steps", "2"]
     s = module.resolve_settings(parser, parser.parse_args(args))
     key = ReplayKey("digits", 42, 4)
-    result = module.run_replay(s, key, Event(5, 0, 99.0))
+    result = study.run_replay(s, key, Event(5, 0, 99.0))
     assert (out / "exp" / "digits" / "none" / "seed-42-retrained" / "checkpoint-3.pt").is_file()
     assert (out / "exp" / key.relpath / "prefix" / "checkpoint-4.pt").is_file()
     none, filt = result.branches["none"], result.branches["filter"]

@@ -14,8 +14,8 @@ from lhotse import CutSet, load_manifest
 from test_train import _batch_losses, _free_port, run_train, train_command
 
 from conftest import recipe_env, with_features
-from icefall_lite.ablation.tb_reader import read_scalars
 from icefall_lite.train.checkpoint import load_checkpoint_file
+from studies.tb_reader import read_scalars
 
 
 def _popen_train(work: Path, exp_dir: Path, stderr_path: Path, *extra: str) -> subprocess.Popen:

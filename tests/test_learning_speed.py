@@ -11,19 +11,18 @@ import pytest
 import torch
 
 from conftest import RECIPE
-from icefall_lite.ablation.learning_speed import (
+from icefall_lite.train.checkpoint import save_checkpoint
+from studies.learning_curve import epoch_training_minutes, plot_learning_curves, read_curve_csv
+from studies.learning_speed import (
     DONE_FILE,
+    SECTION,
     StudyResult,
     compare_to_baseline,
-    epoch_training_minutes,
     first_step_below,
     format_table,
-    plot_learning_curves,
-    read_curve_csv,
     seed_spread,
 )
-from icefall_lite.train.checkpoint import save_checkpoint
-from icefall_lite.utils import replace_marked_section
+from studies.runner import Section
 
 # The script imports its sibling train.py, as when run from its folder.
 
@@ -68,17 +67,67 @@ def test_format_table_has_one_row_per_arm_in_order():
     assert lines[3].startswith("| a |")
 
 
-def test_replace_marked_section_appends_then_replaces(tmp_path):
+def test_a_section_is_appended_then_replaced_and_read_back(tmp_path):
     md = tmp_path / "RESULTS.md"
     md.write_text("# Results\n\nkept text\n")
-    replace_marked_section(md, "study", "first version", "me.py")
-    replace_marked_section(md, "other", "another section", "you.py")
-    replace_marked_section(md, "study", "second version", "me.py")
+    study, other = Section("study", "me.py"), Section("other", "you.py")
+    assert study.read(md) is None
+    study.write(md, "first version")
+    other.write(md, "another section")
+    study.write(md, "second version\n\nwith a table\n")
     text = md.read_text()
     assert "first version" not in text
     assert text.count("second version") == 1 and "another section" in text and "kept text" in text
     assert text.index("second version") < text.index("another section")
-    assert "<!-- study:begin (written by me.py) -->\nsecond version\n<!-- study:end -->" in text
+    assert "<!-- study:begin (written by me.py) -->\nsecond version\n\nwith a table\n<!-- study:end -->" in text
+    assert study.read(md) == "second version\n\nwith a table\n" and other.read(md) == "another section\n"
+
+
+def _committed_rows(table: str) -> list:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+
+
+def test_results_md_learning_speed_tables_follow_from_their_arms():
+    """The learning-speed section of RESULTS.md: its arms' results were not committed (they stayed in the
+    runs' folders), so the figures derived from them are checked instead: the per-arm table, read back
+    into results, renders as committed, and the seed spread and every arm against the baseline mean come
+    out as committed."""
+    held = SECTION.read(RECIPE / "RESULTS.md")
+    assert held is not None, "RESULTS.md has no generated learning-speed section"
+    table = held.split("\n\n| arm | change from the defaults |", 1)[1].split("\n\n", 1)[0]
+    table = "| arm | change from the defaults |" + table
+    results = [
+        StudyResult(
+            name=name,
+            change=change,
+            steps=int(steps),
+            train_seconds=60 * float(train_min),
+            wall_seconds=60 * float(wall_min),
+            train_loss=float(train_loss),
+            valid_loss=float(valid_loss),
+            num_parameters=round(float(params.removesuffix(" M")) * 1e6),
+            wers={"test-clean": float(clean), "test-other": float(other)},
+            simple_below_target_step=None if landmark == "never" else int(landmark),
+        )
+        for name, change, params, steps, train_min, wall_min, landmark, train_loss, valid_loss, clean, other in (
+            _committed_rows(table)
+        )
+    ]
+    assert len(results) == 17
+    assert format_table(results) == table
+    base = [r for r in results if r.name.startswith("baseline")]
+    spread = held.split("Seed spread of the baseline", 1)[1].split("\n", 1)[0]
+    assert spread == (
+        f" ({len(base)} seeds): {seed_spread(base, 'test-clean'):.2f} WER points on test-clean, "
+        f"{seed_spread(base, 'test-other'):.2f} on test-other. An arm's difference from the baseline mean counts "
+        "as real below only when it exceeds that spread on both test sets."
+    )
+    committed = _committed_rows(held.split("| arm | test-clean vs baseline mean |", 1)[1].split("\n\n", 1)[0])
+    rows = [
+        [name, f"{d_clean:+.2f}", f"{d_other:+.2f}", "yes" if real else "no"]
+        for name, d_clean, d_other, real in compare_to_baseline(results, base)
+    ]
+    assert rows == committed and len(rows) == 15
 
 
 def test_epoch_training_minutes_and_curve_csv(tmp_path):
@@ -144,6 +193,8 @@ def test_study_runs_arms_resumes_and_writes_the_section(tiny_data, tmp_path, iso
     assert (exp_root / "lang_bpe_100" / "bpe.model").is_file() and (exp_root / "lang_bpe_120" / "bpe.model").is_file()
     text = results_md.read_text()
     assert "## Learning speed" in text and "| baseline | none (seed 42) |" in text and "| bpe100 |" in text
+    written_by = "## Learning speed\n\nWritten by `./lstm_transducer_stateless/learning_speed.py` on "
+    assert SECTION.read(results_md).startswith(written_by)
     assert "--bpe-model " + str(exp_root / "lang_bpe_100" / "bpe.model") in text
     # A rerun skips finished arms (their done files are left as they were).
     before = (exp_root / "baseline" / DONE_FILE).stat().st_mtime_ns

@@ -1,5 +1,6 @@
 """pyproject.toml is the one declaration of the dependencies: requirements.txt agrees with it, and every
-third-party module the library imports comes from a declared distribution."""
+third-party module the library and the studies import comes from a declared distribution. The library
+never imports the studies, and names none of the recipe's scripts as the writer of anything."""
 
 import ast
 import importlib.metadata
@@ -7,6 +8,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,31 +37,76 @@ def test_requirements_txt_agrees_with_pyproject():
     assert sorted(listed) == sorted(declared)
 
 
+PACKAGES = ("icefall_lite", "studies")  # pyproject's [tool.setuptools.packages.find] include
+
+
+def _imports(path: Path) -> set:
+    """The top-level names of the absolute imports of a Python file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found |= {n.split(".")[0] for n in names}
+    return found
+
+
 def _third_party_imports(root: Path) -> set:
     stdlib = set(sys.stdlib_module_names)
-    found = set()
-    for path in root.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            found |= {n.split(".")[0] for n in names}
-    return {n for n in found if n not in stdlib and n not in ("icefall_lite", "__future__")}
+    found = set().union(*(_imports(path) for path in root.rglob("*.py")))
+    return {n for n in found if n not in stdlib and n not in (*PACKAGES, "__future__")}
 
 
-def test_every_library_import_comes_from_a_declared_distribution():
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_import_comes_from_a_declared_distribution(package):
     declared = {_name(r) for r in _toml_list((REPO / "pyproject.toml").read_text(), "dependencies")}
     providers = importlib.metadata.packages_distributions()
-    modules = _third_party_imports(REPO / "icefall_lite")
+    modules = _third_party_imports(REPO / package)
     assert modules, "the scan found no imports"
     for module in sorted(modules):
         dists = {_name(d) for d in providers.get(module, [])}
-        assert dists & declared, (
-            f"icefall_lite imports {module} (from {dists or 'nowhere'}), not declared in pyproject.toml"
-        )
+        assert dists & declared, f"{package} imports {module} (from {dists or 'nowhere'}), undeclared in pyproject"
+
+
+def test_the_packages_are_the_ones_pyproject_installs():
+    include = _toml_list((REPO / "pyproject.toml").read_text(), "include")
+    assert include == [f"{p}*" for p in PACKAGES]
+    assert all((REPO / p / "__init__.py").is_file() for p in PACKAGES)
+
+
+def _code_strings(path: Path) -> list:
+    """The string constants of a Python file that are not docstrings."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_the_library_imports_no_study_and_names_no_recipe_script():
+    """The studies import the library, never the other way round; no library code names a recipe script
+    (``lstm_transducer_stateless/<script>.py``: the studies' sections name their writers)."""
+    library = sorted((REPO / "icefall_lite").rglob("*.py"))
+    assert library
+    importers = [str(p.relative_to(REPO)) for p in library if "studies" in _imports(p)]
+    assert not importers
+    script = re.compile(r"lstm_transducer_stateless\d*/\w+\.py")
+    naming = [str(p.relative_to(REPO)) for p in library if any(script.search(s) for s in _code_strings(p))]
+    assert not naming
+    assert any(script.search(s) for s in _code_strings(REPO / "studies/ablation/section.py")), "the check finds one"
+    assert "studies" in _imports(REPO / "egs/librispeech/ASR/lstm_transducer_stateless/ablation.py")
 
 
 def test_no_tracked_file_refers_to_documents_outside_the_repository():

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from icefall_lite.ablation.paired import (
+from studies.ablation.paired import (
     holm_adjust,
     paired_difference,
     regularized_incomplete_beta,

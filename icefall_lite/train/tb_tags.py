@@ -1,8 +1,8 @@
 """The TensorBoard tags of training, one home for the writer and the readers.
 
 The training loop (:mod:`icefall_lite.train.loop`) writes its scalars under
-these tags; the ablation and the learning-speed study read them back
-(:mod:`icefall_lite.ablation.tb_reader`) through the same table.
+these tags; the recipe's studies (the ablation, the learning-speed study) read
+them back through the same table.
 """
 
 from __future__ import annotations

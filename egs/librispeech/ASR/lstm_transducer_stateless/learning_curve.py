@@ -26,9 +26,9 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from icefall_lite.ablation.learning_speed import Curve, epoch_training_minutes, plot_learning_curves, read_curve_csv
 from icefall_lite.decoding.metrics import load_wer_summary
 from icefall_lite.utils import script_parser, write_text_atomic
+from studies.learning_curve import Curve, epoch_training_minutes, plot_learning_curves, read_curve_csv
 
 RECIPE_DIR = Path(__file__).resolve().parents[1]
 

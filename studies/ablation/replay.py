@@ -13,8 +13,8 @@ scales every sequence's gradient by ``c / (c + n_b)``), so the difference of
 their losses over the window, of their optimizer state at its end and of
 their WER is the effect of filtering from that event on.
 
-The recipe's ``ablation.py`` runs the branches; this module chooses the
-events, reads the branches back and summarises them.
+The study (:mod:`studies.ablation.study`) runs the branches; this module chooses
+the events, reads the branches back and summarises them.
 """
 
 from __future__ import annotations
@@ -25,20 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from icefall_lite.ablation.arms import RunKey
-from icefall_lite.ablation.paired import PairedDifference, paired_difference
-from icefall_lite.ablation.report import (
-    RunResult,
-    kept_scalars,
-    largest_jump,
-    read_json,
-    read_wers,
-    steps_filtered,
-)
-from icefall_lite.ablation.tb_reader import Series, read_scalars
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.train.tb_tags import TrainingScalarTags
+from studies.ablation.arms import RunKey
+from studies.ablation.metrics import largest_jump, steps_filtered
+from studies.ablation.paired import PairedDifference, paired_difference
+from studies.ablation.runs import RunResult, kept_scalars
+from studies.runner import read_json, read_wers
+from studies.tb_reader import Series, read_scalars
 
 # The two branches of a replay, by the arm whose gradient controls they train with.
 BRANCHES = ("none", "filter")
@@ -109,27 +104,22 @@ class Branch:
         return sum(xs) / len(xs) if xs else float("nan")
 
 
-def second_moment_sums(checkpoint: Path) -> List[float]:
-    """The sum of ``exp_avg_sq`` of every parameter in the optimizer state of ``checkpoint``, in order."""
-    state = load_checkpoint_file(checkpoint)["optimizer"]["state"]
-    return [
-        float(state[i]["exp_avg_sq"].double().sum()) if "exp_avg_sq" in state[i] else float("nan")
-        for i in sorted(state, key=int)
-    ]
-
-
 def collect_branch(branch_dir: Path, key: RunKey, end: int, methods: Sequence[str], tags: TrainingScalarTags) -> Branch:
-    """Read a finished branch (``key``: the branch as a run): its TensorBoard scalars, WERs and final
-    optimizer state (``checkpoint-<end>.pt``)."""
-    scalars = read_scalars(branch_dir / "tensorboard")
-    run = RunResult(key, read_wers(branch_dir, methods), *kept_scalars(scalars, tags))
+    """Read a finished branch (``key``: the branch as a run): its TensorBoard scalars with the batch digests,
+    its WERs, and the sum of every tensor's ``exp_avg_sq`` in its optimizer state at step ``end``."""
+    scalars, filters = kept_scalars(read_scalars(branch_dir / "tensorboard"), tags, extra=("batch_digest",))
+    run = RunResult(key, read_wers(branch_dir, methods), scalars, filters)
+    state = load_checkpoint_file(branch_dir / f"checkpoint-{end}.pt")["optimizer"]["state"]
     return Branch(
         objective=run.objective(),
-        digests=scalars.get(tags.batch_digest, []),
+        digests=run.series("batch_digest"),
         wer=run.wer,
         filtered=steps_filtered(run),
         largest_jump=largest_jump(run),
-        second_moment=second_moment_sums(branch_dir / f"checkpoint-{end}.pt"),
+        second_moment=[
+            float(state[i]["exp_avg_sq"].double().sum()) if "exp_avg_sq" in state[i] else float("nan")
+            for i in sorted(state, key=int)
+        ],
     )
 
 

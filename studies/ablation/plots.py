@@ -23,11 +23,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
-from icefall_lite.ablation.arms import Arm  # noqa: E402
-from icefall_lite.ablation.replay import ReplayResult  # noqa: E402
-from icefall_lite.ablation.report import RunResult, group_runs, outlier_rows  # noqa: E402
-from icefall_lite.ablation.tb_reader import Series, moving_average  # noqa: E402
 from icefall_lite.utils import atomic_output  # noqa: E402
+from studies.ablation.arms import Arm  # noqa: E402
+from studies.ablation.metrics import group_runs, outlier_rows  # noqa: E402
+from studies.ablation.replay import ReplayResult  # noqa: E402
+from studies.ablation.runs import RunResult  # noqa: E402
+from studies.tb_reader import Series, moving_average  # noqa: E402
 
 SEED_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
 

@@ -5,47 +5,51 @@ and every command."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from icefall_lite.ablation.arms import Arm, Condition, Thresholds
-from icefall_lite.ablation.replay import (
+from icefall_lite.train.optimizer_state import EVENT_JUMP, RECOVERED_RATIO
+from studies.ablation.arms import Arm, Condition, Thresholds
+from studies.ablation.compare import FAMILY_ALPHA, MIN_FAMILY_SEEDS, findings, format_comparisons, paired_comparisons
+from studies.ablation.metrics import (
+    DIVERGE_FACTOR,
+    DIVERGE_WINDOW,
+    OUTLIER_RATIO,
+    SPIKE_FACTOR,
+    SPIKE_WINDOW,
+    format_outlier_table,
+    format_table,
+    outlier_rows,
+    outlier_steps,
+)
+from studies.ablation.replay import (
     ReplayResult,
     format_replay_table,
     median_state_damage,
     replay_differences,
     reproduces,
 )
-from icefall_lite.ablation.report import (
-    DIVERGE_FACTOR,
-    DIVERGE_WINDOW,
-    FAMILY_ALPHA,
-    ICEFALL_GREEDY,
-    MIN_FAMILY_SEEDS,
-    OBJECTIVE_SIMPLE_SCALE,
-    OUTLIER_RATIO,
-    SPIKE_FACTOR,
-    SPIKE_WINDOW,
-    RunResult,
-    findings,
-    format_comparisons,
-    format_outlier_table,
-    format_table,
-    machine_summary,
-    outlier_rows,
-    outlier_steps,
-    paired_comparisons,
-    today,
-)
-from icefall_lite.train.optimizer_state import EVENT_JUMP, RECOVERED_RATIO
+from studies.ablation.runs import OBJECTIVE_SIMPLE_SCALE, RunResult
+from studies.runner import Section
+
+SECTION = Section("ablation", "lstm_transducer_stateless/ablation.py")
+# icefall's own ablation of the filter, with its source (a data file: not measured here).
+ICEFALL_PUBLISHED = Path(__file__).with_name("icefall_published.json")
+
+
+def icefall_greedy() -> Dict[str, Tuple[float, float]]:
+    """``{arm: (test-clean, test-other)}``: icefall's published greedy-search WERs without and with the filter."""
+    data = json.loads(ICEFALL_PUBLISHED.read_text(encoding="utf-8"))
+    return {arm: (wers["test-clean"], wers["test-other"]) for arm, wers in data["greedy_search"].items()}
 
 
 @dataclass
 class ReportSetup:
-    """What the recipe says about its runs: the command, the conditions, thresholds, every command run, the
-    decoding methods, the replays' window, model flags added to every run."""
+    """What the study says about its runs: the command, the conditions, thresholds, every command run, the
+    decoding methods, the replays' window, model flags added to every run, the date and the machine."""
 
     command: str
     conditions: Dict[str, Condition]
@@ -54,6 +58,8 @@ class ReportSetup:
     methods: Sequence[str]
     replay_steps: int
     model_args: Sequence[str]
+    date: str
+    machine: str
 
 
 def setup_text(setup: ReportSetup, results: Sequence[RunResult]) -> List[str]:
@@ -158,7 +164,7 @@ def render_section(
     lines = [
         "## Ablation: GradientFilter, clip_grad_norm and the other gradient controls",
         "",
-        f"Date: {today()}. Machine: {machine_summary()}.",
+        f"Date: {setup.date}. Machine: {setup.machine}.",
         "",
         "Command (from `egs/librispeech/ASR`; the runs' summaries are in `ablation-runs/`):",
         "",
@@ -210,7 +216,7 @@ def render_section(
         ),
         "For comparison, icefall's own ablation of the filter (lstm_transducer_stateless3, 960 h of LibriSpeech, "
         "40 epochs on 4 GPUs, epoch 40 avg 15, greedy search, test-clean / test-other; not measured here): "
-        + ", ".join(f"{k} {v[0]:.2f} / {v[1]:.2f}" for k, v in ICEFALL_GREEDY.items())
+        + ", ".join(f"{k} {v[0]:.2f} / {v[1]:.2f}" for k, v in icefall_greedy().items())
         + ".",
         "",
         "### Plots",

@@ -1,2 +1,0 @@
-"""Experiment reports: the gradient-control ablation and the learning-speed study (results, tables, plots,
-TensorBoard reader)."""

@@ -1,0 +1,285 @@
+"""The numbers of the ablation's table, per run and over seeds: the WERs, the losses, loss spikes after
+warm-up, divergence, where per-sequence gradient outliers arise (per layer), how often the filter and the
+clipping acted, the optimizer's second-moment jumps, wall time; the mean and spread over seeds; the table.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence, Tuple
+
+from icefall_lite.decoding.constants import TEST_SETS
+from icefall_lite.train.optimizer_state import EVENT_JUMP
+from studies.ablation.arms import Arm
+from studies.ablation.runs import RunResult
+from studies.tb_reader import Series, values
+
+# Loss spikes: a step after warm-up whose objective is more than SPIKE_FACTOR times the median of the (up to)
+# SPIKE_WINDOW steps before it that are also after warm-up (at least SPIKE_MIN_WINDOW of them).
+SPIKE_FACTOR = 2.0
+SPIKE_WINDOW = 50
+SPIKE_MIN_WINDOW = 10
+# Divergence: training loss (mean of the last DIVERGE_WINDOW steps) more than
+# DIVERGE_FACTOR times its lowest such mean earlier in the run, or a skipped
+# (non-finite) step.
+DIVERGE_FACTOR = 1.5
+DIVERGE_WINDOW = 20
+# An outlier step: some layer's largest per-sequence gradient RMS above OUTLIER_RATIO x the batch median
+# (the recipe's and icefall's filter threshold).
+OUTLIER_RATIO = 25.0
+
+
+# --------------------------------------------------------------------------
+# Metrics of a run
+# --------------------------------------------------------------------------
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (nearest rank) of ``xs``; nan when empty."""
+    if not xs:
+        return float("nan")
+    ordered = sorted(xs)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def loss_spikes(loss: Series, start: int = 0, factor: float = SPIKE_FACTOR, window: int = SPIKE_WINDOW) -> int:
+    """Steps after ``start`` whose loss is more than ``factor`` x the median of the (up to) ``window`` losses
+    before it that are also after ``start``, once there are at least SPIKE_MIN_WINDOW (a non-finite loss
+    counts as a spike)."""
+    xs = [v for step, v in loss if step > start]
+    count = 0
+    for i in range(SPIKE_MIN_WINDOW, len(xs)):
+        before = [x for x in xs[max(0, i - window) : i] if math.isfinite(x)]
+        if not math.isfinite(xs[i]) or (before and xs[i] > factor * statistics.median(before)):
+            count += 1
+    return count
+
+
+def diverged(loss: Series, skipped_steps: int, factor: float = DIVERGE_FACTOR, window: int = DIVERGE_WINDOW) -> bool:
+    """A skipped (non-finite) step, or a final loss (mean of the last ``window`` steps) above ``factor`` x the
+    lowest such mean earlier in the run."""
+    xs = [v for _, v in loss]
+    if skipped_steps > 0 or any(not math.isfinite(x) for x in xs):
+        return True
+    if len(xs) < 2 * window:
+        return False
+    means = [sum(xs[i - window : i]) / window for i in range(window, len(xs) + 1)]
+    return means[-1] > factor * min(means)
+
+
+def _fraction(flags: Sequence[bool]) -> float:
+    return sum(flags) / len(flags) if flags else float("nan")
+
+
+def steps_filtered(result: RunResult) -> float:
+    """Fraction of steps at which some layer's filter capped a sequence."""
+    by_step: Dict[int, float] = {}
+    for layer in result.layers():
+        for step, v in result.filter_series(layer, "fraction_filtered"):
+            by_step[step] = max(by_step.get(step, 0.0), v)
+    return _fraction([v > 0 for v in by_step.values()])
+
+
+def steps_clipped(result: RunResult) -> float:
+    """Fraction of steps whose gradient the clipping (norm, relative norm, value or AGC) changed: clip scale
+    (post- over pre-clip norm) below 1 (always 1 without such clipping)."""
+    return _fraction([x < 1.0 for x in values(result.series("clip_scale"))])
+
+
+def outlier_steps(result: RunResult, ratio: float = OUTLIER_RATIO) -> float:
+    """Fraction of the steps after warm-up at which some layer's largest sequence gradient was above
+    ``ratio`` x the batch median."""
+    return _fraction([v > ratio for s, v in result.largest_ratio_per_step() if s >= result.warm_end])
+
+
+def largest_outlier(result: RunResult) -> float:
+    """The largest per-sequence gradient RMS over the batch median, any layer, any step."""
+    xs = values(result.largest_ratio_per_step())
+    return max(xs) if xs else float("nan")
+
+
+def largest_jump(result: RunResult) -> float:
+    """The largest second-moment jump after warm-up (optimizer_state: a tensor's exp_avg_sq after / before)."""
+    xs = [v for s, v in result.series("exp_avg_sq_jump") if s >= result.warm_end and math.isfinite(v)]
+    return max(xs) if xs else float("nan")
+
+
+def jump_steps(result: RunResult) -> float:
+    """Fraction of the steps after warm-up with a second-moment jump above EVENT_JUMP."""
+    return _fraction([v > EVENT_JUMP for s, v in result.series("exp_avg_sq_jump") if s >= result.warm_end])
+
+
+def recovery_steps(result: RunResult) -> float:
+    """Median steps an inflated tensor took to recover (events ending after warm-up); nan when none."""
+    xs = [v for s, v in result.series("exp_avg_sq_recovery") if s >= result.warm_end]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def final_train_loss(result: RunResult) -> float:
+    """Mean objective per frame over the last tenth of the steps (at least 10)."""
+    xs = values(result.objective())
+    tail = xs[-max(10, len(xs) // 10) :]
+    return sum(tail) / len(tail) if tail else float("nan")
+
+
+def skipped_steps(result: RunResult) -> int:
+    s = result.series("skipped_steps")
+    return int(s[-1][1]) if s else 0
+
+
+def valid_loss(result: RunResult) -> float:
+    s = result.series("valid_loss")
+    return s[-1][1] if s else float("nan")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A number per run, its column header and how it is printed."""
+
+    name: str
+    header: str
+    of: Callable[[RunResult], float]
+    digits: int
+    count: bool = False  # a yes/no per run, shown as "<runs with yes>/<runs>"
+
+    def cell(self, runs: Sequence[RunResult]) -> str:
+        xs = [self.of(r) for r in runs]
+        if self.count:
+            return f"{int(sum(xs))}/{len(xs)}"
+        spread = Spread.of(xs)
+        missing = f" (n={spread.n})" if 0 < spread.n < len(xs) else ""
+        return spread.cell(self.digits) + missing
+
+
+def wer_metrics(methods: Sequence[str]) -> List[Metric]:
+    return [
+        Metric(f"wer/{m}/{t}", f"{m.replace('_search', '')} {t}", (lambda r, m=m, t=t: r.wer[(m, t)]), 2)
+        for m in methods
+        for t in TEST_SETS
+    ]
+
+
+def metrics(methods: Sequence[str]) -> List[Metric]:
+    """The table's columns: WERs, losses, spikes, divergence, outliers, filtering and clipping, the second
+    moment, wall time."""
+    return wer_metrics(methods) + [
+        Metric("train_loss", "final train loss", final_train_loss, 3),
+        Metric("valid_loss", "valid loss", valid_loss, 3),
+        Metric("spikes", "loss spikes", lambda r: float(loss_spikes(r.objective(), r.warm_end)), 1),
+        Metric("diverged", "diverged runs", lambda r: float(diverged(r.objective(), skipped_steps(r))), 0, True),
+        Metric("outliers", f"% steps > {OUTLIER_RATIO:g}x", lambda r: 100 * outlier_steps(r), 1),
+        Metric("outlier", "max seq grad / median", largest_outlier, 1),
+        Metric("filtered", "% steps filtered", lambda r: 100 * steps_filtered(r), 1),
+        Metric("clipped", "% steps clipped", lambda r: 100 * steps_clipped(r), 1),
+        Metric("jump", "max exp_avg_sq jump", largest_jump, 2),
+        Metric("jumps", f"% steps jump > {EVENT_JUMP:g}", lambda r: 100 * jump_steps(r), 1),
+        Metric("recovery", "recovery steps", recovery_steps, 0),
+        Metric("wall", "wall min", lambda r: sum(r.wall_s.values()) / 60, 1),
+    ]
+
+
+# --------------------------------------------------------------------------
+# Over seeds
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Mean, standard deviation, minimum and maximum of a metric over seeds (finite values)."""
+
+    mean: float
+    std: float
+    low: float
+    high: float
+    n: int
+
+    @staticmethod
+    def of(xs: Sequence[float]) -> "Spread":
+        xs = [x for x in xs if math.isfinite(x)]
+        if not xs:
+            return Spread(float("nan"), float("nan"), float("nan"), float("nan"), 0)
+        std = statistics.stdev(xs) if len(xs) > 1 else float("nan")
+        return Spread(statistics.mean(xs), std, min(xs), max(xs), len(xs))
+
+    def cell(self, digits: int) -> str:
+        if self.n == 0:
+            return "-"
+        if self.n == 1:
+            return _num(self.mean, digits)
+        return f"{_num(self.mean, digits)} ± {_num(self.std, digits)}"
+
+
+def _num(x: float, digits: int) -> str:
+    """``digits`` decimals; 3 significant digits from 10,000 on (outlier ratios reach 1e9)."""
+    if math.isnan(x):
+        return "-"
+    return f"{x:.3g}" if abs(x) >= 1e4 else f"{x:.{digits}f}"
+
+
+Group = Dict[Tuple[str, str], List[RunResult]]
+
+
+def group_runs(results: Sequence[RunResult]) -> Group:
+    """``{(condition, arm): [runs, one per seed]}`` in the order of ``results``."""
+    groups: Group = {}
+    for r in results:
+        groups.setdefault((r.key.condition, r.key.arm), []).append(r)
+    return groups
+
+
+def format_table(results: Sequence[RunResult], arms: Dict[str, Arm], methods: Sequence[str]) -> str:
+    """One row per condition x arm: mean ± standard deviation over the seeds of every metric."""
+    ms = metrics(methods)
+    header = ["condition", "arm", "seeds", "steps"] + [m.header for m in ms]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for (condition, arm), runs in group_runs(results).items():
+        steps = sorted({r.steps for r in runs})
+        cells = [
+            condition,
+            arms[arm].label,
+            ", ".join(str(r.key.seed) for r in runs),
+            "/".join(str(x) for x in steps),
+        ] + [m.cell(runs) for m in ms]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# Where outliers arise (arms whose filter only observes)
+# --------------------------------------------------------------------------
+
+
+def outlier_rows(runs: Sequence[RunResult], thresholds: Sequence[float]) -> List[Dict[str, float]]:
+    """Per layer, top layer first, over the steps after warm-up of ``runs``: median, 99th percentile and
+    maximum of max/median, and the percentage of those steps above each threshold."""
+    layers = sorted({layer for r in runs for layer in r.layers()}, reverse=True)
+    rows = []
+    for layer in layers:
+        xs = [
+            v
+            for r in runs
+            for s, v in r.filter_series(layer, "max_over_median")
+            if s >= r.warm_end and math.isfinite(v)
+        ]
+        row = {
+            "layer": float(layer),
+            "median": percentile(xs, 50),
+            "p99": percentile(xs, 99),
+            "max": max(xs) if xs else float("nan"),
+        }
+        for t in thresholds:
+            row[f"over {t:g}"] = 100 * sum(1 for x in xs if x > t) / len(xs) if xs else float("nan")
+        rows.append(row)
+    return rows
+
+
+def format_outlier_table(rows: Sequence[Dict[str, float]], thresholds: Sequence[float]) -> str:
+    header = ["layer", "max/median: median", "99th percentile", "max"] + [f"% steps over {t:g}" for t in thresholds]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    for row in rows:
+        cells = [str(int(row["layer"])), _num(row["median"], 2), _num(row["p99"], 1), _num(row["max"], 1)]
+        cells += [f"{row[f'over {t:g}']:.2f}" for t in thresholds]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,170 @@
+"""One finished run of the ablation: what it measured, read from its folder (TensorBoard scalars,
+wer-summary files, wall time) and kept as a small JSON summary beside RESULTS.md, so that the report
+outlives the run folders.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from icefall_lite.train.tb_tags import TrainingScalarTags
+from icefall_lite.utils import write_text_atomic
+from studies.ablation.arms import RunKey
+from studies.runner import read_json, read_wers, write_json_atomic
+from studies.tb_reader import Series, read_scalars
+
+WALL_FILE = "ablation-wall.json"  # in every run dir: wall seconds per phase, kept across reruns
+# The losses of the report are of the transducer objective after warm-up, 0.5 x simple + pruned per frame,
+# whatever weights the warm-up ramp gave them at the step.
+OBJECTIVE_SIMPLE_SCALE = 0.5
+# The scalars a run summary keeps (TrainingScalarTags fields).
+KEPT_SCALARS = (
+    "simple_loss",
+    "pruned_loss",
+    "grad_norm",
+    "clip_scale",
+    "skipped_steps",
+    "valid_loss",
+    "exp_avg_sq_jump",
+    "exp_avg_sq_recovery",
+)
+KEPT_FILTER_STATS = ("max_over_median", "fraction_filtered")
+
+
+def add_wall_time(run_dir: Path, phase: str, seconds: float) -> Dict[str, float]:
+    """Add ``seconds`` to ``phase`` in the run's wall-time file (kept across reruns)."""
+    wall = read_json(run_dir / WALL_FILE) or {}
+    wall[phase] = wall.get(phase, 0.0) + seconds
+    write_json_atomic(run_dir / WALL_FILE, wall)
+    return wall
+
+
+@dataclass
+class RunResult:
+    """What one finished run (condition x arm x seed) measured.
+
+    ``scalars``: ``{TrainingScalarTags field: series}`` (:data:`KEPT_SCALARS`); ``filters``:
+    ``{(layer, stat): series}`` of the per-layer GradientFilter statistics (the observing filter's too);
+    ``warm_end``: the first step at the full loss weights.
+    """
+
+    key: RunKey
+    wer: Dict[Tuple[str, str], float]
+    scalars: Dict[str, Series]
+    filters: Dict[Tuple[int, str], Series] = field(default_factory=dict)
+    wall_s: Dict[str, float] = field(default_factory=dict)
+    warm_end: int = 0
+
+    def series(self, name: str) -> Series:
+        return self.scalars.get(name, [])
+
+    @property
+    def steps(self) -> int:
+        grad_norm = self.series("grad_norm")
+        return grad_norm[-1][0] if grad_norm else 0
+
+    def objective(self) -> Series:
+        """``[(step, 0.5 x simple + pruned loss per frame)]``: the training loss after warm-up."""
+        pruned = dict(self.series("pruned_loss"))
+        return [
+            (step, OBJECTIVE_SIMPLE_SCALE * simple + pruned[step])
+            for step, simple in self.series("simple_loss")
+            if step in pruned
+        ]
+
+    def layers(self) -> List[int]:
+        return sorted({layer for layer, _ in self.filters})
+
+    def filter_series(self, layer: int, stat: str) -> Series:
+        return self.filters.get((layer, stat), [])
+
+    def largest_ratio_per_step(self) -> Series:
+        """``[(step, max over layers of max/median)]``."""
+        by_step: Dict[int, float] = {}
+        for layer in self.layers():
+            for step, v in self.filter_series(layer, "max_over_median"):
+                by_step[step] = max(by_step.get(step, v), v)
+        return sorted(by_step.items())
+
+    def to_json(self) -> Dict:
+        return {
+            "key": {"condition": self.key.condition, "arm": self.key.arm, "seed": self.key.seed},
+            "wer": [[m, t, v] for (m, t), v in self.wer.items()],
+            "scalars": {k: _rounded(v) for k, v in self.scalars.items()},
+            "filters": [[layer, stat, _rounded(v)] for (layer, stat), v in self.filters.items()],
+            "wall_s": self.wall_s,
+            "warm_end": self.warm_end,
+        }
+
+    @staticmethod
+    def from_json(data: Dict) -> "RunResult":
+        return RunResult(
+            RunKey(**data["key"]),
+            {(m, t): v for m, t, v in data["wer"]},
+            {k: [(int(s), float(v)) for s, v in series] for k, series in data["scalars"].items()},
+            {(int(layer), stat): [(int(s), float(v)) for s, v in series] for layer, stat, series in data["filters"]},
+            dict(data["wall_s"]),
+            int(data["warm_end"]),
+        )
+
+
+def _rounded(series: Series) -> List[List[float]]:
+    """7 significant digits (the float32 TensorBoard values need no more); non-finite values as strings."""
+    return [[s, float(f"{v:.7g}") if math.isfinite(v) else str(v)] for s, v in series]
+
+
+# --------------------------------------------------------------------------
+# Summaries beside RESULTS.md
+# --------------------------------------------------------------------------
+
+
+def summary_path(summaries_dir: Path, key) -> Path:
+    """Where the summary of a run or a replay (``key``: a RunKey or a ReplayKey) is kept:
+    ``<summaries_dir>/<key.relpath>.json``."""
+    return summaries_dir / f"{key.relpath}.json"
+
+
+def write_summary(summaries_dir: Path, result) -> Path:
+    """The summary of a run or a replay (a RunResult or a ReplayResult: ``key`` and ``to_json()``)."""
+    path = summary_path(summaries_dir, result.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(result.to_json(), separators=(",", ":")) + "\n")
+    return path
+
+
+def read_summary(summaries_dir: Path, key: RunKey) -> Optional[RunResult]:
+    """The run's summary, or None when it has none yet."""
+    data = read_json(summary_path(summaries_dir, key))
+    return None if data is None else RunResult.from_json(data)
+
+
+# --------------------------------------------------------------------------
+# A finished run's folder
+# --------------------------------------------------------------------------
+
+
+def kept_scalars(
+    scalars: Dict[str, Series], tags: TrainingScalarTags, extra: Sequence[str] = ()
+) -> Tuple[Dict[str, Series], Dict[Tuple[int, str], Series]]:
+    """The scalars a summary keeps (and ``extra`` ones), by TrainingScalarTags field, and the per-layer
+    filter statistics."""
+    names = (*KEPT_SCALARS, *extra)
+    wanted = {name: scalars[getattr(tags, name)] for name in names if getattr(tags, name) in scalars}
+    filters = {}
+    for tag, series in scalars.items():
+        layer_stat = tags.parse_filter_tag(tag)
+        if layer_stat is not None and layer_stat[1] in KEPT_FILTER_STATS:
+            filters[layer_stat] = series
+    return wanted, filters
+
+
+def collect_run(
+    run_dir: Path, key: RunKey, methods: Sequence[str], tags: TrainingScalarTags, warm_end: int
+) -> RunResult:
+    """Read a finished run: WERs, the scalars kept (with the per-layer filter stats), wall time."""
+    wanted, filters = kept_scalars(read_scalars(run_dir / "tensorboard"), tags)
+    return RunResult(key, read_wers(run_dir, methods), wanted, filters, read_json(run_dir / WALL_FILE) or {}, warm_end)

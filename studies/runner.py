@@ -1,0 +1,184 @@
+"""What the studies share: running the recipe's scripts, telling what is finished, the time left, and the
+generated sections of RESULTS.md.
+
+A study is a list of runs, each one or more commands of the recipe (``train.py``, ``decode.py``) run as
+subprocesses. A study is resumable: what a command leaves behind (a checkpoint, a marker file, a
+``wer-summary`` file) says that it has finished, so a rerun skips it. After every run the study rewrites
+its section of RESULTS.md, between the markers ``<!-- <name>:begin (written by <script>) -->`` and
+``<!-- <name>:end -->``, from every finished run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from icefall_lite.decoding.constants import TEST_SETS
+from icefall_lite.decoding.metrics import load_wer_summary
+from icefall_lite.utils import replace_marked_section, section_markers, write_text_atomic
+
+
+class StudyError(RuntimeError):
+    """A step of a study failed; the message says which and where its log is."""
+
+
+# --------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------
+
+
+def decode_flags(iteration: int, method: str) -> List[str]:
+    """decode.py's flags for the weights at the end of a budget: checkpoint ``iteration``, not averaged."""
+    return ["--iter", str(iteration), "--avg", "1", "--use-averaged-model", "false", "--decoding-method", method]
+
+
+def run_command(
+    cmd: Sequence[str],
+    cwd: Path,
+    what: str,
+    *,
+    scripts: Optional[Path] = None,
+    shown: Optional[str] = None,
+    log_hint: Optional[Path] = None,
+) -> float:
+    """Run ``cmd`` in ``cwd``; returns its wall time in seconds; StudyError naming it when it fails.
+
+    ``python <script> ...`` runs ``<script>`` (relative to ``scripts``, else to ``cwd``) with this
+    interpreter, whose folder goes first on PATH so that the script's own subprocesses use it too.
+    ``shown``: the command as logged (default: ``cmd``); ``log_hint``: where its log is, for the error.
+    """
+    cmd = list(cmd)
+    argv = cmd
+    if cmd[0] == "python":
+        argv = [sys.executable, str(scripts / cmd[1]) if scripts is not None else cmd[1], *cmd[2:]]
+    logging.info(f"{what}: {shown or shlex.join(cmd)}")
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    start = time.time()
+    proc = subprocess.run(argv, cwd=cwd, env=env)
+    elapsed = time.time() - start
+    if proc.returncode != 0:
+        hint = f"; see its output above and {log_hint}" if log_hint is not None else ""
+        raise StudyError(f"{what} failed (exit {proc.returncode}) after {elapsed:.0f} s: {shlex.join(cmd)}{hint}")
+    return elapsed
+
+
+# --------------------------------------------------------------------------
+# Finished results
+# --------------------------------------------------------------------------
+
+
+def write_json_atomic(path: Path, data: Dict) -> None:
+    """``data`` as indented JSON, written under a temporary name and renamed."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: Path) -> Optional[Dict]:
+    """The JSON object in ``path``, or None when the file does not exist."""
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def newest_wer_summary(run_dir: Path, method: str, test_set: str) -> Optional[Path]:
+    """The newest ``<run_dir>/<method>/wer-summary-<test_set>-*.txt`` (decode.py's), None before decoding."""
+    files = sorted((run_dir / method).glob(f"wer-summary-{test_set}-*.txt"), key=lambda p: p.stat().st_mtime)
+    return files[-1] if files else None
+
+
+def decoded(run_dir: Path, method: str, test_sets: Sequence[str] = TEST_SETS) -> bool:
+    """Whether decode.py has written ``method``'s results for every test set of the run."""
+    return all(newest_wer_summary(run_dir, method, t) is not None for t in test_sets)
+
+
+def read_wers(
+    run_dir: Path, methods: Sequence[str], test_sets: Sequence[str] = TEST_SETS
+) -> Dict[Tuple[str, str], float]:
+    """``{(method, test set): WER %}`` from the run's newest wer-summary files (first row: the best)."""
+    wers: Dict[Tuple[str, str], float] = {}
+    for method in methods:
+        for test_set in test_sets:
+            path = newest_wer_summary(run_dir, method, test_set)
+            if path is None:
+                raise FileNotFoundError(f"no {method} wer-summary for {test_set} in {run_dir / method}; decode first")
+            wers[(method, test_set)] = load_wer_summary(path)[0][1]
+    return wers
+
+
+# --------------------------------------------------------------------------
+# Progress and time left
+# --------------------------------------------------------------------------
+
+
+class Progress:
+    """Wall time of every finished item, by kind (``"run"``, ``"replay"``, ``"arm"``), for the estimate of
+    the time left; ``earlier``: times of items finished before this invocation (a resumed study)."""
+
+    def __init__(self, earlier: Optional[Dict[str, List[float]]] = None) -> None:
+        self.started = time.time()
+        self.seconds: Dict[str, List[float]] = {kind: list(xs) for kind, xs in (earlier or {}).items()}
+
+    @contextlib.contextmanager
+    def timing(self, kind: str) -> Iterator[None]:
+        """Time the block as one item of ``kind`` (not counted when it raises)."""
+        start = time.time()
+        yield
+        self.seconds.setdefault(kind, []).append(time.time() - start)
+
+    def mean(self, kind: str, default: float = math.nan) -> float:
+        """Mean seconds of an item of ``kind``, or ``default`` before any was timed."""
+        xs = self.seconds.get(kind, [])
+        return sum(xs) / len(xs) if xs else default
+
+    def eta(self, left_seconds: float) -> str:
+        """``"<m> min so far; about <n> min left"``."""
+        return f"{(time.time() - self.started) / 60:.1f} min so far; about {left_seconds / 60:.0f} min left"
+
+
+# --------------------------------------------------------------------------
+# RESULTS.md
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    """A generated section of a Markdown file: the markers' name and the recipe script that writes it."""
+
+    name: str
+    writer: str
+
+    def write(self, path: Path, text: str) -> None:
+        """Put ``text`` between the markers of ``path`` (appended, or a new file, if absent)."""
+        replace_marked_section(path, self.name, text, self.writer)
+
+    def read(self, path: Path) -> Optional[str]:
+        """The text between the markers of ``path`` (as :meth:`write` put it), None without them."""
+        begin, end = section_markers(self.name, self.writer)
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        if begin not in text or end not in text:
+            return None
+        return text.split(begin, 1)[1].split(end, 1)[0].removeprefix("\n")
+
+
+def machine_summary() -> str:
+    """CPU architecture and cores, torch version, GPU."""
+    return (
+        f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+        f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU only'}"
+    )
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()
