@@ -4,7 +4,8 @@
 Each benchmark runs in its own process (so peak-memory accounting and thread
 settings do not leak between them) with ``--markdown-out``; the sections are
 stitched into RESULTS.md in order, which is written only when every benchmark
-finished. About 5 minutes on an idle 2-core machine with the default model
+finished; the GPU check's last report (benchmarks/gpu-check.md, ``make gpu-check``)
+follows them. About 5 minutes on an idle 2-core machine with the default model
 and test-clean (4 min 24 s measured 2026-11-23; half of it the decoding
 benchmark).
 
@@ -29,6 +30,8 @@ from icefall_lite.utils import script_parser, write_text_atomic
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "RESULTS.md"
+# Written by benchmarks/gpu_check.py (make gpu-check, on a CUDA GPU); make bench copies it in as the last section.
+GPU_REPORT = BENCH_DIR / "gpu-check.md"
 
 # name -> script; the order of the sections in RESULTS.md
 BENCHMARKS: Dict[str, str] = {
@@ -90,6 +93,15 @@ def run_one(name: str, threads: int, extra: Sequence[str], out: Path) -> None:
     subprocess.run(command, cwd=REPO, check=True)
 
 
+def gpu_section(report: str) -> str:
+    """The GPU check's report as the last section of RESULTS.md: its title numbered after the benchmarks,
+    every heading one level down."""
+    title = f"## {len(BENCHMARKS) + 1}. GPU check (`make gpu-check`, on a GPU; not run by `make bench`)"
+    lines = report.splitlines()
+    body = ["#" + line if line.startswith("## ") else line for line in lines if not line.startswith("# ")]
+    return "\n".join([title, *body]) + "\n"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = get_parser().parse_args(argv)
     names: List[str] = args.only or list(BENCHMARKS)
@@ -109,6 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     command = "python -m benchmarks.run_all" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     text = PREAMBLE.format(command=command, date=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
     text += "\n" + "\n".join(sections)
+    if GPU_REPORT.exists():
+        text += "\n" + gpu_section(GPU_REPORT.read_text())
     write_text_atomic(args.results, text)
     print(f"wrote {args.results}")
 
