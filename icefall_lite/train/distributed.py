@@ -89,10 +89,32 @@ def spawn_placement(rank: int, world_size: int) -> Placement:
     return Placement(rank, world_size, rank, world_size, "spawn" if world_size > 1 else "single")
 
 
+def shared_store_restart_problem(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Why a torchrun restart (``--max-restarts``) of this multi-process job would fail to rejoin, or None.
+
+    When torchrun's agent shares its rendezvous store with the process group
+    (``TORCHELASTIC_USE_AGENT_STORE=True``: the static rendezvous, and c10d's by default), the store keeps
+    the previous attempt's addresses, which the restarted processes can read: they fail to connect or hang
+    (PyTorch issue 135712, seen with gloo and torch 2.13 on one machine).
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or environ.get("TORCHELASTIC_MAX_RESTARTS", "0") == "0":
+        return None
+    if environ.get("WORLD_SIZE", "1") == "1":
+        return None
+    return (
+        "torchrun shares its rendezvous store with the process group (TORCHELASTIC_USE_AGENT_STORE=True), so "
+        "processes restarted by --max-restarts can read the previous attempt's addresses and fail to connect "
+        "(PyTorch issue 135712): start torchrun with --rdzv-backend c10d (or --standalone) and "
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment"
+    )
+
+
 def check_launch(world_size_flag: int, environ: Optional[Mapping[str, str]] = None, num_gpus: int = 0) -> None:
     """Refuse a launch that cannot work, with the fix: torchrun's environment together with
-    ``--world-size`` > 1, or more processes on this machine than ``num_gpus`` visible GPUs (``num_gpus`` = 0:
-    no CUDA, CPU processes with gloo, any number).
+    ``--world-size`` > 1, a torchrun restart that would not rejoin (:func:`shared_store_restart_problem`),
+    or more processes on this machine than ``num_gpus`` visible GPUs (``num_gpus`` = 0: no CUDA, CPU
+    processes with gloo, any number).
 
     Raises :class:`LaunchError` (and what :func:`torchrun_placement` raises).
     """
@@ -102,6 +124,13 @@ def check_launch(world_size_flag: int, environ: Optional[Mapping[str, str]] = No
             f"--world-size {world_size_flag} under torchrun (WORLD_SIZE={placement.world_size} in the environment):"
             " torchrun starts the processes itself; drop --world-size and set the number of ranks with torchrun's "
             "--nproc-per-node (and --nnodes)"
+        )
+    environ = os.environ if environ is None else environ
+    restart_problem = shared_store_restart_problem(environ)
+    if placement is not None and environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" and restart_problem:
+        raise LaunchError(
+            f"this is a restart (TORCHELASTIC_RESTART_COUNT={environ['TORCHELASTIC_RESTART_COUNT']}) but "
+            + restart_problem
         )
     if num_gpus <= 0:
         return

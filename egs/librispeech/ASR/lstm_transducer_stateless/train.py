@@ -47,6 +47,7 @@ from icefall_lite.train.distributed import (
     Placement,
     check_launch,
     same_on_all_ranks,
+    shared_store_restart_problem,
     spawn_placement,
     torchrun_placement,
 )
@@ -229,6 +230,9 @@ def run(placement: Placement, args: argparse.Namespace) -> None:
             f"Rank {rank} of {world_size} ({placement.launcher}), local rank {placement.local_rank} of "
             f"{placement.local_world_size} on {socket.gethostname()}, process id {os.getpid()}"
         )
+        restart_problem = shared_store_restart_problem()
+        if restart_problem is not None and rank == 0:
+            logging.warning(f"A restart would fail: {restart_problem}")
     device = training_device(placement.local_rank)
     sp = load_bpe_model(params.bpe_model)
     model, model_avg = build_models(params, args, sp, rank)
