@@ -126,9 +126,11 @@ def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, floa
         # Keep DDP ranks in step: backward through a zero that touches every parameter.
         loss = sum(p.sum() * 0.0 for p in model.parameters())
     if scaler is not None:
-        # The loss scale of this backward, for the filter statistics (read later, without a sync now).
-        t.loss_scale = scaler._get_scale_async()
-        scaler.scale(loss).backward()
+        scaled = scaler.scale(loss)
+        # The loss scale of this backward, for the filter statistics: a copy on the device (no sync), since
+        # scaler.update() changes the scaler's own tensor in place.
+        t.loss_scale = scaler._get_scale_async().clone()
+        scaled.backward()
         scaler.unscale_(optimizer)
     else:
         loss.backward()
