@@ -5,6 +5,7 @@ table checked against the wer-summary files, checkpoints and raw TensorBoard eve
 observing filter; plots; a rerun that skips finished runs and resumes a cut-off one; a rerun with other
 settings refused; a replayed event whose two branches see the same batches)."""
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -29,15 +30,18 @@ from test_train import TINY_MODEL
 from conftest import RECIPE, recipe_env
 from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import load_checkpoint_file
+from icefall_lite.train.grad_control import FLAGS as GRADIENT_CONTROL_FLAGS
 from icefall_lite.train.tb_tags import TB_TAGS
 from studies.ablation import study
 from studies.ablation.arms import (
     CONDITIONS,
+    CONTROLS,
     OBSERVE,
     Arm,
     Plan,
     RunKey,
     Thresholds,
+    flag_of,
     make_arms,
     seeds_of,
     select,
@@ -267,7 +271,14 @@ def test_results_md_ablation_section_is_the_committed_summaries_rendered(tmp_pat
 
 
 def test_arms_set_every_control_and_switch_the_others_off():
-    t = Thresholds(filter=25, sweep=(10, 5), clip_norm=5, agc_lambda=0.08, clip_value=0.1, error_clip=1e-4)
+    t = Thresholds(
+        grad_filter_threshold=25,
+        filter_sweep=(10, 5),
+        clip_grad_norm=5,
+        agc_clipping=0.08,
+        clip_grad_value=0.1,
+        error_clip=1e-4,
+    )
     arms = {a.name: a for a in make_arms(t)}
     assert list(arms) == [
         "none",
@@ -315,6 +326,36 @@ def test_arms_set_every_control_and_switch_the_others_off():
     ]
     with pytest.raises(ValueError, match="unknown arm.s. nope; known: none, clip"):
         select(["nope"], list(arms), "arm(s)")
+
+
+def test_one_name_per_gradient_control():
+    """Every gradient control has train.py's name everywhere: train.py's flag (its --help lists them in one
+    section, icefall's --grad-norm-threshold alias included), the arms' fields, ablation.py's threshold flags
+    and their defaults (the Thresholds fields)."""
+    assert set(CONTROLS) == {"grad_filter_threshold", *GRADIENT_CONTROL_FLAGS}
+    assert [f.name for f in dataclasses.fields(Arm)][2:] == list(CONTROLS)
+    t = Thresholds()
+    parser = _load_ablation_script().get_parser()
+    args = parser.parse_args([])
+    assert {c: getattr(args, c) for c in CONTROLS} == {c: getattr(t, c) for c in CONTROLS}
+    assert args.filter_sweep == list(t.filter_sweep)
+    study_flags = {option for action in parser._actions for option in action.option_strings}
+    assert {flag_of(c) for c in CONTROLS} <= study_flags
+    assert not study_flags & {"--relative-clip", "--agc-lambda", "--clip-value"}
+    help_text = subprocess.run(
+        [sys.executable, str(RECIPE / "lstm_transducer_stateless" / "train.py"), "--help"],
+        capture_output=True,
+        text=True,
+        env={**recipe_env(), "COLUMNS": "200"},
+        timeout=300,
+    ).stdout
+    sections = re.split(r"\n(?=\S[^\n]*:\n)", help_text)
+    (gradient,) = [s for s in sections if s.startswith("gradient control:")]
+    listed = re.findall(r"^  (--[\w-]+)", gradient, re.M)
+    assert sorted(listed) == sorted(flag_of(c) for c in CONTROLS)
+    assert "--grad-filter-threshold GRAD_FILTER_THRESHOLD, --grad-norm-threshold" in gradient
+    (model,) = [s for s in sections if s.startswith("model:")]
+    assert "--grad-filter-threshold" not in model and "--model-preset" in model
 
 
 def test_observing_filter_leaves_every_gradient_unchanged():
@@ -409,7 +450,7 @@ def ablation_args(work: Path, out: Path, *extra: str) -> List[str]:
         "0",
         "--save-every-n",
         "3",
-        "--clip-value",
+        "--clip-grad-value",
         "0.01",
         "--model-args",
         shlex.join(TINY_MODEL),
@@ -461,7 +502,7 @@ def ablation(tiny_data, tmp_path_factory):
             "3",
             "--keep-last-k",
             "1",
-            *Arm("filter", "", filter_threshold=25).train_flags(),
+            *Arm("filter", "", grad_filter_threshold=25).train_flags(),
             *("--model-warm-step", str(WARM), *CONDITIONS["digits"].train_flags),
             *TINY_MODEL,
         ],
@@ -603,7 +644,7 @@ def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
     args = parser.parse_args(
         [
             *("--work-dir", str(tiny_data), "--exp-root", str(tmp_path), "--set", "secondary"),
-            *("--conditions", "stress", "--agc-lambda", "0.05"),
+            *("--conditions", "stress", "--agc-clipping", "0.05"),
         ]
     )
     s = module.resolve_settings(parser, args)
@@ -679,7 +720,7 @@ def test_rerun_with_other_settings_is_refused_and_list_shows_the_plan(ablation, 
     assert "use another --results-dir" in err
     assert not list((out / "exp").rglob("checkpoint-8.pt"))
     args = ablation_args(tiny_data, out)[2:]
-    args[args.index("--clip-value") + 1] = "0.5"
+    args[args.index("--clip-grad-value") + 1] = "0.5"
     assert _load_ablation_script().main(args) == 1
     err = capsys.readouterr().err
     assert "value/seed-42 was trained with --grad-filter-threshold inf --clip-grad-norm 0 --clip-grad-value 0.01" in err

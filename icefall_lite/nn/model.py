@@ -264,9 +264,19 @@ MODEL_PRESETS: Dict[str, Dict[str, int]] = {
 }
 
 
+# The --help section of train.py's gradient controls (icefall_lite.train.grad_control's clipping flags).
+GRADIENT_CONTROL_GROUP = "gradient control"
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Model flags shared by train.py, decode.py and export_onnx.py (their one home, with the presets)."""
+    """Model flags shared by train.py, decode.py and export_onnx.py (their one home, with the presets).
+
+    The GradientFilter's threshold is listed in ``--help`` with the other gradient controls where the
+    parser has them (train.py adds the training flags first), else with the model's flags.
+    """
     group = parser.add_argument_group("model")
+    # argparse keeps a parser's argument groups in _action_groups (and offers no public way to find one).
+    filter_group = next((g for g in parser._action_groups if g.title == GRADIENT_CONTROL_GROUP), group)
     group.add_argument(
         "--model-preset",
         choices=sorted(MODEL_PRESETS),
@@ -279,7 +289,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
             f"--{name.replace('_', '-')}", type=int, default=None, help=f"Overrides the preset's {name}."
         )
     group.add_argument("--context-size", type=int, default=2, help="Decoder context: 1 = bigram, 2 = trigram.")
-    group.add_argument(
+    filter_group.add_argument(
         "--grad-filter-threshold",
         "--grad-norm-threshold",  # icefall's lstm_transducer_stateless3 spelling
         dest="grad_filter_threshold",

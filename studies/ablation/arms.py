@@ -34,6 +34,24 @@ from icefall_lite.nn.model import DEFAULT_GRAD_FILTER_THRESHOLD
 OBSERVE = math.inf  # --grad-filter-threshold inf: the filter observes only
 
 
+# Every gradient control of train.py, by its flag's argparse dest (``--grad-filter-threshold`` and
+# icefall_lite.train.grad_control.FLAGS), in the order an arm's train.py flags give them. The arms' fields
+# and ablation.py's threshold flags have these names too.
+CONTROLS = (
+    "grad_filter_threshold",
+    "clip_grad_norm",
+    "clip_grad_value",
+    "agc_clipping",
+    "error_clip",
+    "clip_grad_norm_relative",
+)
+
+
+def flag_of(control: str) -> str:
+    """train.py's flag of a control: ``clip_grad_norm`` -> ``--clip-grad-norm``."""
+    return "--" + control.replace("_", "-")
+
+
 def flag_value(x: float) -> str:
     """A threshold as train.py reads it, exactly (``inf``, ``25``, ``0.08``)."""
     return "inf" if math.isinf(x) else (str(int(x)) if x == int(x) else repr(float(x)))
@@ -41,16 +59,15 @@ def flag_value(x: float) -> str:
 
 @dataclass(frozen=True)
 class Arm:
-    """One gradient-control setting.
+    """One gradient-control setting: train.py's value of every control in :data:`CONTROLS`.
 
-    ``filter_threshold``: ``OBSERVE`` (no filtering) or the GradientFilter
-    threshold; the others are train.py's gradient-control flags of the same
-    names (:mod:`icefall_lite.train.grad_control`; 0 = off).
+    ``grad_filter_threshold``: ``OBSERVE`` (no filtering) or the GradientFilter threshold; the others are
+    train.py's clipping flags of the same names (:mod:`icefall_lite.train.grad_control`; 0 = off).
     """
 
     name: str
     label: str
-    filter_threshold: float = OBSERVE
+    grad_filter_threshold: float = OBSERVE
     clip_grad_norm: float = 0.0
     clip_grad_value: float = 0.0
     agc_clipping: float = 0.0
@@ -59,57 +76,50 @@ class Arm:
 
     @property
     def filter_on(self) -> bool:
-        return math.isfinite(self.filter_threshold)
+        return math.isfinite(self.grad_filter_threshold)
 
     def train_flags(self) -> List[str]:
         """train.py flags that set this arm's controls (and switch the others off)."""
-        values = {
-            "--grad-filter-threshold": self.filter_threshold,
-            "--clip-grad-norm": self.clip_grad_norm,
-            "--clip-grad-value": self.clip_grad_value,
-            "--agc-clipping": self.agc_clipping,
-            "--error-clip": self.error_clip,
-            "--clip-grad-norm-relative": self.clip_grad_norm_relative,
-        }
-        return [item for flag, value in values.items() for item in (flag, flag_value(value))]
+        return [item for c in CONTROLS for item in (flag_of(c), flag_value(getattr(self, c)))]
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """The thresholds of the arms (ablation.py's flags; RESULTS.md, "Thresholds of the ablation's clipping
-    arms", says how the defaults were chosen)."""
+    """The thresholds of the arms, by the names of train.py's flags (ablation.py's flags of the same names;
+    RESULTS.md, "Thresholds of the ablation's clipping arms", says how the defaults were chosen);
+    ``filter_sweep``: the GradientFilter thresholds of the arms ``filter-<t>``."""
 
-    filter: float = DEFAULT_GRAD_FILTER_THRESHOLD
-    sweep: Tuple[float, ...] = (10.0, 5.0)
-    clip_norm: float = 5.0
-    agc_lambda: float = 0.08
-    clip_value: float = 1.0
+    grad_filter_threshold: float = DEFAULT_GRAD_FILTER_THRESHOLD
+    filter_sweep: Tuple[float, ...] = (10.0, 5.0)
+    clip_grad_norm: float = 5.0
+    agc_clipping: float = 0.08
+    clip_grad_value: float = 1.0
     error_clip: float = 2e-4
-    relative_clip: float = 2.0
+    clip_grad_norm_relative: float = 2.0
 
 
 def make_arms(t: Thresholds) -> List[Arm]:
     """Every arm, in table order."""
     arms = [
         Arm("none", "no control (filter observing)"),
-        Arm("clip", f"clip_grad_norm {t.clip_norm:g}", clip_grad_norm=t.clip_norm),
-        Arm("filter", f"GradientFilter {t.filter:g}", filter_threshold=t.filter),
+        Arm("clip", f"clip_grad_norm {t.clip_grad_norm:g}", clip_grad_norm=t.clip_grad_norm),
+        Arm("filter", f"GradientFilter {t.grad_filter_threshold:g}", grad_filter_threshold=t.grad_filter_threshold),
         Arm(
             "filter-clip",
-            f"GradientFilter {t.filter:g} + clip_grad_norm {t.clip_norm:g}",
-            filter_threshold=t.filter,
-            clip_grad_norm=t.clip_norm,
+            f"GradientFilter {t.grad_filter_threshold:g} + clip_grad_norm {t.clip_grad_norm:g}",
+            grad_filter_threshold=t.grad_filter_threshold,
+            clip_grad_norm=t.clip_grad_norm,
         ),
         Arm(
             "clip-relative",
-            f"clip_grad_norm at {t.relative_clip:g}x the running median",
-            clip_grad_norm_relative=t.relative_clip,
+            f"clip_grad_norm at {t.clip_grad_norm_relative:g}x the running median",
+            clip_grad_norm_relative=t.clip_grad_norm_relative,
         ),
     ]
-    arms += [Arm(f"filter-{x:g}", f"GradientFilter {x:g}", filter_threshold=x) for x in t.sweep]
+    arms += [Arm(f"filter-{x:g}", f"GradientFilter {x:g}", grad_filter_threshold=x) for x in t.filter_sweep]
     arms += [
-        Arm("agc", f"adaptive clipping (AGC), lambda {t.agc_lambda:g}", agc_clipping=t.agc_lambda),
-        Arm("value", f"clip by value {t.clip_value:g}", clip_grad_value=t.clip_value),
+        Arm("agc", f"adaptive clipping (AGC), lambda {t.agc_clipping:g}", agc_clipping=t.agc_clipping),
+        Arm("value", f"clip by value {t.clip_grad_value:g}", clip_grad_value=t.clip_grad_value),
         Arm("error-clip", f"error clip {t.error_clip:g} on layer outputs", error_clip=t.error_clip),
     ]
     return arms

@@ -76,10 +76,11 @@ def setup_text(setup: ReportSetup, results: Sequence[RunResult]) -> List[str]:
         "",
         "Arms: `none` has no control; its GradientFilter only observes (`--grad-filter-threshold inf`: per-layer "
         "statistics, gradients untouched), as in every arm without the filter. Thresholds: GradientFilter "
-        f"{t.filter:g} (the recipe's and icefall's stateless3; sweep {', '.join(f'{x:g}' for x in t.sweep)}); "
-        f"clip_grad_norm {t.clip_norm:g} (the recipe's); relative clipping at {t.relative_clip:g}x the running "
-        f"median gradient norm (as ScaledAdam's clipping_scale); AGC lambda {t.agc_lambda:g}; clip by value "
-        f"{t.clip_value:g}; error clip {t.error_clip:g}. Decoding: {', '.join(setup.methods)} with the weights at "
+        f"{t.grad_filter_threshold:g} (the recipe's and icefall's stateless3; sweep "
+        f"{', '.join(f'{x:g}' for x in t.filter_sweep)}); clip_grad_norm {t.clip_grad_norm:g} (the recipe's); "
+        f"relative clipping at {t.clip_grad_norm_relative:g}x the running median gradient norm (as ScaledAdam's "
+        f"clipping_scale); AGC lambda {t.agc_clipping:g}; clip by value {t.clip_grad_value:g}; error clip "
+        f"{t.error_clip:g}. Decoding: {', '.join(setup.methods)} with the weights at "
         "the end of the budget (`--avg 1`)."
         + (f" Model flags added to every run: `{' '.join(setup.model_args)}`." if setup.model_args else ""),
     ]
@@ -112,6 +113,7 @@ def replay_section(
 ) -> List[str]:
     if not replays:
         return []
+    threshold = setup.thresholds.grad_filter_threshold
     diffs = replay_differences(replays, setup.methods)
     same = sum(r.identical_batches for r in replays)
     reproduced = sum(
@@ -123,11 +125,11 @@ def replay_section(
         "### Replayed outlier events",
         "",
         f"Each replay resumes a `none` run at the step just before an outlier event (a step after warm-up with a "
-        f"layer over {setup.thresholds.filter:g}x the batch median; the largest event per checkpoint interval, the "
+        f"layer over {threshold:g}x the batch median; the largest event per checkpoint interval, the "
         "largest intervals per seed; the run's nearest earlier checkpoint trained on without control up to that "
         f"step) and trains {setup.replay_steps} steps twice on the same batches, the first being the event: without "
         "the filter (which reproduces the original run) and with GradientFilter "
-        f"{setup.thresholds.filter:g}; then both are decoded. Same batches: the batch digests (a hash of the "
+        f"{threshold:g}; then both are decoded. Same batches: the batch digests (a hash of the "
         f"cut ids) agree at every step ({same} of {len(replays)} replays); reproduces run: the unfiltered "
         f"branch's losses equal the original run's at every step both have ({reproduced} of {len(replays)}; "
         "a window may run past the budget). exp_avg_sq none / filter at "
@@ -183,7 +185,7 @@ def render_section(
         observed = [r for r in results if r.key.condition == condition and r.key.arm == observing_arm]
         if not observed:
             continue
-        thresholds = sorted({setup.thresholds.filter, *setup.thresholds.sweep})
+        thresholds = sorted({setup.thresholds.grad_filter_threshold, *setup.thresholds.filter_sweep})
         share = [100 * outlier_steps(r) for r in observed]
         lines += [
             f"### Where the outliers arise ({condition}, arm `{observing_arm}`: the filter observes only)",

@@ -319,7 +319,7 @@ def run_one(s: Settings, key: RunKey) -> RunResult:
 def replay_plan(s: Settings, condition: str, seed: int) -> List[Tuple[ReplayKey, Event]]:
     """The replays of the ``none`` run of ``condition``/``seed`` (which must be finished)."""
     original = read_summary(s.summaries, RunKey(condition, OBSERVING_ARM, seed))
-    chosen = choose_replays(original, s.thresholds.filter, s.args.save_every_n, s.replays_per_seed)
+    chosen = choose_replays(original, s.thresholds.grad_filter_threshold, s.args.save_every_n, s.replays_per_seed)
     return [(ReplayKey(condition, seed, start), event) for start, event in chosen]
 
 
@@ -446,7 +446,7 @@ def write_report(
     if not results:
         return None
     replays = [r for c in s.conditions for r in read_replay_summaries(s.summaries, c)]
-    sweep = sorted({s.thresholds.filter, *s.thresholds.sweep})
+    sweep = sorted({s.thresholds.grad_filter_threshold, *s.thresholds.filter_sweep})
     plots = write_plots(results, s.arms, s.results_dir, sweep, replays)
     setup = ReportSetup(
         command=command,

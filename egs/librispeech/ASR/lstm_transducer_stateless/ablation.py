@@ -64,7 +64,17 @@ from typing import Optional, Sequence
 
 from icefall_lite.decoding.constants import DECODING_METHODS
 from icefall_lite.utils import script_parser
-from studies.ablation.arms import CONDITIONS, RUN_SETS, Plan, Thresholds, make_arms, seeds_of, select
+from studies.ablation.arms import (
+    CONDITIONS,
+    CONTROLS,
+    RUN_SETS,
+    Plan,
+    Thresholds,
+    flag_of,
+    make_arms,
+    seeds_of,
+    select,
+)
 from studies.ablation.study import (
     Settings,
     check_config,
@@ -118,18 +128,31 @@ def get_parser() -> argparse.ArgumentParser:
         default=RECIPE_DIR,
         help="where RESULTS.md (ablation section), the PNG plots and ablation-runs/ (the run summaries) go",
     )
-    add("--grad-filter-threshold", type=float, default=t.filter, help="GradientFilter threshold (arms filter*)")
-    add("--filter-sweep", type=float, nargs="*", default=list(t.sweep), help="thresholds of arms filter-<t>")
-    add("--clip-grad-norm", type=float, default=t.clip_norm, help="max norm of arms clip and filter-clip")
-    add(
-        "--relative-clip",
+    # The arms' thresholds: train.py's gradient-control flags, under train.py's names.
+    add_threshold = parser.add_argument_group("thresholds of the arms (train.py's flags of those names)").add_argument
+    add_threshold(
+        "--grad-filter-threshold",
         type=float,
-        default=t.relative_clip,
+        default=t.grad_filter_threshold,
+        help="GradientFilter threshold (arms filter, filter-clip)",
+    )
+    add_threshold(
+        "--filter-sweep", type=float, nargs="*", default=list(t.filter_sweep), help="thresholds of arms filter-<t>"
+    )
+    add_threshold("--clip-grad-norm", type=float, default=t.clip_grad_norm, help="max norm of arms clip, filter-clip")
+    add_threshold(
+        "--clip-grad-norm-relative",
+        type=float,
+        default=t.clip_grad_norm_relative,
         help="arm clip-relative: clip_grad_norm at this multiple of the running median gradient norm",
     )
-    add("--agc-lambda", type=float, default=t.agc_lambda, help="lambda of the agc arm (unit-wise grad / weight)")
-    add("--clip-value", type=float, default=t.clip_value, help="max |gradient element| of the value arm")
-    add("--error-clip", type=float, default=t.error_clip, help="max |layer-output grad| of error-clip")
+    add_threshold(
+        "--agc-clipping", type=float, default=t.agc_clipping, help="lambda of the agc arm (unit-wise grad / weight)"
+    )
+    add_threshold(
+        "--clip-grad-value", type=float, default=t.clip_grad_value, help="max |gradient element| of the value arm"
+    )
+    add_threshold("--error-clip", type=float, default=t.error_clip, help="max |layer-output grad| of arm error-clip")
     add("--model-args", type=str, default="", help="model flags after the condition's (e.g. a tiny model to try)")
     add("--decoding-methods", nargs="+", choices=DECODING_METHODS, default=["greedy_search"], help="decoding")
     add("--num-workers", type=int, default=0, help="DataLoader workers (0: a resumed run reproduces exactly)")
@@ -152,27 +175,13 @@ def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     overrides = (args.steps, args.max_duration, args.model_warm_step)
     if any(x is not None and x <= 0 for x in overrides):
         parser.error("--steps, --max-duration and --model-warm-step must be positive")
-    positive = {
-        "--grad-filter-threshold": args.grad_filter_threshold,
-        "--clip-grad-norm": args.clip_grad_norm,
-        "--relative-clip": args.relative_clip,
-        "--agc-lambda": args.agc_lambda,
-        "--clip-value": args.clip_value,
-        "--error-clip": args.error_clip,
-    }
+    positive = {flag_of(c): getattr(args, c) for c in CONTROLS}
     positive.update({f"--filter-sweep {x:g}": x for x in args.filter_sweep})
     bad = [name for name, x in positive.items() if not 0 < x < float("inf")]
     if bad:
         parser.error(f"{', '.join(bad)}: thresholds must be positive and finite (the arms switch controls off)")
-    thresholds = Thresholds(
-        args.grad_filter_threshold,
-        tuple(x for x in dict.fromkeys(args.filter_sweep) if x != args.grad_filter_threshold),
-        args.clip_grad_norm,
-        args.agc_lambda,
-        args.clip_value,
-        args.error_clip,
-        args.relative_clip,
-    )
+    sweep = tuple(x for x in dict.fromkeys(args.filter_sweep) if x != args.grad_filter_threshold)
+    thresholds = Thresholds(**{c: getattr(args, c) for c in CONTROLS}, filter_sweep=sweep)
     all_arms = make_arms(thresholds)
     known = [a.name for a in all_arms]
     try:
