@@ -47,16 +47,6 @@ def values(series: Series) -> List[float]:
     return [v for _, v in series if math.isfinite(v)]
 
 
-def last_value(series: Series, default: float = float("nan")) -> float:
-    """The value at the last step, or ``default`` for an empty series."""
-    return series[-1][1] if series else default
-
-
-def after_step(series: Series, step: int) -> Series:
-    """The points with a step greater than ``step``."""
-    return [(s, v) for s, v in series if s > step]
-
-
 def moving_average(series: Series, window: int) -> Series:
     """Trailing mean over ``window`` points (non-finite values skipped)."""
     out: Series = []
