@@ -80,6 +80,23 @@ def _run(cmd: List[str], work: Path, env: dict) -> subprocess.CompletedProcess:
     return proc
 
 
+def _start(cmd: List[str], work: Path, env: dict, output: Path) -> subprocess.Popen:
+    """``cmd`` started in ``work``, its stdout and stderr into the file ``output`` (a pipe nobody reads while
+    the test waits could fill and stop the process)."""
+    with open(output, "w") as f:
+        return subprocess.Popen(cmd, cwd=work, env=env, stdout=f, stderr=subprocess.STDOUT)
+
+
+def _wait(procs: List[subprocess.Popen]) -> List[int]:
+    """The exit codes of ``procs`` (all killed if one outlives :data:`TIMEOUT`)."""
+    try:
+        return [p.wait(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
 def _rank_logs(exp_dir: Path) -> Dict[int, str]:
     """{global rank: text} of the newest training log of every rank in exp_dir/log."""
     logs: Dict[int, str] = {}
@@ -128,8 +145,7 @@ def _assert_same_training(logs: Dict[int, str], reference: Dict[int, str]) -> No
 
 
 def test_torchrun_one_node_trains_as_world_size(tiny_data, tmp_path, spawn_run):
-    """torchrun --nproc-per-node 2 = --world-size 2: same shares, losses and weights; only rank 0 writes
-    TensorBoard and checkpoints."""
+    """torchrun --nproc-per-node 2 = --world-size 2: same shares, losses and weights; one TensorBoard writer."""
     exp_dir = tmp_path / "exp"
     cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", "2"]
     _run([*cmd, *_train_args(exp_dir, "--max-batches", "2", "--tensorboard", "true")], tiny_data, _env())
@@ -150,18 +166,10 @@ def test_torchrun_two_nodes_train_as_world_size(tiny_data, tmp_path, spawn_run):
     for node in (0, 1):
         cmd = [*TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1"]
         cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "two-nodes"]
-        procs.append(
-            subprocess.Popen(
-                [*cmd, *_train_args(exp_dir, "--max-batches", "2")],
-                cwd=tiny_data,
-                env=_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outputs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-4000:] for o in outputs)
+        args = _train_args(exp_dir, "--max-batches", "2")
+        procs.append(_start([*cmd, *args], tiny_data, _env(), tmp_path / f"node{node}.out"))
+    outputs = [(tmp_path / f"node{node}.out") for node in (0, 1)]
+    assert _wait(procs) == [0, 0], "\n".join(o.read_text()[-4000:] for o in outputs)
     logs = _rank_logs(exp_dir)
     _assert_same_training(logs, spawn_run[1])
     for rank in (0, 1):
@@ -178,13 +186,10 @@ def test_ranks_resumed_from_different_checkpoints_are_refused(tiny_data, tmp_pat
         cmd = [*TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1"]
         cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "unshared"]
         args = _train_args(exp_dir, "--max-batches", "4")
-        procs.append(
-            subprocess.Popen(
-                [*cmd, *args], cwd=tiny_data, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-        )
-    outputs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
-    assert [p.returncode for p in procs] == [1, 1], outputs
+        procs.append(_start([*cmd, *args], tiny_data, _env(), tmp_path / f"node{node}.out"))
+    codes = _wait(procs)
+    outputs = [(tmp_path / f"node{node}.out").read_text() for node in (0, 1)]
+    assert codes == [1, 1], outputs
     assert sorted(p.name for p in with_checkpoint.glob("*.pt")) == ["checkpoint-2.pt"]  # nothing trained
     assert list(empty.glob("*.pt")) == []
     errors = "".join(outputs)
@@ -206,28 +211,24 @@ def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(tiny_data, 
     (torch's default) the restarted ranks read the killed attempt's addresses and cannot connect."""
     exp_dir = tmp_path / "exp"
     cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1"]
-    proc = subprocess.Popen(
-        [*cmd, *_train_args(exp_dir, "--save-every-n", "2")],
-        cwd=tiny_data,
-        env=_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    out = tmp_path / "torchrun.out"
+    args = _train_args(exp_dir, "--save-every-n", "2")
+    proc = _start([*cmd, *args], tiny_data, _env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"), out)
     try:
         deadline = time.time() + TIMEOUT
         while not (exp_dir / "checkpoint-2.pt").exists():  # saved atomically by rank 0
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-4000:]
+            assert proc.poll() is None and time.time() < deadline, out.read_text()[-4000:]
             time.sleep(0.05)
         first_logs = _rank_logs(exp_dir)
         os.kill(_pid_of_rank(exp_dir, 1), signal.SIGKILL)
         newest = max(int(p.stem.split("-")[1]) for p in exp_dir.glob("checkpoint-*.pt"))
-        output = proc.communicate(timeout=TIMEOUT)[0]
+        code = proc.wait(timeout=TIMEOUT)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, output[-5000:]
-    assert re.search(r"local_rank: 1 \(pid: \d+\)", output)  # torchrun saw the killed rank (exit -9)
+    output = out.read_text()
+    assert code == 0, output[-5000:]
+    assert re.search(r"exitcode: -9\) local_rank: 1", output)  # torchrun saw rank 1 killed, and restarted
     logs = _rank_logs(exp_dir)
     for rank in (0, 1):
         assert logs[rank] != first_logs[rank]  # the restarted attempt's own log
