@@ -10,6 +10,10 @@
   a clip applied to one tensor's gradient *during* backward, before it flows
   into the ops that produced the tensor (PaddlePaddle's error clip).
 - :class:`GradientFilter`: icefall's soft per-sequence gradient filter.
+- Thresholds that follow the history of the global norm, each with a
+  ``state_dict`` so that a resumed run clips as the uninterrupted one:
+  :class:`RunningMedianThreshold` (a multiple of the running median of the raw
+  norm) and :class:`ZClipThreshold` (ZClip's z-score rule).
 """
 
 from __future__ import annotations
@@ -163,11 +167,22 @@ def scale_grads_(grads: Sequence[Tensor], scale: Tensor, foreach: Optional[bool]
 class RunningMedianThreshold:
     """A clipping threshold relative to the recent gradient norms: ``scale`` times their median.
 
-    icefall's ScaledAdam rule (its ``clipping_scale``): every step's norm is
-    recorded (the last ``update_period`` kept); the threshold is re-estimated
-    at steps 10, 20 and 40 and then every ``update_period`` steps from the
-    norms recorded so far; before step 10 there is none. It carries its own
-    ``state_dict`` so that a resumed run clips as the uninterrupted one.
+    Modelled on icefall ScaledAdam's ``clipping_scale`` rule, on the norm it is
+    given (``--clip-grad-norm-relative`` gives the raw global norm): every
+    step's norm is recorded (the last ``update_period`` kept); the threshold
+    is re-estimated at steps 10, 20 and 40 and then every ``update_period``
+    steps from the norms recorded so far; before step 10 there is none. It
+    carries its own ``state_dict`` so that a resumed run clips as the
+    uninterrupted one.
+
+    It is an approximation, kept as it is because the ablation's committed
+    runs (and this project's ``ScaledAdam``) use it. It differs from
+    icefall's ``_get_clipping_scale`` in that it
+    takes any norm (icefall's weights each gradient by its parameter's RMS),
+    records step 0 (icefall neither records nor clips it), takes the upper
+    median ``sorted[n // 2]`` (icefall ``sorted[(n // 4) * 2]``: not the same
+    for 10 norms) and does not double the threshold at steps 10, 20 and 40
+    (icefall does, "as norm may be changing rapidly").
     """
 
     def __init__(self, scale: float, update_period: int) -> None:
@@ -198,6 +213,82 @@ class RunningMedianThreshold:
         self.norms = list(state["norms"])
         self.threshold = state["threshold"]
         self.steps = int(state["steps"])
+
+
+class ZClipThreshold:
+    """ZClip (Kumar et al. 2025, arXiv 2504.02507): clip the global norm when its z-score is an outlier.
+
+    The authors' rule as their ``zclip`` package (``ZClip.step``, version
+    1.0.0) computes it in its default variant, ``mode="zscore"`` with
+    ``clip_option="adaptive_scaling"`` (``clip_factor=1``,
+    ``skip_update_on_spike=False``); their optional hard cap
+    ``max_grad_norm`` is not part of it (``--clip-grad-norm`` combines with
+    it, the smaller maximum winning, as in ZClip). For each norm ``g``:
+
+    - warm-up: the first ``warmup_steps`` (25) norms are collected and not
+      clipped; after the last of them the mean ``mu`` is their mean and the
+      variance ``var`` their population variance (divided by n);
+    - then ``z = (g - mu) / (sqrt(var) + eps)``; when ``z > z_threshold``
+      (2.5) the norm is clipped to ``mu + z_threshold * sqrt(var) / (z /
+      z_threshold)``, i.e. ``mu + z_threshold^2 sigma / z``: the further out,
+      the lower the target (never above ``mu + z_threshold sigma``);
+    - the moving averages are updated with the clipped target when it clipped,
+      else with ``g``, mean first and the variance with the new mean:
+      ``mu <- alpha mu + (1 - alpha) x``,
+      ``var <- alpha var + (1 - alpha) (x - mu)^2`` (``alpha`` 0.97).
+
+    :meth:`update` returns the step's maximum norm (None: no clipping); the
+    gradients are scaled by ``max / (g + 1e-6)``, as ZClip's.
+    """
+
+    def __init__(self, z_threshold: float = 2.5, alpha: float = 0.97, warmup_steps: int = 25, eps: float = 1e-6):
+        if not z_threshold > 0:
+            raise ValueError(f"z_threshold must be > 0, got {z_threshold}")
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        if warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+        self.z_threshold = float(z_threshold)
+        self.alpha = float(alpha)
+        self.warmup_steps = int(warmup_steps)
+        self.eps = float(eps)
+        self.buffer: List[float] = []
+        self.mean: Optional[float] = None
+        self.var: Optional[float] = None
+
+    def update(self, norm: float) -> Optional[float]:
+        """Record this step's global ``norm``; the maximum norm of this step (None: no clipping)."""
+        if self.mean is None:
+            self.buffer.append(norm)
+            if len(self.buffer) >= self.warmup_steps:
+                self.mean = sum(self.buffer) / len(self.buffer)
+                self.var = sum((x - self.mean) ** 2 for x in self.buffer) / len(self.buffer)
+                self.buffer = []
+            return None
+        std = self.var**0.5
+        z = (norm - self.mean) / (std + self.eps)
+        target = None
+        if z > self.z_threshold:
+            target = self.mean + (self.z_threshold * std) / (z / self.z_threshold)
+        x = norm if target is None else target
+        self.mean = self.alpha * self.mean + (1 - self.alpha) * x
+        self.var = self.alpha * self.var + (1 - self.alpha) * (x - self.mean) ** 2
+        return target
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"buffer": list(self.buffer), "mean": self.mean, "var": self.var}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.buffer = list(state["buffer"])
+        self.mean = state["mean"]
+        self.var = state["var"]
+
+
+def clip_scale_above(norm: float, max_norm: float, eps: float = 1e-6) -> float:
+    """The factor of a norm clip that acts only above its maximum: ``max_norm / (norm + eps)`` when
+    ``norm > max_norm``, else exactly 1 (ZClip's and AutoClip's papers; torch's ``clip_grad_norm_``
+    always multiplies, so a norm equal to its maximum would read as clipped)."""
+    return max_norm / (norm + eps) if norm > max_norm else 1.0
 
 
 def clip_grad_value_(parameters: ParamsLike, max: float, min: Optional[float] = None) -> None:

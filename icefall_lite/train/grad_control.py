@@ -11,14 +11,21 @@ flag                       what it does                                        w
 ``--agc-clipping``         unit-wise adaptive clipping (AGC), lambda           after backward
 ``--clip-grad-norm``       scale all gradients to a global L2 norm <= max      after backward (last)
 ``--clip-grad-norm-relative``  the same, max = S x the running median of the    after backward (last)
-                           pre-clip global norm (icefall ScaledAdam's rule)
+                           pre-clip global norm (an approximation of icefall
+                           ScaledAdam's rule on the raw norm)
+``--zclip-z-threshold``    ZClip: the global norm clipped when its z-score     after backward (last)
+                           against EMAs of its mean and variance exceeds Z
 =========================  ==================================================  ================================
 
 The flags combine; after backward they apply in the order of the table (with
-both norm clips on, the smaller maximum wins). The relative clip tells "normalises
-every step" (a fixed maximum below the typical norm) from "catches the rare
-outlier" (a maximum that follows the typical norm); its running median is state
-that checkpoints keep (:meth:`GradientControl.state_dict`).
+several global-norm rules on, the smallest scale wins). The relative clip tells
+"normalises every step" (a fixed maximum below the typical norm) from "catches
+the rare outlier" (a maximum that follows the typical norm). The rules that
+follow the history of the norm (relative, ZClip) keep state that checkpoints
+keep (:meth:`GradientControl.state_dict`), each its own history as if it were
+alone. The relative clip records the pre-clip norm (before value and AGC
+clipping); the later rules see the gradients at the global stage, after the
+element-wise kinds (the same norm when those are off).
 :meth:`GradientControl.clip` returns the pre-clip global norm and the clip
 scale (post- over pre-clip norm), which the training loop logs for every kind
 alike.
@@ -32,14 +39,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+import torch
 import torch.nn as nn
 
 from icefall_lite.nn.clip import (
     ErrorClipByValue,
     RunningMedianThreshold,
+    ZClipThreshold,
     adaptive_clip_grad_,
     add_error_clip,
     clip_grad_value_,
+    clip_scale_above,
     get_total_norm,
     norm_clip_scale,
     scale_grads_,
@@ -48,7 +58,14 @@ from icefall_lite.train.checkpoint import unwrap
 
 # AGC leaves the final classifier layer unclipped (Brock et al. 2021): the joiner's output layer.
 AGC_EXCLUDED = "output_linear"
-FLAGS = ("clip_grad_norm", "clip_grad_value", "agc_clipping", "error_clip", "clip_grad_norm_relative")
+FLAGS = (
+    "clip_grad_norm",
+    "clip_grad_value",
+    "agc_clipping",
+    "error_clip",
+    "clip_grad_norm_relative",
+    "zclip_z_threshold",
+)
 # The relative clip re-estimates its median every this many steps (as ScaledAdam's clipping_update_period).
 RELATIVE_CLIP_UPDATE_PERIOD = 100
 
@@ -81,6 +98,15 @@ def add_gradient_control_arguments(parser: argparse.ArgumentParser) -> None:
         f"{RELATIVE_CLIP_UPDATE_PERIOD}; none before step 10); 0 = off.",
     )
     group.add_argument(
+        "--zclip-z-threshold",
+        type=float,
+        default=0.0,
+        help="ZClip (Kumar et al. 2025; its authors' default 'zscore' / 'adaptive_scaling' variant): EMAs "
+        "(alpha 0.97) of the mean and variance of the global norm, started from the first 25 norms (not "
+        "clipped); a norm whose z-score exceeds Z is clipped to mean + Z^2 std / z, and the EMAs are updated "
+        "with the clipped norm. The authors recommend 2.5; 0 = off.",
+    )
+    group.add_argument(
         "--error-clip",
         type=float,
         default=0.0,
@@ -107,28 +133,49 @@ class GradientControl:
     agc_clipping: float
     error_clip: float
     clip_grad_norm_relative: float
+    zclip_z_threshold: float = 0.0
     relative_threshold: Optional[RunningMedianThreshold] = field(init=False, default=None)
+    zclip: Optional[ZClipThreshold] = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if self.clip_grad_norm_relative > 0:
             self.relative_threshold = RunningMedianThreshold(self.clip_grad_norm_relative, RELATIVE_CLIP_UPDATE_PERIOD)
+        if self.zclip_z_threshold > 0:
+            self.zclip = ZClipThreshold(self.zclip_z_threshold)
+
+    def _stateful(self) -> Dict[str, Any]:
+        """The rules that keep a history, by their key in :meth:`state_dict` (those that are on)."""
+        rules = {"relative_threshold": self.relative_threshold, "zclip": self.zclip}
+        return {key: rule for key, rule in rules.items() if rule is not None}
 
     def state_dict(self) -> Dict[str, Any]:
-        """The relative clip's running median (empty without it)."""
-        return {} if self.relative_threshold is None else {"relative_threshold": self.relative_threshold.state_dict()}
+        """The histories of the rules that keep one (empty without them)."""
+        return {key: rule.state_dict() for key, rule in self._stateful().items()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        if self.relative_threshold is not None and "relative_threshold" in state:
-            self.relative_threshold.load_state_dict(state["relative_threshold"])
+        for key, rule in self._stateful().items():
+            if key in state:
+                rule.load_state_dict(state[key])
 
     def _max_norm(self, norm: float) -> Optional[float]:
-        """This step's maximum global norm (None: no norm clip); records ``norm`` for the relative clip."""
+        """This step's maximum global norm of the fixed and relative clips (None: neither); records ``norm``
+        for the relative clip."""
         limits = [self.clip_grad_norm] if self.clip_grad_norm > 0 else []
         if self.relative_threshold is not None:
             threshold = self.relative_threshold.update(norm)
             if threshold is not None:
                 limits.append(threshold)
         return min(limits) if limits else None
+
+    def _history_scale(self, norm: float) -> float:
+        """The factor of the rules that follow the norm's history (1: none on, or none clips); records
+        ``norm``, the global norm at their stage."""
+        scale = 1.0
+        if self.zclip is not None:
+            target = self.zclip.update(norm)
+            if target is not None:
+                scale = min(scale, clip_scale_above(norm, target))
+        return scale
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "GradientControl":
@@ -163,12 +210,21 @@ class GradientControl:
             adaptive_clip_grad_(named, self.agc_clipping, exclude=[n for n, _ in named if AGC_EXCLUDED in n])
         elementwise = self.clip_grad_value > 0 or self.agc_clipping > 0
         max_norm = self._max_norm(float(norm))
-        if max_norm is not None:
-            scale = norm_clip_scale(get_total_norm(grads) if elementwise else norm, max_norm)
-            scale_grads_(grads, scale)
+        history = self.zclip is not None
+        if max_norm is None and not history:
             if not elementwise:
-                return float(norm), float(scale)
+                return float(norm), 1.0
+            after = float(get_total_norm(grads))
+            return float(norm), after / float(norm) if float(norm) > 0 else 1.0
+        current = get_total_norm(grads) if elementwise else norm
+        scale = norm_clip_scale(current, max_norm) if max_norm is not None else None
+        if history:
+            rule_scale = self._history_scale(float(current))
+            if rule_scale < 1.0:
+                scale = torch.clamp(scale, max=rule_scale) if scale is not None else torch.tensor(rule_scale)
+        if scale is not None:
+            scale_grads_(grads, scale)
         if not elementwise:
-            return float(norm), 1.0
+            return float(norm), 1.0 if scale is None else float(scale)
         after = float(get_total_norm(grads))
         return float(norm), after / float(norm) if float(norm) > 0 else 1.0
