@@ -205,7 +205,8 @@ def _pid_of_rank(exp_dir: Path, rank: int) -> int:
 
 def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(tiny_data, tmp_path):
     """Rank 1 is killed (SIGKILL) once checkpoint-2.pt exists; torchrun --max-restarts 1 restarts both ranks,
-    which resume from the newest checkpoint, train the rest of the epoch and end with identical weights.
+    which resume from the newest checkpoint, train the rest of the epoch and end with identical weights, the
+    weights of the same run never killed.
 
     torchrun runs with --standalone (c10d) and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the store shared
     (torch's default) the restarted ranks read the killed attempt's addresses and cannot connect."""
@@ -239,6 +240,14 @@ def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(tiny_data, 
     checksums = _checksums(logs)
     assert checksums[0] == checksums[1]
     assert (exp_dir / "epoch-1.pt").is_file()
+    # Exact: the same run never killed ends with the same weights (every rank resumed its own generators).
+    whole = tmp_path / "uninterrupted"
+    _run(
+        [*TORCHRUN, "--standalone", "--nproc-per-node", "2", *_train_args(whole, "--save-every-n", "2")],
+        tiny_data,
+        _env(),
+    )
+    assert _checksums(_rank_logs(whole)) == checksums
 
 
 # --------------------------------------------------------------------------

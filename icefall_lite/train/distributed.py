@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -173,6 +173,15 @@ def any_rank(flag: bool) -> bool:
     tensor = torch.tensor([1 if flag else 0], dtype=torch.int32, device=_collective_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return bool(tensor.item())
+
+
+def gather_objects(obj: Any) -> List[Any]:
+    """``obj`` of every rank, in rank order (``[obj]`` without a process group)."""
+    if _world_size() <= 1:
+        return [obj]
+    objects: List[Any] = [None] * _world_size()
+    dist.all_gather_object(objects, obj)
+    return objects
 
 
 def same_on_all_ranks(value: int) -> bool:

@@ -24,7 +24,7 @@ from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.train.averaging import update_averaged_model
 from icefall_lite.train.checkpoint import remove_checkpoints, save_checkpoint, unwrap
 from icefall_lite.train.diagnostics import ModelDiagnostics
-from icefall_lite.train.distributed import any_rank, sum_over_ranks
+from icefall_lite.train.distributed import any_rank, gather_objects, sum_over_ranks
 from icefall_lite.train.grad_control import GradientControl
 from icefall_lite.train.loss import compute_loss
 from icefall_lite.train.optim import Eden, ScaledAdam
@@ -78,7 +78,9 @@ class Training:
         self.step_log.flush()
 
     def save(self, filename: Path, train_dl) -> None:
-        """Rank 0 saves model, model_avg, optimizer, scheduler, scaler, sampler position and RNG states."""
+        """Rank 0 saves model, model_avg, optimizer, scheduler, scaler, sampler position and the RNG states of
+        every rank (a collective under DDP: every rank calls this)."""
+        rng_states = gather_objects(get_rng_state(train_dl))
         if self.rank != 0:
             return
         self.flush_log()
@@ -91,7 +93,11 @@ class Training:
             scheduler=self.scheduler,
             scaler=self.scaler,
             sampler=None if train_dl is None else train_dl.sampler,
-            extra={"rng_state": get_rng_state(train_dl), "grad_control": self.grad_control.state_dict()},
+            extra={
+                "rng_state": rng_states[0],
+                "rng_states": rng_states,
+                "grad_control": self.grad_control.state_dict(),
+            },
         )
 
 

@@ -75,8 +75,9 @@ class Resumption:
         "train_seconds",
     )
 
-    def __init__(self, checkpoint: Dict[str, Any]) -> None:
+    def __init__(self, checkpoint: Dict[str, Any], rank: int = 0) -> None:
         self.checkpoint: Optional[Dict[str, Any]] = checkpoint
+        self.rank = rank
 
     @classmethod
     def load(
@@ -96,7 +97,7 @@ class Resumption:
         finished_epoch = checkpoint.get("batch_idx_in_epoch", 0) == 0 or path.name.startswith("epoch-")
         params.cur_epoch = int(checkpoint["cur_epoch"]) + (1 if finished_epoch else 0)
         params.batch_idx_in_epoch = 0 if finished_epoch else int(checkpoint["batch_idx_in_epoch"])
-        return cls(checkpoint)
+        return cls(checkpoint, rank)
 
     def restore_optimizers(
         self,
@@ -124,4 +125,7 @@ class Resumption:
         checkpoint, self.checkpoint = self.checkpoint, None
         if checkpoint is None or params.batch_idx_in_epoch == 0:
             return None
+        rng_states = checkpoint.get("rng_states")
+        if rng_states is not None and self.rank < len(rng_states):
+            return checkpoint.get("sampler"), rng_states[self.rank]  # this rank's own generators
         return checkpoint.get("sampler"), checkpoint.get("rng_state")
