@@ -26,7 +26,13 @@ import torch.multiprocessing as mp
 
 from conftest import RECIPE, recipe_env
 from icefall_lite.nn.model import build_transducer
-from icefall_lite.train.distributed import check_launch, shared_store_restart_problem, torchrun_placement
+from icefall_lite.train.distributed import (
+    Placement,
+    check_launch,
+    shared_store_restart_problem,
+    threads_per_rank,
+    torchrun_placement,
+)
 from icefall_lite.train.grad_control import GradientControl
 from icefall_lite.train.loop import Training, budget_spent, train_step
 from icefall_lite.train.optim import Eden, Eve
@@ -418,3 +424,17 @@ def test_max_minutes_stops_all_ranks_at_the_same_batch(tmp_path):
     results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["stopped_at"] for r in results] == [3, 3]
     assert [r["validation"] for r in results] == [[2.0, 2.0], [2.0, 2.0]]
+
+
+@pytest.mark.parametrize(
+    "environ, local_world_size, cores, expected",
+    [
+        ({}, 8, 64, 8),  # 8 ranks on a 64-core host: 8 threads each, not 64
+        ({}, 2, 2, 1),
+        ({}, 4, 2, 1),  # never below one
+        ({"OMP_NUM_THREADS": "3"}, 8, 64, 3),  # the user's (or torchrun's) setting wins
+    ],
+)
+def test_threads_per_rank_share_the_host(environ, local_world_size, cores, expected):
+    placement = Placement(0, local_world_size, 0, local_world_size, "spawn")
+    assert threads_per_rank(placement, environ, cores) == expected

@@ -84,6 +84,16 @@ def torchrun_placement(environ: Optional[Mapping[str, str]] = None) -> Optional[
     return Placement(rank, world_size, local_rank, local_world_size, "torchrun")
 
 
+def threads_per_rank(placement: Placement, environ: Optional[Mapping[str, str]] = None, cores: int = 0) -> int:
+    """CPU threads for each process of this machine: ``OMP_NUM_THREADS`` when it is set (torchrun sets 1 for
+    several processes per node), else the machine's ``cores`` (``os.cpu_count()`` when 0) shared out among its
+    ``local_world_size`` processes, so that 8 ranks on one host do not each start a thread per core."""
+    environ = os.environ if environ is None else environ
+    if environ.get("OMP_NUM_THREADS", "").strip():
+        return max(1, int(environ["OMP_NUM_THREADS"]))
+    return max(1, (cores or os.cpu_count() or 1) // placement.local_world_size)
+
+
 def spawn_placement(rank: int, world_size: int) -> Placement:
     """Rank ``rank`` of the ``world_size`` processes that ``--world-size`` spawns on this machine."""
     return Placement(rank, world_size, rank, world_size, "spawn" if world_size > 1 else "single")

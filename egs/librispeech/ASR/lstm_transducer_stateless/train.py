@@ -49,6 +49,7 @@ from icefall_lite.train.distributed import (
     same_on_all_ranks,
     shared_store_restart_problem,
     spawn_placement,
+    threads_per_rank,
     torchrun_placement,
 )
 from icefall_lite.train.grad_control import GradientControl
@@ -220,6 +221,8 @@ def run(placement: Placement, args: argparse.Namespace) -> None:
     """Train on one process (global rank ``placement.rank`` of ``placement.world_size``): set up, resume if there
     is a checkpoint, train."""
     rank, world_size = placement.rank, placement.world_size
+    if placement.distributed:
+        torch.set_num_threads(threads_per_rank(placement))
     params = get_params()
     params.update(vars(args))
     fix_random_seed(params.seed)
@@ -228,7 +231,8 @@ def run(placement: Placement, args: argparse.Namespace) -> None:
     if placement.distributed:
         logging.info(
             f"Rank {rank} of {world_size} ({placement.launcher}), local rank {placement.local_rank} of "
-            f"{placement.local_world_size} on {socket.gethostname()}, process id {os.getpid()}"
+            f"{placement.local_world_size} on {socket.gethostname()}, process id {os.getpid()}, "
+            f"{torch.get_num_threads()} CPU thread(s)"
         )
         restart_problem = shared_store_restart_problem()
         if restart_problem is not None and rank == 0:
