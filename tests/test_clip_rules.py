@@ -6,11 +6,12 @@ import io
 import math
 from typing import List
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 
-from icefall_lite.nn.clip import ZClipThreshold
+from icefall_lite.nn.clip import AutoClipThreshold, ZClipThreshold, percentile_linear
 from icefall_lite.nn.model import add_model_arguments
 from icefall_lite.train.args import add_training_arguments
 from icefall_lite.train.grad_control import FLAGS, GradientControl, check_gradient_control_args
@@ -165,6 +166,71 @@ def test_zclip_resumes_exactly():
         uninterrupted = _control(zclip_z_threshold=2.5)
         _run_control(uninterrupted, sizes)
         assert (second.zclip.mean, second.zclip.var) == (uninterrupted.zclip.mean, uninterrupted.zclip.var)
+
+
+# --------------------------------------------------------------------------
+# AutoClip
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 100])
+def test_percentile_is_numpys_default(n):
+    gen = torch.Generator().manual_seed(n)
+    values = sorted(float(x) for x in torch.rand(n, generator=gen) * 10)
+    for p in (0, 1, 10, 25, 33.3, 50, 90, 99.9, 100):
+        assert percentile_linear(values, p) == float(np.percentile(values, p)), p
+
+
+def test_autoclip_by_hand():
+    """p = 10 on the norms 4, 2, 8, 1: the threshold is the 10th percentile of the norms so far, this one
+    included; only 8 is above its threshold."""
+    control = _control(autoclip_percentile=10)
+    got = [scale for _, scale, _ in _run_control(control, [4.0, 2.0, 8.0, 1.0])]
+    # [4] -> 4; [2, 4] -> 2 + 0.1 x 2 = 2.2; [2, 4, 8] -> rank 0.2: 2 + 0.2 x 2 = 2.4; [1, 2, 4, 8] -> 1.3.
+    assert got[0] == 1.0 and got[1] == 1.0 and got[3] == 1.0
+    assert got[2] == pytest.approx(2.4 / 8, rel=1e-6)
+    assert control.autoclip.history == pytest.approx([1.0, 2.0, 4.0, 8.0], rel=1e-6)
+
+
+def test_autoclip_is_the_authors_reference_code():
+    """The authors' reference (pseeth/autoclip autoclip.py), written out: append the norm to the history,
+    clip_value = np.percentile(history, p), torch's clip_grad_norm_ to it."""
+    sizes = _norm_sequence(150, seed=11, spikes=[(20, 30.0), (100, 80.0)])
+    for p in (10.0, 50.0):
+        ours = _run_control(_control(autoclip_percentile=p), sizes)
+        model = _model()
+        history = []
+        for i, (size, (norm, scale, grads)) in enumerate(zip(sizes, ours)):
+            _set_grads(model, i, size)
+            history.append(math.sqrt(sum(float(q.grad.double().square().sum()) for q in model.parameters())))
+            clip_value = float(np.percentile(history, p))
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_value)
+            assert norm == pytest.approx(history[-1], rel=1e-6)
+            for a, b in zip(grads, model.parameters()):
+                torch.testing.assert_close(a, b.grad, rtol=2e-6, atol=0)
+            assert (scale < 1.0) == (history[-1] > clip_value * (1 + 1e-6))
+        assert sum(s < 1.0 for _, s, _ in ours) > (100 if p == 10 else 50)
+
+
+def test_autoclip_refuses_bad_percentiles(capsys):
+    with pytest.raises(ValueError, match="percentile"):
+        AutoClipThreshold(100.5)
+    parser = _parser()
+    with pytest.raises(SystemExit):
+        check_gradient_control_args(parser, parser.parse_args(["--autoclip-percentile", "101"]))
+    assert "--autoclip-percentile must be at most 100" in capsys.readouterr().err
+
+
+def test_autoclip_resumes_exactly():
+    sizes = _norm_sequence(60, seed=13, spikes=[(40, 50.0)])
+    whole = _run_control(_control(autoclip_percentile=10), sizes)
+    first = _control(autoclip_percentile=10)
+    _run_control(first, sizes[:30])
+    second = _control(autoclip_percentile=10)
+    second.load_state_dict(_round_trip(first.state_dict()))
+    rest = _run_control(second, sizes[30:], seed=30)
+    assert [s for _, s, _ in rest] == [s for _, s, _ in whole[30:]]
+    assert len(second.autoclip.history) == 60
 
 
 # --------------------------------------------------------------------------

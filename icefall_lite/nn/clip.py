@@ -13,11 +13,13 @@
 - Thresholds that follow the history of the global norm, each with a
   ``state_dict`` so that a resumed run clips as the uninterrupted one:
   :class:`RunningMedianThreshold` (a multiple of the running median of the raw
-  norm) and :class:`ZClipThreshold` (ZClip's z-score rule).
+  norm), :class:`ZClipThreshold` (ZClip's z-score rule) and
+  :class:`AutoClipThreshold` (AutoClip's percentile of every past norm).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -282,6 +284,57 @@ class ZClipThreshold:
         self.buffer = list(state["buffer"])
         self.mean = state["mean"]
         self.var = state["var"]
+
+
+class AutoClipThreshold:
+    """AutoClip (Seetharaman, Wichern, Pardo, Le Roux, MLSP 2020, arXiv 2007.14469): clip the global norm
+    at the ``percentile``-th percentile of every norm seen so far, this step's included.
+
+    As the authors' reference code (``pseeth/autoclip``'s ``autoclip.py``):
+    the step's norm is appended to the history, the threshold is
+    ``numpy.percentile(history, p)`` (linear interpolation between the
+    closest ranks) and the gradients are clipped to it by global norm. The
+    history is never truncated. A norm at or below its threshold is left
+    exactly as it is (the paper's factor ``min(threshold / norm, 1)``; the
+    reference code's ``clip_grad_norm_`` would multiply it by ``norm / (norm
+    + 1e-6)``). The paper tried p = 0 (the minimum so far),
+    1, 10, 25, 50, 90 and 100 (never clips) and recommends p = 10 as
+    "set-and-forget". Not the PyPI ``autoclip`` package's ``QuantileClip``,
+    which leaves the step's own norm out of its history (so it clips its
+    first step at infinity), keeps only the last 1000 norms and by default
+    clips each parameter by its own history.
+    """
+
+    def __init__(self, percentile: float) -> None:
+        if not 0.0 <= percentile <= 100.0:
+            raise ValueError(f"percentile must be in [0, 100], got {percentile}")
+        self.percentile = float(percentile)
+        self.history: List[float] = []  # sorted
+
+    def update(self, norm: float) -> float:
+        """Record this step's ``norm``; this step's maximum norm (the percentile of the history)."""
+        bisect.insort(self.history, norm)
+        return percentile_linear(self.history, self.percentile)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.history = sorted(state["history"])
+
+
+def percentile_linear(ascending: Sequence[float], percentile: float) -> float:
+    """The ``percentile``-th percentile of the ascending values, as ``numpy.percentile``'s default ("linear",
+    type 7 of Hyndman and Fan): the point at rank ``p / 100 * (n - 1)`` between the two closest values."""
+    if not ascending:
+        raise ValueError("percentile of no values")
+    rank = (len(ascending) - 1) * (percentile / 100.0)
+    below = math.floor(rank)
+    above = min(below + 1, len(ascending) - 1)
+    frac = rank - below
+    low, high = ascending[below], ascending[above]
+    # numpy's lerp: from the nearer end, so that frac 1 gives the upper value exactly.
+    return low + (high - low) * frac if frac < 0.5 else high - (high - low) * (1 - frac)
 
 
 def clip_scale_above(norm: float, max_norm: float, eps: float = 1e-6) -> float:

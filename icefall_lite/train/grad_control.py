@@ -15,13 +15,15 @@ flag                       what it does                                        w
                            ScaledAdam's rule on the raw norm)
 ``--zclip-z-threshold``    ZClip: the global norm clipped when its z-score     after backward (last)
                            against EMAs of its mean and variance exceeds Z
+``--autoclip-percentile``  AutoClip: the global norm clipped at the P-th        after backward (last)
+                           percentile of all its past values
 =========================  ==================================================  ================================
 
 The flags combine; after backward they apply in the order of the table (with
 several global-norm rules on, the smallest scale wins). The relative clip tells
 "normalises every step" (a fixed maximum below the typical norm) from "catches
 the rare outlier" (a maximum that follows the typical norm). The rules that
-follow the history of the norm (relative, ZClip) keep state that checkpoints
+follow the history of the norm (relative, ZClip, AutoClip) keep state that checkpoints
 keep (:meth:`GradientControl.state_dict`), each its own history as if it were
 alone. The relative clip records the pre-clip norm (before value and AGC
 clipping); the later rules see the gradients at the global stage, after the
@@ -43,6 +45,7 @@ import torch
 import torch.nn as nn
 
 from icefall_lite.nn.clip import (
+    AutoClipThreshold,
     ErrorClipByValue,
     RunningMedianThreshold,
     ZClipThreshold,
@@ -65,6 +68,7 @@ FLAGS = (
     "error_clip",
     "clip_grad_norm_relative",
     "zclip_z_threshold",
+    "autoclip_percentile",
 )
 # The relative clip re-estimates its median every this many steps (as ScaledAdam's clipping_update_period).
 RELATIVE_CLIP_UPDATE_PERIOD = 100
@@ -107,6 +111,14 @@ def add_gradient_control_arguments(parser: argparse.ArgumentParser) -> None:
         "with the clipped norm. The authors recommend 2.5; 0 = off.",
     )
     group.add_argument(
+        "--autoclip-percentile",
+        type=float,
+        default=0.0,
+        help="AutoClip (Seetharaman et al. 2020): clip the global norm at the P-th percentile (0 < P <= 100; "
+        "numpy's linear interpolation) of every global norm so far, this step's included. The authors "
+        "recommend 10; 0 = off.",
+    )
+    group.add_argument(
         "--error-clip",
         type=float,
         default=0.0,
@@ -122,6 +134,8 @@ def check_gradient_control_args(parser: argparse.ArgumentParser, args: argparse.
         value = getattr(args, name)
         if not value >= 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+    if args.autoclip_percentile > 100:
+        parser.error(f"--autoclip-percentile must be at most 100 (a percentile), got {args.autoclip_percentile}")
 
 
 @dataclass
@@ -134,18 +148,22 @@ class GradientControl:
     error_clip: float
     clip_grad_norm_relative: float
     zclip_z_threshold: float = 0.0
+    autoclip_percentile: float = 0.0
     relative_threshold: Optional[RunningMedianThreshold] = field(init=False, default=None)
     zclip: Optional[ZClipThreshold] = field(init=False, default=None)
+    autoclip: Optional[AutoClipThreshold] = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if self.clip_grad_norm_relative > 0:
             self.relative_threshold = RunningMedianThreshold(self.clip_grad_norm_relative, RELATIVE_CLIP_UPDATE_PERIOD)
         if self.zclip_z_threshold > 0:
             self.zclip = ZClipThreshold(self.zclip_z_threshold)
+        if self.autoclip_percentile > 0:
+            self.autoclip = AutoClipThreshold(self.autoclip_percentile)
 
     def _stateful(self) -> Dict[str, Any]:
         """The rules that keep a history, by their key in :meth:`state_dict` (those that are on)."""
-        rules = {"relative_threshold": self.relative_threshold, "zclip": self.zclip}
+        rules = {"relative_threshold": self.relative_threshold, "zclip": self.zclip, "autoclip": self.autoclip}
         return {key: rule for key, rule in rules.items() if rule is not None}
 
     def state_dict(self) -> Dict[str, Any]:
@@ -175,6 +193,8 @@ class GradientControl:
             target = self.zclip.update(norm)
             if target is not None:
                 scale = min(scale, clip_scale_above(norm, target))
+        if self.autoclip is not None:
+            scale = min(scale, clip_scale_above(norm, self.autoclip.update(norm)))
         return scale
 
     @classmethod
@@ -210,7 +230,7 @@ class GradientControl:
             adaptive_clip_grad_(named, self.agc_clipping, exclude=[n for n, _ in named if AGC_EXCLUDED in n])
         elementwise = self.clip_grad_value > 0 or self.agc_clipping > 0
         max_norm = self._max_norm(float(norm))
-        history = self.zclip is not None
+        history = self.zclip is not None or self.autoclip is not None
         if max_norm is None and not history:
             if not elementwise:
                 return float(norm), 1.0
