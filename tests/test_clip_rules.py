@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from icefall_lite.nn.clip import AutoClipThreshold, ZClipThreshold, percentile_linear
+from icefall_lite.nn.clip import AutoClipThreshold, ScaledAdamClipping, ZClipThreshold, percentile_linear
 from icefall_lite.nn.model import add_model_arguments
 from icefall_lite.train.args import add_training_arguments
 from icefall_lite.train.grad_control import FLAGS, GradientControl, check_gradient_control_args
@@ -231,6 +231,136 @@ def test_autoclip_resumes_exactly():
     rest = _run_control(second, sizes[30:], seed=30)
     assert [s for _, s, _ in rest] == [s for _, s, _ in whole[30:]]
     assert len(second.autoclip.history) == 60
+
+
+# --------------------------------------------------------------------------
+# ScaledAdam's rule
+# --------------------------------------------------------------------------
+
+
+class _WithScalars(nn.Module):
+    """Matrices, a zero-initialised bias (RMS 0), a random bias, a scalar and a one-element vector (both
+    weighted by scalar_lr_scale, not by their RMS)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Linear(6, 5)
+        self.b = nn.Linear(5, 4)
+        nn.init.zeros_(self.b.bias)
+        self.gain = nn.Parameter(torch.tensor(0.3))
+        self.offset = nn.Parameter(torch.tensor([0.5]))
+
+
+def _scaled_adam_run(control: GradientControl, model: nn.Module, steps: range, spikes=(15, 45, 120, 200, 201)):
+    """Random gradients (x30 at ``spikes``), clipped by ``control``, then a plain SGD step (so the weights'
+    RMS moves). Returns per step (weights before the step, gradients, scale)."""
+    out = []
+    for step in steps:
+        gen = torch.Generator().manual_seed(1000 + step)
+        size = (1.0 + 2 * float(torch.rand((), generator=gen))) * (30 if step in spikes else 1)
+        weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=gen) * size
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        _, scale = control.clip(model)
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.02 * p.grad
+        out.append((weights, grads, scale))
+    return out
+
+
+def _icefall_scales(record, clipping_scale=2.0, period=100, scalar_lr_scale=0.1, size_update_period=4):
+    """icefall's rule from its definition, in float64: the weighted norm of step s uses the RMS measured at
+    the last of step 0 and the steps t < s with t % 4 == 3 (before their update); the threshold of step s
+    is set at the last estimation step e <= s (10, 20, 40, then the multiples of the period) from the norms
+    of steps 1..e (e of them, threshold doubled) or of the last ``period`` steps up to e: clipping_scale x
+    their ascending (n // 4) * 2-th; step 0 and steps before 10 are not clipped."""
+    norms, scales = [None], [1.0]
+    irregular = [i for i in (10, 20, 40) if i < period]
+    for s in range(1, len(record)):
+        measured = max([0] + [t for t in range(s) if t % size_update_period == size_update_period - 1])
+        weights = record[measured][0]
+        grads = record[s][1]
+        total = 0.0
+        for name, g in grads.items():
+            w = weights[name].double()
+            factor = scalar_lr_scale if w.numel() == 1 else float(w.square().mean().sqrt())
+            total += float((g.double() * factor).square().sum())
+        norms.append(math.sqrt(total))
+        estimates = [e for e in range(1, s + 1) if e in irregular or e % period == 0]
+        if not estimates:
+            scales.append(1.0)
+            continue
+        e = estimates[-1]
+        window = sorted(norms[1 : e + 1]) if e in irregular else sorted(norms[e - period + 1 : e + 1])
+        threshold = clipping_scale * window[(len(window) // 4) * 2] * (2.0 if e in irregular else 1.0)
+        scales.append(min(1.0, threshold / norms[s]))
+    return scales
+
+
+def test_scaled_adam_rule_is_icefalls():
+    """--scaled-adam-clipping-scale 2 over 230 steps against icefall's rule written from its definition
+    (independently of the ring of norms the class keeps, as icefall's _get_clipping_scale)."""
+    record = _scaled_adam_run(_control(scaled_adam_clipping_scale=2.0), _WithScalars(), range(230))
+    ours = [scale for _, _, scale in record]
+    reference = _icefall_scales(record)
+    assert ours == pytest.approx(reference, rel=1e-5)
+    assert all(s == 1.0 for s in ours[:10])
+    clipped = [i for i, s in enumerate(ours) if s < 1.0]
+    assert {15, 45, 120, 200, 201} <= set(clipped)
+
+
+class ScaledAdamControl(GradientControl):
+    """GradientControl with ScaledAdam's rule at another clipping_update_period (tests only)."""
+
+    def __init__(self, period: int) -> None:
+        super().__init__(**{**{name: 0.0 for name in FLAGS}, "scaled_adam_clipping_scale": 2.0})
+        self.scaled_adam = ScaledAdamClipping(2.0, clipping_update_period=period)
+
+
+def test_scaled_adam_rule_short_period_and_first_estimates():
+    """A period of 7: no irregular estimates (10 > 7), thresholds at steps 7, 14, ... from 7 norms."""
+    record = _scaled_adam_run(ScaledAdamControl(period=7), _WithScalars(), range(60))
+    assert [s for _, _, s in record] == pytest.approx(_icefall_scales(record, period=7), rel=1e-5)
+
+
+def test_scaled_adam_rule_doubles_early_thresholds_and_skips_step_zero():
+    """By hand: step 0 is not recorded; at step 10 the threshold is 2 x 2 x the 5th smallest of the norms of
+    steps 1..10."""
+    rule = ScaledAdamClipping(2.0)
+    p = nn.Parameter(torch.ones(4))  # RMS 1: the weighted norm is the gradient's norm
+    scales = []
+    for step, size in enumerate([1000.0] + [float(k) for k in range(1, 11)] + [25.0]):
+        p.grad = torch.full((4,), size / 2)  # norm = size
+        scales.append(rule.scale([("p", p)]))
+    assert scales[:10] == [1.0] * 10  # step 0 (norm 1000) neither clipped nor recorded; no threshold yet
+    assert rule.threshold == pytest.approx(2 * 2 * 5.0)  # norms 1..10: the 5th smallest is 5
+    assert scales[10] == 1.0  # norm 10 <= 20
+    assert scales[11] == pytest.approx(20.0 / 25.0)
+
+
+def test_scaled_adam_rule_resumes_exactly():
+    """Saved after step 57 (between RMS measurements, after the early estimates), restored into a new
+    control: the rest of the run clips exactly as the uninterrupted one."""
+    whole = _scaled_adam_run(_control(scaled_adam_clipping_scale=2.0), _WithScalars(), range(160))
+    model = _WithScalars()
+    first = _control(scaled_adam_clipping_scale=2.0)
+    _scaled_adam_run(first, model, range(58))
+    second = _control(scaled_adam_clipping_scale=2.0)
+    second.load_state_dict(_round_trip(first.state_dict()))
+    rest = _scaled_adam_run(second, model, range(58, 160))
+    assert [s for _, _, s in rest] == [s for _, _, s in whole[58:]]
+    assert any(s < 1.0 for _, _, s in rest)
+
+
+def test_scaled_adam_rule_refused_with_the_scaled_adam_optimizer(capsys):
+    parser = _parser()
+    args = parser.parse_args(["--optimizer", "scaled-adam", "--scaled-adam-clipping-scale", "2"])
+    with pytest.raises(SystemExit):
+        check_gradient_control_args(parser, args)
+    assert "--scaled-adam-clipping-scale: --optimizer scaled-adam clips by its own rule" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------

@@ -13,8 +13,9 @@
 - Thresholds that follow the history of the global norm, each with a
   ``state_dict`` so that a resumed run clips as the uninterrupted one:
   :class:`RunningMedianThreshold` (a multiple of the running median of the raw
-  norm), :class:`ZClipThreshold` (ZClip's z-score rule) and
-  :class:`AutoClipThreshold` (AutoClip's percentile of every past norm).
+  norm), :class:`ZClipThreshold` (ZClip's z-score rule),
+  :class:`AutoClipThreshold` (AutoClip's percentile of every past norm) and
+  :class:`ScaledAdamClipping` (icefall ScaledAdam's rule, exactly).
 """
 
 from __future__ import annotations
@@ -178,8 +179,8 @@ class RunningMedianThreshold:
     uninterrupted one.
 
     It is an approximation, kept as it is because the ablation's committed
-    runs (and this project's ``ScaledAdam``) use it. It differs from
-    icefall's ``_get_clipping_scale`` in that it
+    runs (and this project's ``ScaledAdam``) use it. icefall's own rule,
+    exactly, is :class:`ScaledAdamClipping`; this one differs in that it
     takes any norm (icefall's weights each gradient by its parameter's RMS),
     records step 0 (icefall neither records nor clips it), takes the upper
     median ``sorted[n // 2]`` (icefall ``sorted[(n // 4) * 2]``: not the same
@@ -335,6 +336,159 @@ def percentile_linear(ascending: Sequence[float], percentile: float) -> float:
     low, high = ascending[below], ascending[above]
     # numpy's lerp: from the nearer end, so that frac 1 gives the upper value exactly.
     return low + (high - low) * frac if frac < 0.5 else high - (high - low) * (1 - frac)
+
+
+class ScaledAdamClipping:
+    """icefall ScaledAdam's gradient clipping (``clipping_scale``), exactly as its ``_get_clipping_scale``
+    computes it (``k2-fsa/icefall``, ``egs/librispeech/ASR/zipformer/optim.py``), outside the optimizer.
+
+    Per step s (counted as the optimizer's steps, from 0):
+
+    - the norm is that of the gradients each multiplied by its parameter's
+      RMS ``sqrt(mean(p^2))`` (per tensor; a one-element parameter's
+      gradient by ``scalar_lr_scale``, 0.1, instead):
+      ``sqrt(sum_p ||g_p r_p||^2)``. The RMS is the optimizer's own
+      ``param_rms`` state: measured at step 0 and re-measured every
+      ``size_update_period`` (4) steps, at the steps s with ``s % 4 == 3``
+      after clipping (from the weights before that step's update), so a step
+      clips with an RMS up to four updates old. No floor: a zero-initialised
+      bias counts for nothing until it grows (icefall's ``param_min_rms``
+      floor of 1e-5 applies to its update size, not to this norm);
+    - step 0 is neither clipped nor recorded (ScaledAdam has no state yet);
+    - from step 1 the norm goes into a ring of ``clipping_update_period``
+      (100) slots, first all zero, at slot ``s % 100``;
+    - the threshold is set at steps 10, 20 and 40 (those below the period),
+      from the ``s`` largest slots (the norms so far), and then at every
+      step with ``s % 100 == 0``, from all 100 slots: ``clipping_scale`` x
+      their "median" ``sorted[(n // 4) * 2]`` (of 10 norms the 5th smallest),
+      doubled at steps 10, 20 and 40 ("as norm may be changing rapidly").
+      Before step 10 there is none and nothing is clipped; the step's own
+      norm is recorded before the threshold is estimated;
+    - the factor is ``min(1, threshold / (norm + 1e-20))`` (0 if that is NaN:
+      the gradients are zeroed); a NaN median raises.
+
+    icefall clips each parameter group by itself; a model trained with one
+    group (the recipes) has one global rule, as here. :meth:`scale` returns the
+    factor to multiply every gradient by.
+    """
+
+    def __init__(
+        self,
+        clipping_scale: float = 2.0,
+        clipping_update_period: int = 100,
+        scalar_lr_scale: float = 0.1,
+        size_update_period: int = 4,
+    ) -> None:
+        if not clipping_scale > 0:
+            raise ValueError(f"clipping_scale must be > 0, got {clipping_scale}")
+        if clipping_update_period < 1 or size_update_period < 1:
+            raise ValueError(f"the update periods must be >= 1, got {clipping_update_period} and {size_update_period}")
+        self.clipping_scale = float(clipping_scale)
+        self.clipping_update_period = int(clipping_update_period)
+        self.scalar_lr_scale = float(scalar_lr_scale)
+        self.size_update_period = int(size_update_period)
+        self.step = 0
+        self.model_norms: Optional[Tensor] = None  # the ring of norms, float32 on the gradients' device
+        self.threshold: Optional[float] = None
+        self.param_rms: Dict[str, float] = {}  # float32 values, by parameter name
+        self.last_norm: Optional[float] = None  # the weighted norm of the last step (for logging)
+
+    def _measure_rms(self, named: Sequence[Tuple[str, Tensor]]) -> None:
+        """``param_rms`` of every parameter of more than one element, with one host sync."""
+        tensors = [(name, p) for name, p in named if p.numel() > 1]
+        if not tensors:
+            return
+        device = tensors[0][1].device
+        rms = [p.detach().square().mean().sqrt().to(device=device, dtype=torch.float32) for _, p in tensors]
+        self.param_rms.update(zip([name for name, _ in tensors], torch.stack(rms).tolist()))
+
+    def scale(self, named: Sequence[Tuple[str, Tensor]]) -> float:
+        """Record this step; the factor to multiply every gradient by (1: not clipped).
+
+        Args:
+          named: every trained parameter as ``(name, parameter)``, the same
+            names every step (a parameter without ``.grad`` counts as a zero
+            gradient, as in ScaledAdam).
+        """
+        step = self.step
+        if step == 0:
+            self._measure_rms(named)
+            self.step = 1
+            return 1.0
+        missing = [(name, p) for name, p in named if p.numel() > 1 and name not in self.param_rms]
+        if missing:  # a parameter this rule has not seen yet: measured now
+            self._measure_rms(missing)
+        with_grad = [(name, p) for name, p in named if p.grad is not None]
+        if not with_grad:
+            raise ValueError("ScaledAdamClipping.scale: no parameter has a gradient")
+        grads = [p.grad for _, p in with_grad]
+        device = grads[0].device
+        weights = torch.tensor(
+            [self.scalar_lr_scale if p.numel() == 1 else self.param_rms[name] for name, p in with_grad],
+            dtype=torch.float32,
+            device=device,
+        )
+        norms = torch.stack([n.to(device=device, dtype=torch.float32) for n in _per_tensor_norms(grads)])
+        tot_norm = torch.linalg.vector_norm(norms * weights)
+        period = self.clipping_update_period
+        if self.model_norms is None:
+            self.model_norms = torch.zeros(period, dtype=torch.float32, device=device)
+        elif self.model_norms.device != device:  # restored from a checkpoint (kept on the CPU)
+            self.model_norms = self.model_norms.to(device)
+        self.model_norms[step % period] = tot_norm
+        irregular = [i for i in (10, 20, 40) if i < period]
+        if step % period == 0 or step in irregular:
+            sorted_norms = self.model_norms.sort()[0].cpu()
+            if step in irregular:
+                sorted_norms = sorted_norms[-step:]
+            num_norms = sorted_norms.numel()
+            median = sorted_norms[min(num_norms - 1, (num_norms // 4) * 2)].item()
+            if median - median != 0:
+                raise RuntimeError("ScaledAdamClipping: too many gradients were not finite (the median norm is NaN)")
+            threshold = self.clipping_scale * median
+            if step in irregular:
+                threshold = threshold * 2.0
+            self.threshold = threshold
+        ans = 1.0
+        if self.threshold is not None:
+            ans = min(1.0, (self.threshold / (tot_norm + 1.0e-20)).item())
+            if ans != ans:
+                ans = 0.0
+        if step % self.size_update_period == self.size_update_period - 1:
+            self._measure_rms(named)
+        self.last_norm = float(tot_norm)
+        self.step = step + 1
+        return ans
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "step": self.step,
+            "model_norms": None if self.model_norms is None else self.model_norms.detach().cpu().clone(),
+            "threshold": self.threshold,
+            "param_rms": dict(self.param_rms),
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        norms = state["model_norms"]
+        self.model_norms = None if norms is None else norms.clone()
+        self.threshold = state["threshold"]
+        self.param_rms = dict(state["param_rms"])
+
+
+def _per_tensor_norms(grads: Sequence[Tensor]) -> List[Tensor]:
+    """The L2 norm of each gradient (foreach kernels per device and dtype where supported), in order."""
+    out: List[Optional[Tensor]] = [None] * len(grads)
+    index = {id(g): i for i, g in enumerate(grads)}
+    for (device, dtype), group in _group_by_device_and_dtype(grads).items():
+        acc_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        if _use_foreach(device, None):
+            norms = torch._foreach_norm(group, 2.0, dtype=acc_dtype)
+        else:
+            norms = [torch.linalg.vector_norm(g, dtype=acc_dtype) for g in group]
+        for g, n in zip(group, norms):
+            out[index[id(g)]] = n
+    return out
 
 
 def clip_scale_above(norm: float, max_norm: float, eps: float = 1e-6) -> float:

@@ -17,13 +17,17 @@ flag                       what it does                                        w
                            against EMAs of its mean and variance exceeds Z
 ``--autoclip-percentile``  AutoClip: the global norm clipped at the P-th        after backward (last)
                            percentile of all its past values
+``--scaled-adam-clipping-scale``  icefall ScaledAdam's rule, exactly: the norm   after backward (last)
+                           of the gradients each times its parameter's RMS,
+                           clipped at S x the median of the last 100 such
+                           norms (re-estimated every 100 steps)
 =========================  ==================================================  ================================
 
 The flags combine; after backward they apply in the order of the table (with
 several global-norm rules on, the smallest scale wins). The relative clip tells
 "normalises every step" (a fixed maximum below the typical norm) from "catches
 the rare outlier" (a maximum that follows the typical norm). The rules that
-follow the history of the norm (relative, ZClip, AutoClip) keep state that checkpoints
+follow the history of the norm (relative, ZClip, AutoClip, ScaledAdam's) keep state that checkpoints
 keep (:meth:`GradientControl.state_dict`), each its own history as if it were
 alone. The relative clip records the pre-clip norm (before value and AGC
 clipping); the later rules see the gradients at the global stage, after the
@@ -48,6 +52,7 @@ from icefall_lite.nn.clip import (
     AutoClipThreshold,
     ErrorClipByValue,
     RunningMedianThreshold,
+    ScaledAdamClipping,
     ZClipThreshold,
     adaptive_clip_grad_,
     add_error_clip,
@@ -69,6 +74,7 @@ FLAGS = (
     "clip_grad_norm_relative",
     "zclip_z_threshold",
     "autoclip_percentile",
+    "scaled_adam_clipping_scale",
 )
 # The relative clip re-estimates its median every this many steps (as ScaledAdam's clipping_update_period).
 RELATIVE_CLIP_UPDATE_PERIOD = 100
@@ -119,6 +125,16 @@ def add_gradient_control_arguments(parser: argparse.ArgumentParser) -> None:
         "recommend 10; 0 = off.",
     )
     group.add_argument(
+        "--scaled-adam-clipping-scale",
+        type=float,
+        default=0.0,
+        help="icefall ScaledAdam's gradient clipping, exactly, with any optimizer: the norm of the gradients "
+        "each multiplied by its parameter's RMS (one-element parameters by 0.1) is clipped at S times the "
+        "median of the last 100 such norms, re-estimated every 100 steps (and at steps 10, 20, 40 at twice "
+        "that; none before step 10). The zipformer recipes use 2.0; 0 = off. (--clip-grad-norm-relative is "
+        "the same idea on the raw norm.)",
+    )
+    group.add_argument(
         "--error-clip",
         type=float,
         default=0.0,
@@ -134,6 +150,11 @@ def check_gradient_control_args(parser: argparse.ArgumentParser, args: argparse.
         value = getattr(args, name)
         if not value >= 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+    if args.scaled_adam_clipping_scale > 0 and getattr(args, "optimizer_name", None) == "scaled-adam":
+        parser.error(
+            "--scaled-adam-clipping-scale: --optimizer scaled-adam clips by its own rule already "
+            "(clipping_scale 2.0); use one of them"
+        )
     if args.autoclip_percentile > 100:
         parser.error(f"--autoclip-percentile must be at most 100 (a percentile), got {args.autoclip_percentile}")
 
@@ -149,9 +170,11 @@ class GradientControl:
     clip_grad_norm_relative: float
     zclip_z_threshold: float = 0.0
     autoclip_percentile: float = 0.0
+    scaled_adam_clipping_scale: float = 0.0
     relative_threshold: Optional[RunningMedianThreshold] = field(init=False, default=None)
     zclip: Optional[ZClipThreshold] = field(init=False, default=None)
     autoclip: Optional[AutoClipThreshold] = field(init=False, default=None)
+    scaled_adam: Optional[ScaledAdamClipping] = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if self.clip_grad_norm_relative > 0:
@@ -160,10 +183,17 @@ class GradientControl:
             self.zclip = ZClipThreshold(self.zclip_z_threshold)
         if self.autoclip_percentile > 0:
             self.autoclip = AutoClipThreshold(self.autoclip_percentile)
+        if self.scaled_adam_clipping_scale > 0:
+            self.scaled_adam = ScaledAdamClipping(self.scaled_adam_clipping_scale)
 
     def _stateful(self) -> Dict[str, Any]:
         """The rules that keep a history, by their key in :meth:`state_dict` (those that are on)."""
-        rules = {"relative_threshold": self.relative_threshold, "zclip": self.zclip, "autoclip": self.autoclip}
+        rules = {
+            "relative_threshold": self.relative_threshold,
+            "zclip": self.zclip,
+            "autoclip": self.autoclip,
+            "scaled_adam": self.scaled_adam,
+        }
         return {key: rule for key, rule in rules.items() if rule is not None}
 
     def state_dict(self) -> Dict[str, Any]:
@@ -185,10 +215,13 @@ class GradientControl:
                 limits.append(threshold)
         return min(limits) if limits else None
 
-    def _history_scale(self, norm: float) -> float:
+    def _history_scale(self, norm: float, model: nn.Module) -> float:
         """The factor of the rules that follow the norm's history (1: none on, or none clips); records
-        ``norm``, the global norm at their stage."""
+        ``norm``, the global norm at their stage (ScaledAdam's rule its own norm of ``model``'s gradients)."""
         scale = 1.0
+        if self.scaled_adam is not None:
+            trained = [(n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad]
+            scale = min(scale, self.scaled_adam.scale(trained))
         if self.zclip is not None:
             target = self.zclip.update(norm)
             if target is not None:
@@ -230,7 +263,7 @@ class GradientControl:
             adaptive_clip_grad_(named, self.agc_clipping, exclude=[n for n, _ in named if AGC_EXCLUDED in n])
         elementwise = self.clip_grad_value > 0 or self.agc_clipping > 0
         max_norm = self._max_norm(float(norm))
-        history = self.zclip is not None or self.autoclip is not None
+        history = self.zclip is not None or self.autoclip is not None or self.scaled_adam is not None
         if max_norm is None and not history:
             if not elementwise:
                 return float(norm), 1.0
@@ -239,7 +272,7 @@ class GradientControl:
         current = get_total_norm(grads) if elementwise else norm
         scale = norm_clip_scale(current, max_norm) if max_norm is not None else None
         if history:
-            rule_scale = self._history_scale(float(current))
+            rule_scale = self._history_scale(float(current), model)
             if rule_scale < 1.0:
                 scale = torch.clamp(scale, max=rule_scale) if scale is not None else torch.tensor(rule_scale)
         if scale is not None:
