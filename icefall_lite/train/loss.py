@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from icefall_lite.data.features import pad_tail
 from icefall_lite.nn.encoder import subsampled_length
+from icefall_lite.train.step_log import read_scalars
 from icefall_lite.utils import MetricsTracker
 
 LOSS_RAMPS = ("step", "linear")
@@ -96,26 +97,32 @@ def compute_loss(
         is_finite = torch.isfinite(simple_loss) & torch.isfinite(pruned_loss)
         if ctc_loss is not None:
             is_finite &= torch.isfinite(ctc_loss)
-        num_dropped = int((~is_finite).sum())
+        finite = is_finite.tolist()  # the one read before the sums: which utterances are kept
+        num_dropped = finite.count(False)
         info = MetricsTracker()
-        info["utterances"] = float(is_finite.sum())
+        info["utterances"] = float(len(finite) - num_dropped)
         info["dropped_utterances"] = float(num_dropped)
         if num_dropped:
             cuts = supervisions.get("cut", [])
-            cut_ids = [c.id for c, ok in zip(cuts, is_finite.tolist()) if not ok]
+            cut_ids = [c.id for c, ok in zip(cuts, finite) if not ok]
             logging.warning(f"Dropping {num_dropped} utterance(s) with non-finite loss: {cut_ids}")
         if num_dropped == len(token_ids):
             return None, info
-        simple_loss = simple_loss[is_finite].sum()
-        pruned_loss = pruned_loss[is_finite].sum()
+
+        def kept(x: torch.Tensor) -> torch.Tensor:
+            # Boolean indexing waits for the device; without a dropped utterance there is nothing to index.
+            return x[is_finite] if num_dropped else x
+
+        simple_loss = kept(simple_loss).sum()
+        pruned_loss = kept(pruned_loss).sum()
         simple_scale, pruned_scale = loss_scales(params, warmup)
         loss = simple_scale * simple_loss + pruned_scale * pruned_loss
-        info["loss"] = float(loss.detach())
+        sums = {"loss": loss.detach(), "simple_loss": simple_loss.detach(), "pruned_loss": pruned_loss.detach()}
         if ctc_loss is not None:
-            ctc_loss = ctc_loss[is_finite].sum()
-            info["ctc_loss"] = float(ctc_loss.detach())
+            ctc_loss = kept(ctc_loss).sum()
+            sums["ctc_loss"] = ctc_loss.detach()
             loss = loss + params["ctc_loss_scale"] * ctc_loss
-    info["frames"] = float(subsampled_length(num_frames[is_finite]).sum())
-    info["simple_loss"] = float(simple_loss.detach())
-    info["pruned_loss"] = float(pruned_loss.detach())
+    sums["frames"] = subsampled_length(kept(num_frames)).sum()
+    for key, value in zip(sums, read_scalars(list(sums.values()))):  # one device-to-host transfer
+        info[key] = value
     return loss, info
