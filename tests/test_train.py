@@ -4,6 +4,7 @@ agree, non-finite batches are skipped, bad checkpoints and flags give clear erro
 import importlib.util
 import math
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -58,10 +59,25 @@ def _batch_losses(exp_dir: Path) -> dict:
     return out
 
 
-def test_resumed_at_the_end_of_the_budget_validates_without_training(tiny_data, tmp_path):
-    """A run killed after saving its last checkpoint but before the final validation: the rerun takes no step."""
-    first = run_train(tiny_data, tmp_path / "exp", "--max-batches", "3", "--save-every-n", "3")
+@pytest.fixture(scope="module")
+def three_batches(tiny_data, tmp_path_factory) -> Path:
+    """An exp dir of train.py --max-batches 3 --save-every-n 3 (checkpoint-3.pt), shared read-only: a test
+    that trains on in it works on a copy (:func:`copy_of`)."""
+    exp = tmp_path_factory.mktemp("three_batches") / "exp"
+    first = run_train(tiny_data, exp, "--max-batches", "3", "--save-every-n", "3")
     assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in exp.glob("*.pt")) == ["checkpoint-3.pt"]
+    return exp
+
+
+def copy_of(exp: Path, to: Path) -> Path:
+    shutil.copytree(exp, to)
+    return to
+
+
+def test_resumed_at_the_end_of_the_budget_validates_without_training(tiny_data, three_batches, tmp_path):
+    """A run killed after saving its last checkpoint but before the final validation: the rerun takes no step."""
+    copy_of(three_batches, tmp_path / "exp")
     trained = load_checkpoint_file(tmp_path / "exp" / "checkpoint-3.pt")
     again = run_train(tiny_data, tmp_path / "exp", "--max-batches", "3", "--save-every-n", "3")
     assert again.returncode == 0, again.stderr
@@ -73,10 +89,8 @@ def test_resumed_at_the_end_of_the_budget_validates_without_training(tiny_data, 
         assert torch.equal(value, after["model"][name]), name
 
 
-def test_init_from_starts_a_new_run_from_the_weights_of_a_checkpoint(tiny_data, tmp_path):
-    first = run_train(tiny_data, tmp_path / "first", "--max-batches", "3", "--save-every-n", "3")
-    assert first.returncode == 0, first.stderr
-    source = tmp_path / "first" / "checkpoint-3.pt"
+def test_init_from_starts_a_new_run_from_the_weights_of_a_checkpoint(tiny_data, three_batches, tmp_path):
+    source = three_batches / "checkpoint-3.pt"
     # A learning rate of 1e-12 leaves the weights where --init-from put them, but for Eve's weight decay
     # (a shrink by 1e-3 of the larger tensors, not scaled by the learning rate, as icefall's).
     second = run_train(
@@ -117,9 +131,7 @@ def test_init_from_starts_a_new_run_from_the_weights_of_a_checkpoint(tiny_data, 
     assert "Loading checkpoint" in again.stderr and "Initialised" not in again.stderr
 
 
-def test_init_from_a_checkpoint_of_another_model_size_gives_clear_error(tiny_data, tmp_path):
-    first = run_train(tiny_data, tmp_path / "first", "--max-batches", "1", "--save-every-n", "1")
-    assert first.returncode == 0, first.stderr
+def test_init_from_a_checkpoint_of_another_model_size_gives_clear_error(tiny_data, three_batches, tmp_path):
     other = ["--encoder-dim", "24"] + TINY_MODEL[2:]
     args = [
         sys.executable,
@@ -138,7 +150,7 @@ def test_init_from_a_checkpoint_of_another_model_size_gives_clear_error(tiny_dat
         "false",
         *other,
         "--init-from",
-        str(tmp_path / "first" / "checkpoint-1.pt"),
+        str(three_batches / "checkpoint-3.pt"),
     ]
     proc = subprocess.run(args, cwd=tiny_data, capture_output=True, text=True, env=recipe_env(), timeout=600)
     assert proc.returncode != 0
@@ -146,11 +158,10 @@ def test_init_from_a_checkpoint_of_another_model_size_gives_clear_error(tiny_dat
     assert "Traceback" not in proc.stderr
 
 
-def test_resume_equals_uninterrupted_run(tiny_data, tmp_path):
+def test_resume_equals_uninterrupted_run(tiny_data, three_batches, tmp_path):
     full = run_train(tiny_data, tmp_path / "full", "--max-batches", "6", "--save-every-n", "3")
     assert full.returncode == 0, full.stderr
-    first = run_train(tiny_data, tmp_path / "resumed", "--max-batches", "3", "--save-every-n", "3")
-    assert first.returncode == 0, first.stderr
+    copy_of(three_batches, tmp_path / "resumed")  # the first 3 batches, run on their own
     assert not (tmp_path / "resumed" / "checkpoint-6.pt").exists()
     second = run_train(tiny_data, tmp_path / "resumed", "--max-batches", "6", "--save-every-n", "3")
     assert second.returncode == 0, second.stderr
