@@ -10,9 +10,17 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from torch import Tensor
 
-from icefall_lite.nn.clip import AutoClipThreshold, ScaledAdamClipping, ZClipThreshold, percentile_linear
+from icefall_lite.nn.clip import (
+    AutoClipThreshold,
+    GradientFilter,
+    ScaledAdamClipping,
+    ZClipThreshold,
+    percentile_linear,
+)
 from icefall_lite.nn.model import add_model_arguments
+from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.args import add_training_arguments
 from icefall_lite.train.grad_control import FLAGS, GradientControl, check_gradient_control_args
 
@@ -361,6 +369,107 @@ def test_scaled_adam_rule_refused_with_the_scaled_adam_optimizer(capsys):
     with pytest.raises(SystemExit):
         check_gradient_control_args(parser, args)
     assert "--scaled-adam-clipping-scale: --optimizer scaled-adam clips by its own rule" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------
+# The hard-mask GradientFilter
+# --------------------------------------------------------------------------
+
+
+def _lstm_pair(threshold: float, mode: str, proj_size: int = 3):
+    """A filtered ScaledLSTM and an unfiltered twin with the same weights."""
+    torch.manual_seed(0)
+    filtered = ScaledLSTM(5, 6, proj_size=proj_size, grad_filter_threshold=threshold, grad_filter_mode=mode)
+    plain = ScaledLSTM(5, 6, proj_size=proj_size, grad_filter_threshold=0.0)
+    plain.load_state_dict(filtered.state_dict())
+    return filtered, plain
+
+
+def _lstm_grads(lstm: nn.Module, x: Tensor, weights: Tensor):
+    x = x.clone().requires_grad_()
+    output, _ = lstm(x)
+    (output * weights).sum().backward()
+    return x.grad, {n: p.grad.clone() for n, p in lstm.named_parameters()}
+
+
+def _outlier_batch(seed: int = 0, outliers=(2, 5)):
+    """Input (T=7, N=8, 5) and output-gradient weights with ``outliers`` sequences 1000x the others."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(7, 8, 5, generator=gen)
+    weights = torch.randn(7, 8, 3, generator=gen)
+    for b in outliers:
+        weights[:, b] *= 1000.0
+    return x, weights
+
+
+@pytest.mark.parametrize("proj_size", [0, 3])
+def test_hard_mask_drops_the_outlier_sequences_exactly(proj_size):
+    """Brute force: the sequences whose input-gradient RMS (with the full gradient) is above 10 x the median
+    are found; the reference gradients are those of the loss over the other sequences alone."""
+    filtered, plain = _lstm_pair(10.0, "hard-mask", proj_size)
+    x, weights = _outlier_batch()
+    if proj_size == 0:
+        weights = torch.cat([weights, weights], dim=2)  # output size 6
+    x_grad_all, _ = _lstm_grads(plain, x, weights)
+    rms = x_grad_all.square().mean(dim=(0, 2)).sqrt()
+    dropped = rms > 10.0 * rms.median()
+    assert dropped.tolist() == [b in (2, 5) for b in range(8)]
+    plain.zero_grad()
+    ref_x_grad, ref_grads = _lstm_grads(plain, x, weights * (~dropped).float().view(1, 8, 1))
+    got_x_grad, got_grads = _lstm_grads(filtered, x, weights)
+    torch.testing.assert_close(got_x_grad, ref_x_grad, rtol=1e-5, atol=1e-7)
+    assert got_x_grad[:, dropped].abs().max() == 0.0
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(got_grads[name], g, rtol=1e-5, atol=1e-7, msg=name)
+    stats = filtered.grad_filter.stats.as_dict()
+    assert stats["fraction_filtered"] == pytest.approx(2 / 8) and stats["param_scale"] == 1.0
+
+
+def test_hard_mask_without_outliers_is_no_filter_at_all():
+    """No sequence above the cutoff: every gradient is exactly the unfiltered one (no soft scaling), where
+    the soft filter scales them all."""
+    filtered, plain = _lstm_pair(10.0, "hard-mask")
+    soft, _ = _lstm_pair(10.0, "soft")
+    x, weights = _outlier_batch(outliers=())
+    got = _lstm_grads(filtered, x, weights)
+    ref = _lstm_grads(plain, x, weights)
+    softened = _lstm_grads(soft, x, weights)
+    assert torch.equal(got[0], ref[0])
+    assert all(torch.equal(got[1][n], g) for n, g in ref[1].items())
+    assert not torch.equal(softened[0], ref[0])
+    assert filtered.grad_filter.stats.as_dict()["fraction_filtered"] == 0.0
+
+
+def test_hard_mask_observing_and_forward():
+    """threshold inf observes only; the forward of every mode is the LSTM's; no grad: no filter."""
+    observing, plain = _lstm_pair(math.inf, "hard-mask")
+    x, weights = _outlier_batch()
+    got, ref = _lstm_grads(observing, x, weights), _lstm_grads(plain, x, weights)
+    assert torch.equal(got[0], ref[0])
+    assert observing.grad_filter.stats.as_dict()["max_over_median"] > 100
+    with torch.no_grad():
+        assert torch.equal(observing(x)[0], plain(x)[0])
+    assert torch.equal(observing(x)[1][1], plain(x)[1][1])
+
+
+def test_grad_filter_mode_flag_reaches_every_layer_and_old_configs_build():
+    from icefall_lite.nn.model import build_transducer, model_config_from_args
+
+    parser = _parser()
+    args = parser.parse_args(["--grad-filter-mode", "hard-mask", "--num-encoder-layers", "2", "--encoder-dim", "16"])
+    args.rnn_hidden_size = args.dim_feedforward = args.decoder_dim = args.joiner_dim = 16
+    config = model_config_from_args(args, vocab_size=10, blank_id=0, num_features=80)
+    assert config["grad_filter_mode"] == "hard-mask"
+    model = build_transducer(**config)
+    modes = [f.mode for _, f in model.encoder.gradient_filters()]
+    assert modes == ["hard-mask", "hard-mask"]
+    del config["grad_filter_mode"]  # a configuration saved before the flag existed: icefall's soft filter
+    assert [f.mode for _, f in build_transducer(**config).encoder.gradient_filters()] == ["soft", "soft"]
+    assert "--grad-filter-mode" in _group_flags(parser, "gradient control")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--grad-filter-mode", "hard"])
+    with pytest.raises(ValueError, match="--grad-filter-mode must be one of soft, hard-mask"):
+        GradientFilter(1, 10.0, mode="hard")
 
 
 # --------------------------------------------------------------------------

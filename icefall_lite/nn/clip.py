@@ -9,7 +9,8 @@
 - :class:`ErrorClipByValue`, :func:`error_clip`, :func:`add_error_clip`:
   a clip applied to one tensor's gradient *during* backward, before it flows
   into the ops that produced the tensor (PaddlePaddle's error clip).
-- :class:`GradientFilter`: icefall's soft per-sequence gradient filter.
+- :class:`GradientFilter`: icefall's soft per-sequence gradient filter, and
+  its hard-mask variant (sequences above the cutoff dropped, the others untouched).
 - Thresholds that follow the history of the global norm, each with a
   ``state_dict`` so that a resumed run clips as the uninterrupted one:
   :class:`RunningMedianThreshold` (a multiple of the running median of the raw
@@ -657,6 +658,55 @@ class _GradientFilterFunction(torch.autograd.Function):
         return (x_grad, None, None, None) + new_param_grads
 
 
+class _HardMaskFunction(torch.autograd.Function):
+    """``fn(*inputs)`` in forward; in backward the batch elements whose gradient at ``inputs[0]`` is above the
+    cutoff are dropped from every input's gradient (see :meth:`GradientFilter.around`)."""
+
+    @staticmethod
+    def forward(ctx, fn, batch_dim: int, threshold: float, stats: "GradientFilterStats", *inputs: Tensor):
+        leaves = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
+        with torch.enable_grad():
+            outputs = tuple(fn(*leaves))
+        ctx.leaves, ctx.outputs = leaves, outputs
+        ctx.batch_dim, ctx.threshold, ctx.stats = batch_dim, threshold, stats
+        return tuple(o.detach() for o in outputs)
+
+    @staticmethod
+    def backward(ctx, *output_grads: Tensor):
+        leaves, outputs = ctx.leaves, ctx.outputs
+        del ctx.leaves, ctx.outputs  # the inner graph goes with the last backward through it
+        wanted = [i for i, leaf in enumerate(leaves) if leaf.requires_grad]
+        used = [(o, g) for o, g in zip(outputs, output_grads) if g is not None and o.requires_grad]
+
+        def backward_through(grads_out: List[Tensor], retain: bool) -> Tuple[Optional[Tensor], ...]:
+            return torch.autograd.grad(
+                [o for o, _ in used], [leaves[i] for i in wanted], grads_out, retain_graph=retain, allow_unused=True
+            )
+
+        grads = backward_through([g for _, g in used], retain=True)
+        x_grad = grads[0] if wanted and wanted[0] == 0 else None
+        if x_grad is not None:
+            batch_dim = ctx.batch_dim % x_grad.ndim
+            norm_dims = [d for d in range(x_grad.ndim) if d != batch_dim]
+            norm = x_grad.to(torch.promote_types(x_grad.dtype, torch.float32)).square().mean(dim=norm_dims).sqrt()
+            median_norm = norm.median()
+            cutoff = median_norm * ctx.threshold
+            ctx.stats.update(norm, median_norm, cutoff, torch.ones_like(median_norm))
+            drop = (norm > cutoff) & (cutoff > 0)
+            if not math.isinf(ctx.threshold) and bool(drop.any()):  # one host sync per backward
+                keep = (~drop).to(x_grad.dtype)
+                masked = []
+                for o, g in used:
+                    shape = [1] * o.ndim
+                    shape[batch_dim] = o.shape[batch_dim]
+                    masked.append(g * keep.to(g.dtype).view(shape))
+                grads = backward_through(masked, retain=False)
+        out: List[Optional[Tensor]] = [None] * len(leaves)
+        for i, g in zip(wanted, grads):
+            out[i] = g
+        return (None, None, None, None, *out)
+
+
 class GradientFilterStats:
     """Statistics of a :class:`GradientFilter`'s last backward, as detached tensors.
 
@@ -690,11 +740,14 @@ class GradientFilterStats:
         }
 
 
-class GradientFilter(nn.Module):
-    """icefall's GradientFilter: identity forward, soft per-element filter in backward.
+GRAD_FILTER_MODES = ("soft", "hard-mask")
 
-    Forward returns ``(x, *params)`` unchanged. In backward, with ``x`` of
-    shape ``(T, N, C)`` and ``batch_dim=1``:
+
+class GradientFilter(nn.Module):
+    """icefall's GradientFilter: identity forward, soft per-element filter in backward; or its hard-mask variant.
+
+    ``mode="soft"`` (icefall's): forward returns ``(x, *params)`` unchanged.
+    In backward, with ``x`` of shape ``(T, N, C)`` and ``batch_dim=1``:
 
     - ``n_b = sqrt(mean_{t,c} g[t,b,c]^2)`` for each batch element b;
     - ``c = threshold * median_b(n_b)``;
@@ -703,26 +756,67 @@ class GradientFilter(nn.Module):
       ``threshold / (threshold + 1)``);
     - every parameter gradient ``<- grad / (1 + mean_b(n_b) / c)``.
 
+    ``mode="hard-mask"``: the batch elements with ``n_b > c`` are dropped
+    from the gradient of the computation the filter wraps (:meth:`around`:
+    in ScaledLSTM, the LSTM kernel): their rows of the input gradient are
+    zero and the parameters' gradients are those of the other elements alone
+    (the backward is run again with their output gradients zeroed, which is
+    exact because the elements of a batch do not interact in an LSTM); every
+    other gradient is exactly as without a filter (no soft scaling). So the
+    two modes tell the filter's masking from its soft scaling. The second
+    backward runs only when some element is dropped, and deciding it reads
+    one value from the device per backward.
+
     ``threshold = inf`` observes only: the statistics are recorded and every
     gradient passes unchanged (the ablation's arms without the filter use it
     to see where per-sequence outliers arise). It is not meant to be
     constructed with ``threshold <= 0``: the owner does not insert a filter at
     all then (see :class:`icefall_lite.nn.scaling.ScaledLSTM`).
-    Statistics of the last backward are in :attr:`stats`.
+    Statistics of the last backward are in :attr:`stats` (``param_scale`` is
+    1 in hard-mask mode).
     """
 
-    def __init__(self, batch_dim: int, threshold: float) -> None:
+    def __init__(self, batch_dim: int, threshold: float, mode: str = "soft") -> None:
         super().__init__()
         if not threshold > 0:
             raise ValueError(f"GradientFilter needs threshold > 0, got {threshold}; use no filter instead")
         self.batch_dim = batch_dim
         self.threshold = float(threshold)
+        self.mode = check_grad_filter_mode(mode)
         self.stats = GradientFilterStats()
 
+    @staticmethod
+    def _active() -> bool:
+        return not (torch.jit.is_scripting() or torch.jit.is_tracing() or not torch.is_grad_enabled())
+
     def forward(self, x: Tensor, *params: Tensor) -> Tuple[Tensor, ...]:
-        if torch.jit.is_scripting() or torch.jit.is_tracing() or not torch.is_grad_enabled():
+        """The soft filter: ``(x, *params)``, unchanged in forward."""
+        if self.mode != "soft":
+            raise RuntimeError("a hard-mask GradientFilter wraps the computation it filters: call around(fn, x, ...)")
+        if not self._active():
             return (x,) + tuple(params)
         return _GradientFilterFunction.apply(x, self.batch_dim, self.threshold, self.stats, *params)
 
+    def around(self, fn: Callable[..., Sequence[Tensor]], x: Tensor, *others: Tensor) -> Tuple[Tensor, ...]:
+        """The hard-mask filter: ``tuple(fn(x, *others))``, whose backward drops the batch elements whose
+        gradient at ``x`` is above the cutoff.
+
+        ``fn`` must treat the batch elements independently, and every output
+        must have the batch at ``batch_dim``.
+        """
+        if self.mode != "hard-mask":
+            raise RuntimeError("around() is the hard-mask filter's; a soft GradientFilter is called on (x, *params)")
+        if not self._active():
+            return tuple(fn(x, *others))
+        return _HardMaskFunction.apply(fn, self.batch_dim, self.threshold, self.stats, x, *others)
+
     def extra_repr(self) -> str:
-        return f"batch_dim={self.batch_dim}, threshold={self.threshold}"
+        mode = "" if self.mode == "soft" else f", mode={self.mode}"
+        return f"batch_dim={self.batch_dim}, threshold={self.threshold}{mode}"
+
+
+def check_grad_filter_mode(mode: str) -> str:
+    """``mode`` when it is one of :data:`GRAD_FILTER_MODES`, else a ValueError naming the flag."""
+    if mode not in GRAD_FILTER_MODES:
+        raise ValueError(f"--grad-filter-mode must be one of {', '.join(GRAD_FILTER_MODES)}, got {mode!r}")
+    return mode

@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from icefall_lite.nn.clip import GRAD_FILTER_MODES, check_grad_filter_mode
 from icefall_lite.nn.decoder import Decoder
 from icefall_lite.nn.encoder import RNN, EncoderStates
 from icefall_lite.nn.joiner import Joiner
@@ -210,8 +211,11 @@ def build_transducer(
     dropout: float,
     layer_dropout: float,
     use_ctc: bool,
+    grad_filter_mode: str = "soft",
 ) -> Transducer:
-    """Build the whole model; every argument is required, as torchaudio's ``emformer_rnnt_model``.
+    """Build the whole model; every argument but ``grad_filter_mode`` is required, as torchaudio's
+    ``emformer_rnnt_model``. ``grad_filter_mode`` (the GradientFilters' mode, soft or hard-mask) came later:
+    it defaults to icefall's, so the configurations of earlier checkpoints still build.
 
     The numbers live in :data:`MODEL_PRESETS` and the flags of
     :func:`add_model_arguments`; :func:`model_config_from_args` turns flags
@@ -227,6 +231,9 @@ def build_transducer(
         dropout=dropout,
         layer_dropout=layer_dropout,
     )
+    check_grad_filter_mode(grad_filter_mode)
+    for _, grad_filter in encoder.gradient_filters():
+        grad_filter.mode = grad_filter_mode
     decoder = Decoder(vocab_size, decoder_dim, blank_id=blank_id, context_size=context_size)
     joiner = Joiner(encoder_dim, decoder_dim, joiner_dim, vocab_size, blank_id=blank_id)
     return Transducer(
@@ -299,6 +306,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--grad-norm-threshold is icefall's name for it); 0 = no filter anywhere in the graph; inf = observe "
         "only (per-layer statistics logged, gradients unchanged).",
     )
+    filter_group.add_argument(
+        "--grad-filter-mode",
+        choices=GRAD_FILTER_MODES,
+        default="soft",
+        help="How the GradientFilter acts on the sequences above its cutoff: soft (icefall's: every sequence's "
+        "gradient scaled by c / (c + n), the LSTM's weight gradients by 1 / (1 + mean(n) / c)) or hard-mask "
+        "(the sequences above the cutoff dropped from the LSTM's gradients, every other gradient untouched).",
+    )
 
 
 def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -339,6 +354,7 @@ def model_config_from_args(
         num_features=num_features,
         context_size=args.context_size,
         grad_filter_threshold=args.grad_filter_threshold,
+        grad_filter_mode=args.grad_filter_mode,
         dropout=0.0,
         layer_dropout=0.0,
         use_ctc=False,

@@ -143,6 +143,9 @@ class ScaledLSTM(nn.LSTM):
     every effective flat weight just before the LSTM kernel, so in backward it
     filters the gradient that has come back through the recurrence. With
     ``grad_filter_threshold <= 0`` no filter exists anywhere in the graph.
+    ``grad_filter_mode="hard-mask"`` makes it the hard-mask variant, which
+    wraps the LSTM kernel (the sequences above the cutoff are dropped from
+    the kernel's gradients, the others untouched).
 
     Input ``(T, N, C)`` (``batch_first=False``), as icefall.
     """
@@ -153,6 +156,7 @@ class ScaledLSTM(nn.LSTM):
         initial_scale: float = 1.0,
         initial_speed: float = 1.0,
         grad_filter_threshold: float,
+        grad_filter_mode: str = "soft",
         **kwargs,
     ) -> None:
         if kwargs.get("bidirectional", False):
@@ -175,7 +179,9 @@ class ScaledLSTM(nn.LSTM):
                 else:
                     nn.init.zeros_(param)
         self.grad_filter: Optional[GradientFilter] = (
-            GradientFilter(batch_dim=1, threshold=grad_filter_threshold) if grad_filter_threshold > 0 else None
+            GradientFilter(batch_dim=1, threshold=grad_filter_threshold, mode=grad_filter_mode)
+            if grad_filter_threshold > 0
+            else None
         )
 
     def scales(self) -> List[nn.Parameter]:
@@ -204,7 +210,21 @@ class ScaledLSTM(nn.LSTM):
             hx = (h0, c0)
         flat_weights = self._flat_scaled_weights()
         if self.grad_filter is not None:
+            if self.grad_filter.mode == "hard-mask":
+                output, h_n, c_n = self.grad_filter.around(self._run_flat, input, hx[0], hx[1], *flat_weights)
+                return output, (h_n, c_n)
             input, *flat_weights = self.grad_filter(input, *flat_weights)
+        return self._run(input, hx, flat_weights)
+
+    def _run_flat(self, input: Tensor, h0: Tensor, c0: Tensor, *flat_weights: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """:meth:`_run` on flat arguments and results, as the hard-mask filter calls it."""
+        output, (h_n, c_n) = self._run(input, (h0, c0), list(flat_weights))
+        return output, h_n, c_n
+
+    def _run(
+        self, input: Tensor, hx: Tuple[Tensor, Tensor], flat_weights: List[Tensor]
+    ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        """The LSTM kernel on the effective weights (in bfloat16 itself under CUDA bf16 autocast)."""
         if cuda_autocast_dtype(input) == torch.bfloat16:
             # CUDA autocast sends an LSTM to cuDNN in float16 whatever dtype it was asked for (ATen's
             # AutocastRNN casts to kHalf), with no GradScaler behind --use-bf16: cast to bfloat16 ourselves
