@@ -18,5 +18,5 @@ study) are the package ``studies`` beside this one: they import the library,
 nothing here imports them.
 
 Each public name has one import path, the module that defines it (README,
-"Public API", lists them).
+"5. The library", lists them).
 """

@@ -9,7 +9,7 @@ Methods (``CORRUPTION_METHODS``):
   features are untouched: the cut keeps its duration, so the sampler puts it
   in exactly the batch the clean cut would be in. A dense, wrong label
   sequence raises that sequence's loss and gradient; how far is measured by
-  the ablation (egs/librispeech/ASR/RESULTS.md: in its run the largest
+  the ablation of 2026-11-23 (egs/librispeech/ASR/HISTORY.md, part 2: in its run the largest
   per-sequence gradient stayed below 25 x the batch median).
 * ``scale-features``: the log-mel features of a chosen cut are multiplied by
   ``scale`` and stored as new arrays. The encoder's front end normalises the

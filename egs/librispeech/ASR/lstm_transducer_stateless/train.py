@@ -146,8 +146,8 @@ def get_parser() -> argparse.ArgumentParser:
         "--preset",
         choices=PRESETS,
         default="none",
-        help="icefall: set every training and data setting to icefall's lstm_transducer_stateless3 (README, "
-        "'On real LibriSpeech with a GPU', lists them); flags given explicitly still win.",
+        help="icefall: set every training and data setting to icefall's lstm_transducer_stateless3 (the recipe's "
+        "README.md, 'On real LibriSpeech with a GPU', lists them); flags given explicitly still win.",
     )
     add(
         "--max-batches",
