@@ -1,5 +1,7 @@
 """Shared fixtures and checks. ``tiny_data``: the tiny synthetic corpus, prepared once per
 test session by ``prepare.sh --size tiny``; tests treat it as read-only.
+``run_train``/``train_command``: train.py with the tiny model on the tiny corpus; ``six_batches``: a 6-batch run of it,
+made once per session (the reference of the resume tests).
 ``isolated_logging``: undoes a script's ``setup_logger`` after an in-process ``main()``.
 ``check_wer_files``: the icefall result files of one decoded test set agree with each other and the manifest.
 ``reference_streaming_greedy``: what chunk-by-chunk greedy search must give, computed without chunks."""
@@ -10,6 +12,7 @@ import json
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +55,56 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return work
+
+
+TRAIN = RECIPE_SCRIPTS / "train.py"
+
+
+def train_command(exp_dir: Path, *extra: str) -> List[str]:
+    """train.py on the tiny corpus (run in its work dir) with the tiny model, one epoch, logging every batch."""
+    flags = "--bpe-model data/lang_bpe_100/bpe.model --max-duration 30 --num-workers 0 --num-epochs 1"
+    flags += " --log-interval 1 --tensorboard false"
+    return [sys.executable, str(TRAIN), "--exp-dir", str(exp_dir), *flags.split(), *TINY_MODEL, *extra]
+
+
+def train_env() -> dict:
+    """The environment of the tests' train.py runs: :func:`recipe_env` with one OpenMP thread. The tiny
+    model's matrices are too small for a second thread, which only spins: 6 batches took 4 s of CPU with
+    one thread and 14-43 s with two on a busy 2-core machine. (A run's weights depend on its thread count:
+    runs that are compared all use this.)"""
+    return {**recipe_env(), "OMP_NUM_THREADS": "1"}
+
+
+def run_train(work: Path, exp_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    args = train_command(exp_dir, *extra)
+    return subprocess.run(args, cwd=work, capture_output=True, text=True, env=train_env(), timeout=600)
+
+
+def batch_losses(exp_dir: Path) -> Dict[int, str]:
+    """{global batch: 'loss[...]' text} from the training logs in exp_dir/log."""
+    out = {}
+    for log in sorted((exp_dir / "log").glob("log-train-*")):
+        for m in re.finditer(r"global batch (\d+), loss\[([^\]]*)\]", log.read_text()):
+            out[int(m.group(1))] = m.group(2)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def six_batches(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted reference run of the resume tests (test_train, test_faults_train): an exp dir of
+    ``train.py --max-batches 6 --save-every-n 1`` on the tiny corpus (checkpoint-6.pt, the per-batch losses
+    in its log); read-only."""
+    exp = tmp_path_factory.mktemp("six_batches") / "exp"
+    proc = run_train(tiny_data, exp, "--max-batches", "6", "--save-every-n", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(batch_losses(exp)) == [1, 2, 3, 4, 5, 6]
+    return exp
 
 
 @pytest.fixture

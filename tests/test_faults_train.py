@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from lhotse import CutSet, load_manifest
-from test_train import _batch_losses, _free_port, run_train, train_command
 
-from conftest import recipe_env, with_features
+from conftest import batch_losses, free_port, run_train, train_command, train_env, with_features
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from studies.tb_reader import read_scalars
 
@@ -24,17 +23,16 @@ def _popen_train(work: Path, exp_dir: Path, stderr_path: Path, *extra: str) -> s
     return subprocess.Popen(
         args,
         cwd=work,
-        env=recipe_env(),
+        env=train_env(),
         stdout=subprocess.DEVNULL,
         stderr=stderr_path.open("w"),
         start_new_session=True,
     )
 
 
-def test_kill_9_during_checkpointing_then_resume_matches_uninterrupted(tiny_data, tmp_path):
-    # Checkpoint after every batch, so the kill very likely lands in or near a save.
-    full = run_train(tiny_data, tmp_path / "full", "--max-batches", "6", "--save-every-n", "1")
-    assert full.returncode == 0, full.stderr
+def test_kill_9_during_checkpointing_then_resume_matches_uninterrupted(tiny_data, six_batches, tmp_path):
+    # Checkpoint after every batch, so the kill very likely lands in or near a save. The uninterrupted run
+    # with the same flags: six_batches.
     exp = tmp_path / "killed"
     proc = _popen_train(tiny_data, exp, tmp_path / "killed.stderr", "--max-batches", "6", "--save-every-n", "1")
     deadline = time.time() + 300
@@ -49,11 +47,11 @@ def test_kill_9_during_checkpointing_then_resume_matches_uninterrupted(tiny_data
     resumed = run_train(tiny_data, exp, "--max-batches", "6", "--save-every-n", "1")
     assert resumed.returncode == 0, resumed.stderr
     assert not list(exp.glob(".tmp-*")), "stale temporary checkpoint left behind"
-    a = load_checkpoint_file(tmp_path / "full" / "checkpoint-6.pt")
+    a = load_checkpoint_file(six_batches / "checkpoint-6.pt")
     b = load_checkpoint_file(exp / "checkpoint-6.pt")
     for name, value in a["model"].items():
         assert torch.equal(value, b["model"][name]), name
-    losses_full, losses_resumed = _batch_losses(tmp_path / "full"), _batch_losses(exp)
+    losses_full, losses_resumed = batch_losses(six_batches), batch_losses(exp)
     for batch, loss in losses_resumed.items():
         assert loss == losses_full[batch], batch
 
@@ -72,7 +70,7 @@ def test_ddp_rank_death_stops_the_others(tiny_data, tmp_path):
         "--save-every-n",
         "0",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
     )
     deadline = time.time() + 300
     log1 = None

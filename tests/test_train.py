@@ -5,17 +5,15 @@ import importlib.util
 import math
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
 
 import pytest
 import sentencepiece as spm
 import torch
 
-from conftest import RECIPE, TINY_MODEL, recipe_env, tiny_transducer
+from conftest import TINY_MODEL, TRAIN, batch_losses, free_port, run_train, tiny_transducer, train_env
 from icefall_lite.nn.model import build_transducer
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.train.grad_control import GradientControl
@@ -24,8 +22,6 @@ from icefall_lite.train.loss import compute_loss, loss_scales, pruned_loss_scale
 from icefall_lite.train.optim import Eden, Eve
 from icefall_lite.train.presets import ICEFALL_PRESET
 from icefall_lite.train.setup import training_model_config
-
-TRAIN = RECIPE / "lstm_transducer_stateless" / "train.py"
 
 
 def _load_train_module():
@@ -36,27 +32,6 @@ def _load_train_module():
 
 
 train = _load_train_module()
-
-
-def train_command(exp_dir: Path, *extra: str) -> List[str]:
-    """train.py on the tiny corpus (run in its work dir) with the tiny model, one epoch, logging every batch."""
-    flags = "--bpe-model data/lang_bpe_100/bpe.model --max-duration 30 --num-workers 0 --num-epochs 1"
-    flags += " --log-interval 1 --tensorboard false"
-    return [sys.executable, str(TRAIN), "--exp-dir", str(exp_dir), *flags.split(), *TINY_MODEL, *extra]
-
-
-def run_train(work: Path, exp_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    args = train_command(exp_dir, *extra)
-    return subprocess.run(args, cwd=work, capture_output=True, text=True, env=recipe_env(), timeout=600)
-
-
-def _batch_losses(exp_dir: Path) -> dict:
-    """{global batch: 'loss[...]' text} from the training logs in exp_dir/log."""
-    out = {}
-    for log in sorted((exp_dir / "log").glob("log-train-*")):
-        for m in re.finditer(r"global batch (\d+), loss\[([^\]]*)\]", log.read_text()):
-            out[int(m.group(1))] = m.group(2)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -152,38 +127,32 @@ def test_init_from_a_checkpoint_of_another_model_size_gives_clear_error(tiny_dat
         "--init-from",
         str(three_batches / "checkpoint-3.pt"),
     ]
-    proc = subprocess.run(args, cwd=tiny_data, capture_output=True, text=True, env=recipe_env(), timeout=600)
+    proc = subprocess.run(args, cwd=tiny_data, capture_output=True, text=True, env=train_env(), timeout=600)
     assert proc.returncode != 0
     assert "--init-from" in proc.stderr and "does not fit this model" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
-def test_resume_equals_uninterrupted_run(tiny_data, three_batches, tmp_path):
-    full = run_train(tiny_data, tmp_path / "full", "--max-batches", "6", "--save-every-n", "3")
-    assert full.returncode == 0, full.stderr
+def test_resume_equals_uninterrupted_run(tiny_data, three_batches, six_batches, tmp_path):
+    """Batches 4-6 resumed from checkpoint-3.pt equal the uninterrupted run's (which saved after every batch:
+    saving does not change the training either)."""
     copy_of(three_batches, tmp_path / "resumed")  # the first 3 batches, run on their own
     assert not (tmp_path / "resumed" / "checkpoint-6.pt").exists()
     second = run_train(tiny_data, tmp_path / "resumed", "--max-batches", "6", "--save-every-n", "3")
     assert second.returncode == 0, second.stderr
     assert "Loading checkpoint" in second.stderr and "checkpoint-3.pt" in second.stderr
 
-    losses_full = _batch_losses(tmp_path / "full")
-    losses_resumed = _batch_losses(tmp_path / "resumed")
+    losses_full = batch_losses(six_batches)
+    losses_resumed = batch_losses(tmp_path / "resumed")
     assert sorted(losses_full) == [1, 2, 3, 4, 5, 6]
     for b in (4, 5, 6):
         assert losses_resumed[b] == losses_full[b], b
-    a = load_checkpoint_file(tmp_path / "full" / "checkpoint-6.pt")
+    a = load_checkpoint_file(six_batches / "checkpoint-6.pt")
     b = load_checkpoint_file(tmp_path / "resumed" / "checkpoint-6.pt")
     for name, value in a["model"].items():
         assert torch.equal(value, b["model"][name]), name
     for name, value in a["model_avg"].items():
         assert torch.equal(value, b["model_avg"][name]), name
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_ddp_two_processes_keep_identical_weights(tiny_data, tmp_path):
@@ -197,7 +166,7 @@ def test_ddp_two_processes_keep_identical_weights(tiny_data, tmp_path):
         "--save-every-n",
         "0",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
     )
     assert proc.returncode == 0, proc.stderr
     logs = sorted((tmp_path / "ddp" / "log").glob("log-train-*"))
