@@ -473,6 +473,131 @@ def test_grad_filter_mode_flag_reaches_every_layer_and_old_configs_build():
 
 
 # --------------------------------------------------------------------------
+# Kaldi's recurrent derivative cap
+# --------------------------------------------------------------------------
+
+
+def _manual_bptt(lstm: ScaledLSTM, x: Tensor, out_grad: Tensor, threshold: float):
+    """The LSTM's forward and its backward written out by hand in float64, with Kaldi's cap on the
+    derivative that frame t+1 sends back into [r_t, c_t] (r the projection, or h without one). Returns the
+    input gradient, the gradient of each stored flat weight, and the number of capped rows."""
+    names = lstm._flat_weights_names
+    scales = {n: float(s.detach().exp()) for n, s in zip(names, lstm.scales())}
+    W = {n: getattr(lstm, n).detach().double() * scales[n] for n in names}
+    w_ih, w_hh, bias = W["weight_ih_l0"], W["weight_hh_l0"], W["bias_ih_l0"] + W["bias_hh_l0"]
+    w_hr = W.get("weight_hr_l0")
+    x, dy = x.double(), out_grad.double()
+    T, N, _ = x.shape
+    H = lstm.hidden_size
+    r = [torch.zeros(N, w_hh.shape[1], dtype=torch.float64)]
+    c = [torch.zeros(N, H, dtype=torch.float64)]
+    cache = []
+    for t in range(T):
+        a = x[t] @ w_ih.T + bias + r[-1] @ w_hh.T
+        i, f, g, o = torch.sigmoid(a[:, :H]), torch.sigmoid(a[:, H : 2 * H]), torch.tanh(a[:, 2 * H : 3 * H]), None
+        o = torch.sigmoid(a[:, 3 * H :])
+        c.append(f * c[-1] + i * g)
+        m = o * torch.tanh(c[-1])
+        r.append(m @ w_hr.T if w_hr is not None else m)
+        cache.append((i, f, g, o, m))
+    grads = {n: torch.zeros_like(W[n]) for n in names}
+    dx = torch.zeros_like(x)
+    dr_rec = torch.zeros_like(r[0])
+    dc_rec = torch.zeros_like(c[0])
+    capped = 0
+    for t in reversed(range(T)):
+        i, f, g, o, m = cache[t]
+        dr = dy[t] + dr_rec
+        if w_hr is not None:
+            grads["weight_hr_l0"] += dr.T @ m
+            dm = dr @ w_hr
+        else:
+            dm = dr
+        tc = torch.tanh(c[t + 1])
+        do = dm * tc
+        dc = dc_rec + dm * o * (1 - tc**2)
+        di, dg, df = dc * g, dc * i, dc * c[t]
+        da = torch.cat([di * i * (1 - i), df * f * (1 - f), dg * (1 - g**2), do * o * (1 - o)], dim=1)
+        grads["weight_ih_l0"] += da.T @ x[t]
+        grads["weight_hh_l0"] += da.T @ r[t]
+        grads["bias_ih_l0"] += da.sum(0)
+        grads["bias_hh_l0"] += da.sum(0)
+        dx[t] = da @ w_ih
+        dr_rec, dc_rec = da @ w_hh, dc * f  # the derivative frame t sends back into [r_{t-1}, c_{t-1}]
+        if t > 0:
+            norm = (dr_rec.square().sum(1, keepdim=True) + dc_rec.square().sum(1, keepdim=True)).sqrt()
+            factor = torch.where(norm > threshold, threshold / norm, torch.ones_like(norm))
+            capped += int((norm > threshold).sum())
+            dr_rec, dc_rec = dr_rec * factor, dc_rec * factor
+    return dx, {n: grads[n] * scales[n] for n in names}, capped
+
+
+@pytest.mark.parametrize("proj_size", [0, 3])
+def test_recurrent_grad_clip_is_kaldis_cap_by_hand(proj_size):
+    torch.manual_seed(0)
+    lstm = ScaledLSTM(5, 6, proj_size=proj_size, grad_filter_threshold=0.0)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(9, 4, 5, generator=gen)
+    out_grad = torch.randn(9, 4, proj_size or 6, generator=gen) * torch.linspace(0.2, 30, 4).view(1, 4, 1)
+    _, _, capped_off = _manual_bptt(lstm, x, out_grad, math.inf)
+    lstm.recurrent_grad_clip = 0.5
+    x_in = x.clone().requires_grad_()
+    output, _ = lstm(x_in)
+    (output * out_grad).sum().backward()
+    dx, grads, capped = _manual_bptt(lstm, x, out_grad, 0.5)
+    assert 0 < capped < 8 * 4 and capped_off == 0
+    torch.testing.assert_close(x_in.grad.double(), dx, rtol=1e-4, atol=1e-6)
+    for name, g in grads.items():
+        torch.testing.assert_close(getattr(lstm, name).grad.double(), g, rtol=1e-4, atol=1e-6, msg=name)
+    assert lstm.recurrent_clip_stats.as_dict()["fraction_clipped"] == pytest.approx(capped / (8 * 4))
+
+
+@pytest.mark.parametrize("proj_size", [0, 3])
+def test_frame_by_frame_lstm_is_the_kernel_when_nothing_is_capped(proj_size):
+    torch.manual_seed(0)
+    fused = ScaledLSTM(5, 6, proj_size=proj_size, grad_filter_threshold=0.0)
+    frames = ScaledLSTM(5, 6, proj_size=proj_size, grad_filter_threshold=0.0)
+    frames.load_state_dict(fused.state_dict())
+    frames.recurrent_grad_clip = 1e30
+    x = torch.randn(8, 3, 5)
+    out_grad = torch.randn(8, 3, proj_size or 6)
+    results = []
+    for lstm in (fused, frames):
+        x_in = x.clone().requires_grad_()
+        output, (h_n, c_n) = lstm(x_in)
+        (output * out_grad).sum().backward()
+        results.append((output, h_n, c_n, x_in.grad, [p.grad for p in lstm.parameters()]))
+    (a_out, a_h, a_c, a_dx, a_g), (b_out, b_h, b_c, b_dx, b_g) = results
+    for a, b in [(a_out, b_out), (a_h, b_h), (a_c, b_c), (a_dx, b_dx), *zip(a_g, b_g)]:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert frames.recurrent_clip_stats.as_dict() == {"fraction_clipped": 0.0}
+
+
+def test_recurrent_grad_clip_installs_in_every_lstm_and_off_is_the_kernel(monkeypatch):
+    from conftest import tiny_transducer
+
+    model = tiny_transducer()
+    lstms = [m for m in model.modules() if isinstance(m, ScaledLSTM)]
+    _control().install(model)
+    assert lstms and all(m.recurrent_grad_clip == 0.0 for m in lstms)
+
+    def refuse(*args):
+        raise AssertionError("the frame-by-frame LSTM ran with the cap off")
+
+    monkeypatch.setattr(ScaledLSTM, "_frame_by_frame", refuse)
+    lstms[0](torch.randn(4, 2, lstms[0].input_size))  # the kernel
+    _control(recurrent_grad_clip=30.0).install(model)
+    assert all(m.recurrent_grad_clip == 30.0 for m in lstms)
+    with pytest.raises(AssertionError, match="frame-by-frame"):
+        lstms[0](torch.randn(4, 2, lstms[0].input_size))
+    lstms[0].eval()
+    lstms[0](torch.randn(4, 2, lstms[0].input_size))  # evaluation: the kernel
+    lstms[0].train()
+    with torch.no_grad():
+        lstms[0](torch.randn(4, 2, lstms[0].input_size))
+
+
+# --------------------------------------------------------------------------
 # The flags
 # --------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@
   into the ops that produced the tensor (PaddlePaddle's error clip).
 - :class:`GradientFilter`: icefall's soft per-sequence gradient filter, and
   its hard-mask variant (sequences above the cutoff dropped, the others untouched).
+- :func:`recurrent_grad_clip`: Kaldi nnet3's per-frame cap on the derivative
+  that flows back along a recurrent connection (BackpropTruncationComponent).
 - Thresholds that follow the history of the global norm, each with a
   ``state_dict`` so that a resumed run clips as the uninterrupted one:
   :class:`RunningMedianThreshold` (a multiple of the running median of the raw
@@ -738,6 +740,71 @@ class GradientFilterStats:
             "fraction_filtered": float(self.fraction_filtered),
             "param_scale": float(self.param_scale),
         }
+
+
+class RecurrentGradClipStats:
+    """How many rows (frame x sequence) a :func:`recurrent_grad_clip` capped in the last backward, as device
+    tensors (read them when logging: ``float(stats.fraction_clipped)``)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.clipped: Optional[Tensor] = None
+        self.num_backward = 0
+
+    def start(self) -> None:
+        """A new forward: the counts of the coming backward start from zero."""
+        self.rows = 0
+        self.clipped = None
+
+    def add(self, clipped: Tensor, rows: int) -> None:
+        self.clipped = clipped if self.clipped is None else self.clipped + clipped
+        self.rows += rows
+
+    @property
+    def fraction_clipped(self) -> Optional[Tensor]:
+        return None if self.clipped is None else self.clipped.float() / max(self.rows, 1)
+
+    def as_dict(self) -> Dict[str, float]:
+        """Plain floats for logging; empty before the first backward."""
+        return {} if self.clipped is None else {"fraction_clipped": float(self.fraction_clipped)}
+
+
+class _RecurrentGradClipFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, threshold: float, stats: Optional[RecurrentGradClipStats], *states: Tensor):
+        ctx.threshold, ctx.stats = threshold, stats
+        return tuple(s.view_as(s) for s in states)
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor):
+        # Kaldi: scale = max(1, |row|^2 / threshold^2) ^ -0.5, i.e. min(1, threshold / |row|); 1 for a zero row.
+        sumsq = sum(g.to(torch.promote_types(g.dtype, torch.float32)).square().sum(dim=-1, keepdim=True) for g in grads)
+        scale = (sumsq / ctx.threshold**2).clamp(min=1.0).rsqrt()
+        if ctx.stats is not None:
+            ctx.stats.add((scale < 1.0).sum(), scale.numel())
+        return (None, None, *(g * scale.to(g.dtype) for g in grads))
+
+
+def recurrent_grad_clip(
+    threshold: float, *states: Tensor, stats: Optional[RecurrentGradClipStats] = None
+) -> Tuple[Tensor, ...]:
+    """The ``states`` unchanged; in backward, each row of their gradients (the last dim; a frame of one
+    sequence) scaled so that its L2 norm over all ``states`` together is at most ``threshold``.
+
+    Kaldi nnet3's ``BackpropTruncationComponent`` (``src/nnet3/nnet-general-component.cc``), which its LSTM
+    layers (``steps/libs/nnet3/xconfig/lstm.py``) put on the recurrent connections with
+    ``clipping-threshold=30``: in the fast-lstm(p) layers of its recipes on the cell and the recurrent
+    output (projection) fed to the next frame, taken as one row ``[c_t, r_t]``, so only the derivative that
+    comes back from frame t+1 is capped, not the one from the layer's output. The row's factor is
+    ``max(1, |row|^2 / threshold^2)^(-1/2)``. Kaldi's component also zeroes, every ``zeroing-interval`` (20)
+    frames, the rows whose norm exceeds ``zeroing-threshold`` (15): a conditional truncation of the
+    recurrence, not part of this cap.
+    """
+    if not threshold > 0:
+        raise ValueError(f"recurrent_grad_clip needs threshold > 0, got {threshold}")
+    if not torch.is_grad_enabled() or not any(s.requires_grad for s in states):
+        return states
+    return _RecurrentGradClipFunction.apply(float(threshold), stats, *states)
 
 
 GRAD_FILTER_MODES = ("soft", "hard-mask")

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from icefall_lite.nn.clip import GradientFilter
+from icefall_lite.nn.clip import GradientFilter, RecurrentGradClipStats, recurrent_grad_clip
 
 
 def _init_scaled_weight(weight: Tensor, weight_scale: Tensor, fan_in: int, initial_speed: float) -> None:
@@ -147,6 +147,14 @@ class ScaledLSTM(nn.LSTM):
     wraps the LSTM kernel (the sequences above the cutoff are dropped from
     the kernel's gradients, the others untouched).
 
+    ``recurrent_grad_clip`` (0 = off, set by ``--recurrent-grad-clip``):
+    Kaldi's per-frame cap on the derivative of the recurrence. When it is on,
+    training runs the LSTM one frame at a time in PyTorch ops, the state
+    ``[h_t, c_t]`` fed to frame t+1 passing :func:`recurrent_grad_clip` (the
+    same function as the kernel's, slower); otherwise, and in evaluation and
+    without grad, the fused kernel runs as always. Capped rows are counted in
+    :attr:`recurrent_clip_stats`.
+
     Input ``(T, N, C)`` (``batch_first=False``), as icefall.
     """
 
@@ -178,6 +186,8 @@ class ScaledLSTM(nn.LSTM):
                     scale += math.log(self.hidden_size**-0.5 / std)
                 else:
                     nn.init.zeros_(param)
+        self.recurrent_grad_clip = 0.0
+        self.recurrent_clip_stats = RecurrentGradClipStats()
         self.grad_filter: Optional[GradientFilter] = (
             GradientFilter(batch_dim=1, threshold=grad_filter_threshold, mode=grad_filter_mode)
             if grad_filter_threshold > 0
@@ -225,6 +235,8 @@ class ScaledLSTM(nn.LSTM):
         self, input: Tensor, hx: Tuple[Tensor, Tensor], flat_weights: List[Tensor]
     ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
         """The LSTM kernel on the effective weights (in bfloat16 itself under CUDA bf16 autocast)."""
+        if self.recurrent_grad_clip > 0 and self.training and torch.is_grad_enabled():
+            return self._frame_by_frame(input, hx, flat_weights)
         if cuda_autocast_dtype(input) == torch.bfloat16:
             # CUDA autocast sends an LSTM to cuDNN in float16 whatever dtype it was asked for (ATen's
             # AutocastRNN casts to kHalf), with no GradScaler behind --use-bf16: cast to bfloat16 ourselves
@@ -236,6 +248,31 @@ class ScaledLSTM(nn.LSTM):
                     [w.to(torch.bfloat16) for w in flat_weights],
                 )
         return self._lstm(input, hx, flat_weights)
+
+    def _frame_by_frame(
+        self, input: Tensor, hx: Tuple[Tensor, Tensor], flat_weights: List[Tensor]
+    ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        """The LSTM (PyTorch's gate order i, f, g, o) frame by frame, with the recurrent derivative capped."""
+        if self.num_layers != 1:
+            raise ValueError(f"--recurrent-grad-clip: ScaledLSTM runs one layer per LSTM, not {self.num_layers}")
+        weights = dict(zip(self._flat_weights_names, flat_weights))
+        bias = weights["bias_ih_l0"] + weights["bias_hh_l0"] if self.bias else None
+        w_hh, w_hr = weights["weight_hh_l0"], weights.get("weight_hr_l0")
+        input_gates = F.linear(input, weights["weight_ih_l0"], bias)  # (T, N, 4 hidden), one product
+        h, c = hx[0][0], hx[1][0]
+        stats = self.recurrent_clip_stats
+        stats.start()
+        outputs = []
+        for t in range(input.size(0)):
+            if t > 0:  # the state from frame t-1: its derivative from this frame is capped
+                h, c = recurrent_grad_clip(self.recurrent_grad_clip, h, c, stats=stats)
+            i, f, g, o = (input_gates[t] + F.linear(h, w_hh)).chunk(4, dim=1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            if w_hr is not None:
+                h = F.linear(h, w_hr)
+            outputs.append(h)
+        return torch.stack(outputs), (h.unsqueeze(0), c.unsqueeze(0))
 
     def _lstm(
         self, input: Tensor, hx: Tuple[Tensor, Tensor], flat_weights: List[Tensor]

@@ -7,6 +7,8 @@ flag                       what it does                                        w
   (``--grad-norm-threshold``)                                                   :func:`add_model_arguments`)
 ``--error-clip``           Paddle's ErrorClipByValue on every encoder layer's  in backward
                            output gradient
+``--recurrent-grad-clip``  Kaldi's per-frame cap on the derivative along every  in backward (inside the LSTMs)
+                           LSTM's recurrence (BackpropTruncationComponent)
 ``--clip-grad-value``      clamp every gradient element to [-v, v]             after backward
 ``--agc-clipping``         unit-wise adaptive clipping (AGC), lambda           after backward
 ``--clip-grad-norm``       scale all gradients to a global L2 norm <= max      after backward (last)
@@ -62,6 +64,7 @@ from icefall_lite.nn.clip import (
     norm_clip_scale,
     scale_grads_,
 )
+from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import unwrap
 
 # AGC leaves the final classifier layer unclipped (Brock et al. 2021): the joiner's output layer.
@@ -75,6 +78,7 @@ FLAGS = (
     "zclip_z_threshold",
     "autoclip_percentile",
     "scaled_adam_clipping_scale",
+    "recurrent_grad_clip",
 )
 # The relative clip re-estimates its median every this many steps (as ScaledAdam's clipping_update_period).
 RELATIVE_CLIP_UPDATE_PERIOD = 100
@@ -135,6 +139,15 @@ def add_gradient_control_arguments(parser: argparse.ArgumentParser) -> None:
         "the same idea on the raw norm.)",
     )
     group.add_argument(
+        "--recurrent-grad-clip",
+        type=float,
+        default=0.0,
+        help="Kaldi nnet3's per-frame derivative cap (BackpropTruncationComponent, clipping-threshold 30 in its "
+        "LSTM recipes): in every LSTM layer, the derivative that flows back from frame t+1 into the state "
+        "[h_t, c_t] is scaled, for each frame of each sequence, to an L2 norm of at most this. The LSTMs then "
+        "run frame by frame in training (slower); 0 = off (the fused kernel).",
+    )
+    group.add_argument(
         "--error-clip",
         type=float,
         default=0.0,
@@ -171,6 +184,7 @@ class GradientControl:
     zclip_z_threshold: float = 0.0
     autoclip_percentile: float = 0.0
     scaled_adam_clipping_scale: float = 0.0
+    recurrent_grad_clip: float = 0.0
     relative_threshold: Optional[RunningMedianThreshold] = field(init=False, default=None)
     zclip: Optional[ZClipThreshold] = field(init=False, default=None)
     autoclip: Optional[AutoClipThreshold] = field(init=False, default=None)
@@ -235,7 +249,13 @@ class GradientControl:
         return cls(**{name: float(params[name]) for name in FLAGS})
 
     def install(self, model: nn.Module) -> None:
-        """The in-backward kind: the error clip on every encoder layer's output (when on)."""
+        """The in-backward kinds (when on): the error clip on every encoder layer's output, the recurrent
+        derivative cap in every ScaledLSTM."""
+        if self.recurrent_grad_clip > 0:
+            lstms = [m for m in unwrap(model).modules() if isinstance(m, ScaledLSTM)]
+            for lstm in lstms:
+                lstm.recurrent_grad_clip = self.recurrent_grad_clip
+            logging.info(f"Recurrent derivative cap {self.recurrent_grad_clip:g} in {len(lstms)} LSTM layers")
         if self.error_clip <= 0:
             return
         clip = ErrorClipByValue(self.error_clip)
