@@ -19,9 +19,13 @@ test: setup
 demo: setup
 	. $(VENV)/bin/activate && bash egs/librispeech/ASR/demo.sh
 
-# Gradient-control ablation, the primary set: 5 arms x 5 seeds on connected digits + 10 replayed outlier
-# events -> RESULTS.md, ablation-runs/ (run summaries) and PNG plots (about 3 h on 2 cores; resumable: a rerun
-# skips finished runs). The secondary set: ablation.py --set secondary.
+# Gradient-control ablation, round 2 as studies/ablation/family.json fixed it before its runs: first the pilot
+# (none / seed 42 to 1,800 steps; if the 1,200-step budget does not stand it stops and says so), then 7 arms on
+# connected digits (17 seeds of none and filter, 5 of clip, guard, filter-clip, clip-relative 2x and 5x), each
+# run decoded with icefall's averaging at 400 / 800 / 1,200 steps, and 10 replayed outlier events with their
+# controls -> RESULTS.md, ablation-runs-2/ (run summaries) and PNG plots. About 12.3 h on 2 idle cores (8 h hold
+# the pilot, seeds 42-46 of every arm and the replays); resumable: a rerun skips finished runs, on the same CPU
+# model (pairs across two are left out). The secondary set: ablation.py --set secondary.
 ablation: setup
 	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh --corpus digits --work-dir digits && python lstm_transducer_stateless/ablation.py
 

@@ -41,9 +41,12 @@ class StudyError(RuntimeError):
 # --------------------------------------------------------------------------
 
 
-def decode_flags(iteration: int, method: str) -> List[str]:
-    """decode.py's flags for the weights at the end of a budget: checkpoint ``iteration``, not averaged."""
-    return ["--iter", str(iteration), "--avg", "1", "--use-averaged-model", "false", "--decoding-method", method]
+def decode_flags(iteration: int, method: str, avg: int = 1, use_averaged_model: bool = False) -> List[str]:
+    """decode.py's flags for the weights at step ``iteration``: by default checkpoint ``iteration`` alone;
+    with ``use_averaged_model``, icefall's average of the model over the steps between the ``avg``-th
+    checkpoint before it and it (``--iter N --avg K --use-averaged-model true``)."""
+    averaged = "true" if use_averaged_model else "false"
+    return ["--iter", str(iteration), "--avg", str(avg), "--use-averaged-model", averaged, "--decoding-method", method]
 
 
 def run_command(
@@ -98,21 +101,49 @@ def newest_wer_summary(run_dir: Path, method: str, test_set: str) -> Optional[Pa
     return files[-1] if files else None
 
 
-def decoded(run_dir: Path, method: str, test_sets: Sequence[str] = TEST_SETS) -> bool:
-    """Whether decode.py has written ``method``'s results for every test set of the run."""
-    return all(newest_wer_summary(run_dir, method, t) is not None for t in test_sets)
+def iter_wer_summary(
+    run_dir: Path, method: str, test_set: str, iteration: int, avg: int, use_averaged_model: bool
+) -> Optional[Path]:
+    """decode.py's ``wer-summary`` of ``--iter iteration --avg avg`` (averaged or not) for ``test_set``, or
+    None before that decoding."""
+    averaged = "-use-averaged-model"
+    for path in sorted((run_dir / method).glob(f"wer-summary-{test_set}-iter-{iteration}-avg-{avg}-*.txt")):
+        if path.stem.endswith(averaged) == use_averaged_model:
+            return path
+    return None
+
+
+def decoded(
+    run_dir: Path, method: str, test_sets: Sequence[str] = TEST_SETS, at: Optional[Tuple[int, int, bool]] = None
+) -> bool:
+    """Whether decode.py has written ``method``'s results for every test set of the run (``at``: those of
+    ``(iteration, avg, use_averaged_model)``; default: any)."""
+    if at is None:
+        return all(newest_wer_summary(run_dir, method, t) is not None for t in test_sets)
+    return all(iter_wer_summary(run_dir, method, t, *at) is not None for t in test_sets)
 
 
 def read_wers(
-    run_dir: Path, methods: Sequence[str], test_sets: Sequence[str] = TEST_SETS
+    run_dir: Path,
+    methods: Sequence[str],
+    test_sets: Sequence[str] = TEST_SETS,
+    at: Optional[Tuple[int, int, bool]] = None,
 ) -> Dict[Tuple[str, str], float]:
-    """``{(method, test set): WER %}`` from the run's newest wer-summary files (first row: the best)."""
+    """``{(method, test set): WER %}`` from the run's wer-summary files (first row: the best): those of
+    ``at = (iteration, avg, use_averaged_model)``, or (``at`` None) the newest."""
     wers: Dict[Tuple[str, str], float] = {}
     for method in methods:
         for test_set in test_sets:
-            path = newest_wer_summary(run_dir, method, test_set)
+            path = (
+                newest_wer_summary(run_dir, method, test_set)
+                if at is None
+                else iter_wer_summary(run_dir, method, test_set, *at)
+            )
             if path is None:
-                raise FileNotFoundError(f"no {method} wer-summary for {test_set} in {run_dir / method}; decode first")
+                what = "" if at is None else f" at --iter {at[0]} --avg {at[1]} --use-averaged-model {at[2]}"
+                raise FileNotFoundError(
+                    f"no {method} wer-summary{what} for {test_set} in {run_dir / method}; decode first"
+                )
             wers[(method, test_set)] = load_wer_summary(path)[0][1]
     return wers
 
@@ -170,6 +201,25 @@ class Section:
         if begin not in text or end not in text:
             return None
         return text.split(begin, 1)[1].split(end, 1)[0].removeprefix("\n")
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name: the first ``model name`` line of ``cpuinfo`` (Linux), else what the platform
+    says (``platform.processor()``), else ``"unknown"``. Runs on two CPU models round differently, so a
+    paired comparison needs both runs from one model."""
+    try:
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_record() -> Dict[str, str]:
+    """What a run's numbers depend on besides its flags: the CPU model and the torch version."""
+    return {"cpu_model": cpu_model(), "torch": torch.__version__}
 
 
 def machine_summary() -> str:

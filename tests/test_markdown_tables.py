@@ -1,8 +1,8 @@
 """Every Markdown table in the repository's committed *.md files has rows exactly as wide as its header.
 
 GitHub splits a table row on every unescaped ``|`` (inside code spans too), so a cell that holds a
-``|`` must write it as ``\\|``. The ablation's generated section (between its ``<!-- ablation:begin``
-and ``<!-- ablation:end -->`` markers) is left out: its replay table is rendered by the study code.
+``|`` must write it as ``\\|``. Generated sections are checked like the rest (the ablation's report writes
+its tables through studies.ablation.markdown, which refuses a row of another width).
 """
 
 import re
@@ -13,7 +13,6 @@ from typing import Iterator, List, Tuple
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIPPED_REGIONS = [("<!-- ablation:begin", "<!-- ablation:end -->")]
 _SEPARATOR = re.compile(r"^\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
 
 
@@ -40,24 +39,13 @@ def cell_count(row: str) -> int:
 
 
 def tables(text: str) -> Iterator[Tuple[int, List[Tuple[int, str]]]]:
-    """(line number of the header, [(line number, row), ...]) for each table outside code fences and skipped regions."""
+    """(line number of the header, [(line number, row), ...]) for each table outside code fences."""
     lines = text.splitlines()
     fence = None
-    skip_until = None
     i = 0
     while i < len(lines):
         line = lines[i]
         stripped = line.strip()
-        if skip_until is not None:
-            if stripped.startswith(skip_until):
-                skip_until = None
-            i += 1
-            continue
-        begin = next((end for start, end in SKIPPED_REGIONS if stripped.startswith(start)), None)
-        if fence is None and begin is not None:
-            skip_until = begin
-            i += 1
-            continue
         if stripped.startswith("```") or stripped.startswith("~~~"):
             marker = stripped[:3]
             fence = None if fence == marker else (marker if fence is None else fence)
@@ -81,11 +69,11 @@ def test_cell_count_splits_on_unescaped_pipes_only():
     assert cell_count("| |x| | b |") == 4
 
 
-def test_tables_skip_code_fences_and_the_ablation_region():
+def test_tables_skip_code_fences_but_not_generated_sections():
     fenced = "```\n| a | b |\n|---|---|\n| 1 |\n```\n"
+    assert list(tables(fenced)) == []
     generated = "<!-- ablation:begin (x) -->\n| a |\n|---|\n| 1 | 2 |\n<!-- ablation:end -->\n"
-    text = fenced + generated
-    assert list(tables(text)) == []
+    assert [n for n, _ in tables(fenced + generated)] == [7]
     assert [n for n, _ in tables("text\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")] == [3]
 
 

@@ -9,42 +9,45 @@ run shows, per layer, how far the largest per-sequence gradient rose above
 the batch median: where outliers arise and how often they would cross a
 threshold.
 
-Arms (thresholds from :class:`Thresholds`):
+Arms (thresholds from :class:`Thresholds`; the primary set's from ``family.json``):
 
-  none         no control (the filter observes)
-  clip         clip_grad_norm
-  filter       GradientFilter at the recipe's threshold
-  filter-clip  both (the recipe's design)
+  none           no control (the filter observes)
+  clip           clip_grad_norm at a fixed maximum (5: below every step's norm here, so it rescales every
+                 step: normalisation, not a guard)
+  guard          clip_grad_norm at a fixed maximum far above the typical norm (about 4x none's median): a
+                 true guard, acting on rare steps only
+  filter         GradientFilter at the recipe's threshold
+  filter-clip    both (the recipe's design)
   clip-relative  clip_grad_norm at a multiple of the running median gradient norm (as ScaledAdam's
-               clipping_scale): catches the rare outlier, leaves ordinary steps alone
-  filter-<t>   GradientFilter at each other threshold of the sweep
-  agc          adaptive gradient clipping (Brock et al. 2021) with lambda
-  value        clipping every gradient element to [-v, v]
-  error-clip   Paddle's ErrorClipByValue on every encoder layer's output gradient
+                 clipping_scale); clip-relative-<x> at each other multiple of the sweep
+  filter-<t>     GradientFilter at each other threshold of the sweep
+  agc            adaptive gradient clipping (Brock et al. 2021) with lambda
+  value          clipping every gradient element to [-v, v]
+  error-clip     Paddle's ErrorClipByValue on every encoder layer's output gradient
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Mapping, Sequence, Tuple
 
 from icefall_lite.nn.model import DEFAULT_GRAD_FILTER_THRESHOLD
+from icefall_lite.train.grad_control import FLAGS
+from studies.ablation.family import load_config
 
 OBSERVE = math.inf  # --grad-filter-threshold inf: the filter observes only
+STUDY = load_config()  # the round's configuration, fixed before its runs (studies/ablation/family.json)
 
 
 # Every gradient control of train.py, by its flag's argparse dest (``--grad-filter-threshold`` and
-# icefall_lite.train.grad_control.FLAGS), in the order an arm's train.py flags give them. The arms' fields
-# and ablation.py's threshold flags have these names too.
-CONTROLS = (
-    "grad_filter_threshold",
-    "clip_grad_norm",
-    "clip_grad_value",
-    "agc_clipping",
-    "error_clip",
-    "clip_grad_norm_relative",
-)
+# icefall_lite.train.grad_control.FLAGS): an arm sets every one, those it does not use to off.
+CONTROLS = ("grad_filter_threshold", *FLAGS)
+
+
+def off_value(control: str) -> float:
+    """A control's value when off: ``inf`` for the filter (observing), 0 for the others."""
+    return OBSERVE if control == "grad_filter_threshold" else 0.0
 
 
 def flag_of(control: str) -> str:
@@ -59,7 +62,8 @@ def flag_value(x: float) -> str:
 
 @dataclass(frozen=True)
 class Arm:
-    """One gradient-control setting: train.py's value of every control in :data:`CONTROLS`.
+    """One gradient-control setting: the controls it switches on (``settings``: ``{control: value}`` by
+    train.py's argparse dest, :data:`CONTROLS`), every other control off.
 
     ``grad_filter_threshold``: ``OBSERVE`` (no filtering) or the GradientFilter threshold; the others are
     train.py's clipping flags of the same names (:mod:`icefall_lite.train.grad_control`; 0 = off).
@@ -67,27 +71,47 @@ class Arm:
 
     name: str
     label: str
-    grad_filter_threshold: float = OBSERVE
-    clip_grad_norm: float = 0.0
-    clip_grad_value: float = 0.0
-    agc_clipping: float = 0.0
-    error_clip: float = 0.0
-    clip_grad_norm_relative: float = 0.0
+    settings: Tuple[Tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [c for c, _ in self.settings if c not in CONTROLS]
+        if unknown:
+            raise ValueError(f"arm {self.name}: unknown control(s) {unknown}; train.py's are {list(CONTROLS)}")
+
+    def value(self, control: str) -> float:
+        return dict(self.settings).get(control, off_value(control))
 
     @property
     def filter_on(self) -> bool:
-        return math.isfinite(self.grad_filter_threshold)
+        return math.isfinite(self.value("grad_filter_threshold"))
 
     def train_flags(self) -> List[str]:
-        """train.py flags that set this arm's controls (and switch the others off)."""
-        return [item for c in CONTROLS for item in (flag_of(c), flag_value(getattr(self, c)))]
+        """train.py flags that set this arm's controls (and switch every other off)."""
+        return [item for c in CONTROLS for item in (flag_of(c), flag_value(self.value(c)))]
+
+
+def arm(name: str, label: str, **settings: float) -> Arm:
+    """An arm with the controls ``settings`` on (by train.py's argparse dests)."""
+    return Arm(name, label, tuple(settings.items()))
+
+
+def same_controls(flags_a: Sequence[str], flags_b: Sequence[str]) -> bool:
+    """Whether two lists of train.py control flags set every control alike (a control a list does not name
+    is off: train.py had no such flag when it was written)."""
+
+    def values(flags: Sequence[str]) -> Dict[str, float]:
+        pairs = dict(zip(flags[::2], flags[1::2]))
+        return {c: float(pairs.get(flag_of(c), off_value(c))) for c in CONTROLS}
+
+    return values(flags_a) == values(flags_b)
 
 
 @dataclass(frozen=True)
 class Thresholds:
     """The thresholds of the arms, by the names of train.py's flags (ablation.py's flags of the same names;
     RESULTS.md, "Thresholds of the ablation's clipping arms", says how the defaults were chosen);
-    ``filter_sweep``: the GradientFilter thresholds of the arms ``filter-<t>``."""
+    ``filter_sweep``: the GradientFilter thresholds of the arms ``filter-<t>``; ``guard``: the guard arm's
+    clip_grad_norm; ``relative_sweep``: the multiples of the arms ``clip-relative-<x>``."""
 
     grad_filter_threshold: float = DEFAULT_GRAD_FILTER_THRESHOLD
     filter_sweep: Tuple[float, ...] = (10.0, 5.0)
@@ -95,32 +119,40 @@ class Thresholds:
     agc_clipping: float = 0.08
     clip_grad_value: float = 1.0
     error_clip: float = 2e-4
-    clip_grad_norm_relative: float = 2.0
+    clip_grad_norm_relative: float = STUDY.clip_grad_norm_relative[0]
+    relative_sweep: Tuple[float, ...] = STUDY.clip_grad_norm_relative[1:]
+    guard: float = STUDY.guard_clip_grad_norm
 
 
 def make_arms(t: Thresholds) -> List[Arm]:
     """Every arm, in table order."""
+    f = t.grad_filter_threshold
     arms = [
-        Arm("none", "no control (filter observing)"),
-        Arm("clip", f"clip_grad_norm {t.clip_grad_norm:g}", clip_grad_norm=t.clip_grad_norm),
-        Arm("filter", f"GradientFilter {t.grad_filter_threshold:g}", grad_filter_threshold=t.grad_filter_threshold),
-        Arm(
+        arm("none", "no control (filter observing)"),
+        arm("clip", f"clip_grad_norm {t.clip_grad_norm:g}", clip_grad_norm=t.clip_grad_norm),
+        arm("guard", f"clip_grad_norm {t.guard:g} (guard)", clip_grad_norm=t.guard),
+        arm("filter", f"GradientFilter {f:g}", grad_filter_threshold=f),
+        arm(
             "filter-clip",
-            f"GradientFilter {t.grad_filter_threshold:g} + clip_grad_norm {t.clip_grad_norm:g}",
-            grad_filter_threshold=t.grad_filter_threshold,
+            f"GradientFilter {f:g} + clip_grad_norm {t.clip_grad_norm:g}",
+            grad_filter_threshold=f,
             clip_grad_norm=t.clip_grad_norm,
         ),
-        Arm(
+        arm(
             "clip-relative",
             f"clip_grad_norm at {t.clip_grad_norm_relative:g}x the running median",
             clip_grad_norm_relative=t.clip_grad_norm_relative,
         ),
     ]
-    arms += [Arm(f"filter-{x:g}", f"GradientFilter {x:g}", grad_filter_threshold=x) for x in t.filter_sweep]
     arms += [
-        Arm("agc", f"adaptive clipping (AGC), lambda {t.agc_clipping:g}", agc_clipping=t.agc_clipping),
-        Arm("value", f"clip by value {t.clip_grad_value:g}", clip_grad_value=t.clip_grad_value),
-        Arm("error-clip", f"error clip {t.error_clip:g} on layer outputs", error_clip=t.error_clip),
+        arm(f"clip-relative-{x:g}", f"clip_grad_norm at {x:g}x the running median", clip_grad_norm_relative=x)
+        for x in t.relative_sweep
+    ]
+    arms += [arm(f"filter-{x:g}", f"GradientFilter {x:g}", grad_filter_threshold=x) for x in t.filter_sweep]
+    arms += [
+        arm("agc", f"adaptive clipping (AGC), lambda {t.agc_clipping:g}", agc_clipping=t.agc_clipping),
+        arm("value", f"clip by value {t.clip_grad_value:g}", clip_grad_value=t.clip_grad_value),
+        arm("error-clip", f"error clip {t.error_clip:g} on layer outputs", error_clip=t.error_clip),
     ]
     return arms
 
@@ -158,9 +190,8 @@ class Condition:
 
 
 # The learnable condition (RESULTS.md, "Ablation"): connected digit strings, the default model at its
-# default learning rate, a short warm-up (the pruned loss at full weight from step 100 of 600). The pilot
-# of 2026-11-25 (one seed) decoded to 4.8 / 13.5% greedy WER without any control, and 4.4% of its steps
-# after warm-up had a layer over 25x the batch median.
+# default learning rate, a short warm-up (the pruned loss at full weight from step 100); its budget is the
+# round's (family.json: 1,200 steps in round 2, 600 in round 1).
 # The stress condition was found by the exploration in RESULTS.md ("Stress conditions"): a deeper, narrower
 # stack with a projection LSTM at 6.7x the working learning rate; it grows per-sequence outliers from the
 # start, but no arm learns in it (97-100% WER): a from-scratch instability, not the regime icefall saw.
@@ -171,7 +202,7 @@ CONDITIONS: Dict[str, Condition] = {
         "--model-warm-step 50",
         corpus="digits",
         corpus_dir="digits",
-        steps=600,
+        steps=STUDY.steps,
         max_duration=60.0,
         model_warm_step=50,
         train_flags=("--base-lr", "0.003"),
@@ -196,24 +227,39 @@ CONDITIONS: Dict[str, Condition] = {
 
 @dataclass(frozen=True)
 class RunSet:
-    """A named set of runs: conditions, arms, seeds and replayed outlier events per seed."""
+    """A named set of runs: conditions, the seeds of each arm (``{arm: number of seeds}``), and the replayed
+    outlier events (in all, and at most per seed)."""
 
     name: str
     conditions: Tuple[str, ...]
-    arms: Tuple[str, ...]
-    num_seeds: int
+    seeds_per_arm: Tuple[Tuple[str, int], ...]
+    replay_events: int
     replays_per_seed: int
 
+    @property
+    def arms(self) -> Tuple[str, ...]:
+        return tuple(a for a, _ in self.seeds_per_arm)
 
-# primary: the question (about 3 h on 2 idle cores); secondary: the other thresholds and clipping designs
-# with fewer seeds, and the from-scratch instability.
+
+# primary: the question, as family.json fixes it for the round (seeds per arm chosen for the power of filter -
+# none; see its "time" for what 8 hours hold); secondary: the other thresholds and clipping designs with fewer
+# seeds, and the from-scratch instability.
 RUN_SETS: Dict[str, RunSet] = {
-    "primary": RunSet("primary", ("digits",), ("none", "filter", "clip", "filter-clip", "clip-relative"), 5, 2),
+    "primary": RunSet(
+        "primary",
+        (STUDY.condition,),
+        tuple(STUDY.seeds_per_arm.items()),
+        STUDY.replay_events,
+        STUDY.replays_per_seed,
+    ),
     "secondary": RunSet(
         "secondary",
         ("digits", "stress"),
-        ("none", "filter", "clip", "filter-clip", "filter-10", "filter-5", "agc", "value", "error-clip"),
-        2,
+        tuple(
+            (a, 2)
+            for a in ("none", "filter", "clip", "filter-clip", "filter-10", "filter-5", "agc", "value", "error-clip")
+        ),
+        0,
         0,
     ),
 }
@@ -241,19 +287,27 @@ class RunKey:
 
 
 def seeds_of(base_seed: int, num_seeds: int) -> List[int]:
-    """The seeds of every arm: ``base_seed, base_seed + 1, ...``."""
+    """The seeds of an arm: ``base_seed, base_seed + 1, ...``."""
     return [base_seed + i for i in range(num_seeds)]
 
 
 @dataclass
 class Plan:
-    """The runs of an ablation, in the order they are made (seed-major: after the first seed of every arm
-    the table has a row per arm)."""
+    """The runs of an ablation, in the order they are made: seed-major (every arm of the first seed, then of
+    the second, ...), so that whatever is finished pairs up; an arm with fewer seeds drops out after its
+    last. ``seeds``: ``{arm name: its seeds}``."""
 
     conditions: List[str]
     arms: List[Arm]
-    seeds: List[int]
+    seeds: Mapping[str, Sequence[int]]
     runs: List[RunKey] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.runs = [RunKey(c, a.name, s) for s in self.seeds for c in self.conditions for a in self.arms]
+        every = sorted({s for a in self.arms for s in self.seeds[a.name]})
+        self.runs = [
+            RunKey(c, a.name, s) for s in every for c in self.conditions for a in self.arms if s in self.seeds[a.name]
+        ]
+
+    @property
+    def all_seeds(self) -> List[int]:
+        return sorted({k.seed for k in self.runs})

@@ -12,9 +12,11 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.train.optimizer_state import EVENT_JUMP
-from studies.ablation.arms import Arm
+from studies.ablation.arms import STUDY, Arm
+from studies.ablation.markdown import markdown_table
+from studies.ablation.paired import mid_ranks
 from studies.ablation.runs import RunResult
-from studies.tb_reader import Series, values
+from studies.tb_reader import Series, moving_average, values
 
 # Loss spikes: a step after warm-up whose objective is more than SPIKE_FACTOR times the median of the (up to)
 # SPIKE_WINDOW steps before it that are also after warm-up (at least SPIKE_MIN_WINDOW of them).
@@ -117,6 +119,21 @@ def recovery_steps(result: RunResult) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def plateau_exit(result: RunResult, loss: float = STUDY.plateau_loss, window: int = STUDY.plateau_window) -> float:
+    """The step of leaving the loss plateau: the first step at which the trailing mean over ``window`` steps
+    of the objective (0.5 x simple + pruned per frame) is below ``loss``; nan when it never is."""
+    for step, value in moving_average(result.objective(), window):
+        if value < loss:
+            return float(step)
+    return float("nan")
+
+
+def median_clip_scale(result: RunResult) -> float:
+    """The median over steps of the clip scale (post- over pre-clip norm; 1 without clipping)."""
+    xs = values(result.series("clip_scale"))
+    return statistics.median(xs) if xs else float("nan")
+
+
 def final_train_loss(result: RunResult) -> float:
     """Mean objective per frame over the last tenth of the steps (at least 10)."""
     xs = values(result.objective())
@@ -167,6 +184,7 @@ def metrics(methods: Sequence[str]) -> List[Metric]:
     return wer_metrics(methods) + [
         Metric("train_loss", "final train loss", final_train_loss, 3),
         Metric("valid_loss", "valid loss", valid_loss, 3),
+        Metric("plateau", f"plateau exit step (loss < {STUDY.plateau_loss:g})", plateau_exit, 0),
         Metric("spikes", "loss spikes", lambda r: float(loss_spikes(r.objective(), r.warm_end)), 1),
         Metric("diverged", "diverged runs", lambda r: float(diverged(r.objective(), skipped_steps(r))), 0, True),
         Metric("outliers", f"% steps > {OUTLIER_RATIO:g}x", lambda r: 100 * outlier_steps(r), 1),
@@ -229,21 +247,51 @@ def group_runs(results: Sequence[RunResult]) -> Group:
     return groups
 
 
+def _seeds(runs: Sequence[RunResult]) -> str:
+    """The seeds of ``runs``, consecutive ones as ranges: ``42-46, 50``."""
+    seeds = sorted(r.key.seed for r in runs)
+    parts: List[str] = []
+    i = 0
+    while i < len(seeds):
+        j = i
+        while j + 1 < len(seeds) and seeds[j + 1] == seeds[j] + 1:
+            j += 1
+        parts.append(str(seeds[i]) if i == j else f"{seeds[i]}-{seeds[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
 def format_table(results: Sequence[RunResult], arms: Dict[str, Arm], methods: Sequence[str]) -> str:
     """One row per condition x arm: mean ± standard deviation over the seeds of every metric."""
     ms = metrics(methods)
     header = ["condition", "arm", "seeds", "steps"] + [m.header for m in ms]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    rows = []
     for (condition, arm), runs in group_runs(results).items():
         steps = sorted({r.steps for r in runs})
-        cells = [
-            condition,
-            arms[arm].label,
-            ", ".join(str(r.key.seed) for r in runs),
-            "/".join(str(x) for x in steps),
-        ] + [m.cell(runs) for m in ms]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(
+            [condition, arms[arm].label, _seeds(runs), "/".join(str(x) for x in steps)] + [m.cell(runs) for m in ms]
+        )
+    return markdown_table(header, rows)
+
+
+def format_wer_curves(results: Sequence[RunResult], arms: Dict[str, Arm], methods: Sequence[str]) -> str:
+    """One row per condition x arm: the WERs (mean ± sd over seeds) at every step the runs were decoded at
+    (a third, two thirds and the whole budget; runs decoded at the end only have that column)."""
+    points = sorted({step for r in results for step in (r.wer_at or {r.steps: r.wer})})
+    keys = [(m, t) for m in methods for t in TEST_SETS]
+    header = ["condition", "arm", "seeds"] + [
+        f"{m.replace('_search', '')} {t} at {step}" for step in points for m, t in keys
+    ]
+    rows = []
+    for (condition, arm), runs in group_runs(results).items():
+        cells = [condition, arms[arm].label, str(len(runs))]
+        for step in points:
+            for k in keys:
+                xs = [(r.wer_at or {r.steps: r.wer}).get(step, {}).get(k, float("nan")) for r in runs]
+                spread = Spread.of(xs)
+                cells.append(spread.cell(2) + (f" (n={spread.n})" if 0 < spread.n < len(xs) else ""))
+        rows.append(cells)
+    return markdown_table(header, rows)
 
 
 # --------------------------------------------------------------------------
@@ -277,9 +325,23 @@ def outlier_rows(runs: Sequence[RunResult], thresholds: Sequence[float]) -> List
 
 def format_outlier_table(rows: Sequence[Dict[str, float]], thresholds: Sequence[float]) -> str:
     header = ["layer", "max/median: median", "99th percentile", "max"] + [f"% steps over {t:g}" for t in thresholds]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    cells = []
     for row in rows:
-        cells = [str(int(row["layer"])), _num(row["median"], 2), _num(row["p99"], 1), _num(row["max"], 1)]
-        cells += [f"{row[f'over {t:g}']:.2f}" for t in thresholds]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        line = [str(int(row["layer"])), _num(row["median"], 2), _num(row["p99"], 1), _num(row["max"], 1)]
+        cells.append(line + [f"{row[f'over {t:g}']:.2f}" for t in thresholds])
+    return markdown_table(header, cells, "r" * len(header))
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Spearman's rank correlation of paired values (finite pairs; ties at mid-ranks): the Pearson correlation
+    of their ranks. nan with fewer than 3 pairs or a constant side."""
+    pairs = [(x, y) for x, y in zip(xs, ys) if math.isfinite(x) and math.isfinite(y)]
+    if len(pairs) < 3:
+        return float("nan")
+    rx = mid_ranks([x for x, _ in pairs])
+    ry = mid_ranks([y for _, y in pairs])
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")

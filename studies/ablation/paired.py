@@ -1,13 +1,16 @@
 """Paired comparisons over seeds: the mean per-seed difference between two
-arms, its 95% confidence interval and p-value (paired t-test), and Holm's
-step-down adjustment for a family of such comparisons.
+arms, its 95% confidence interval and p-value (paired t-test), Holm's
+step-down adjustment for a family of such comparisons, and the exact
+Wilcoxon signed-rank test beside the t-test.
 
 A seed fixes the initialisation and the batch order in every arm, so the
 difference ``arm - baseline`` of one seed removes what the seeds share; the
 t-test on those differences is the paired t-test. Student's t distribution
 is computed here (regularised incomplete beta function, continued fraction
 as in Numerical Recipes' ``betacf``) rather than adding SciPy for two
-functions.
+functions. The signed-rank test's p-value is exact: the permutation
+distribution of the signed-rank sum over all 2^n sign assignments, counted
+by dynamic programming over the ranks.
 """
 
 from __future__ import annotations
@@ -96,8 +99,11 @@ class PairedDifference:
         return f"[{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
 
 
-def paired_difference(arm: Dict[int, float], baseline: Dict[int, float]) -> PairedDifference:
-    """The paired t statistics of ``arm[seed] - baseline[seed]`` over the seeds both have with finite values.
+def paired_difference(
+    arm: Dict[int, float], baseline: Dict[int, float], confidence: float = CONFIDENCE
+) -> PairedDifference:
+    """The paired t statistics of ``arm[seed] - baseline[seed]`` over the seeds both have with finite values
+    (the interval at ``confidence``).
 
     With fewer than 2 pairs, the interval and p-value are nan; with differences that are all equal, the
     interval is that value and p is 0 (if it is not 0) or 1.
@@ -116,7 +122,7 @@ def paired_difference(arm: Dict[int, float], baseline: Dict[int, float]) -> Pair
     sem = statistics.stdev(diffs) / math.sqrt(n)
     if sem == 0.0:
         return PairedDifference(mean, mean, mean, 1.0 if mean == 0.0 else 0.0, n)
-    half = student_t_quantile(0.5 + CONFIDENCE / 2.0, n - 1) * sem
+    half = student_t_quantile(0.5 + confidence / 2.0, n - 1) * sem
     p = 2.0 * (1.0 - student_t_cdf(abs(mean) / sem, n - 1))
     return PairedDifference(mean, mean - half, mean + half, min(1.0, p), n)
 
@@ -134,3 +140,60 @@ def holm_adjust(p_values: Sequence[float]) -> List[float]:
         running = max(running, min(1.0, (m - rank) * p))
         adjusted[i] = running
     return adjusted
+
+
+@dataclass(frozen=True)
+class SignedRank:
+    """The Wilcoxon signed-rank test of paired differences: the non-zero differences used, the sum of the
+    ranks of the positive ones, and the exact two-sided p-value (nan without a non-zero difference)."""
+
+    n: int
+    w_plus: float
+    p: float
+
+
+def mid_ranks(xs: Sequence[float]) -> List[float]:
+    """Ranks 1..n of ``xs`` (ascending), ties at the mean of the ranks they span."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def signed_rank_test(differences: Sequence[float]) -> SignedRank:
+    """The exact two-sided Wilcoxon signed-rank test of ``differences`` (finite ones).
+
+    Zero differences are dropped (Wilcoxon's rule); tied absolute values take the mean of their ranks. Under
+    the null every sign assignment of the ranks is equally likely: the p-value is the share of the 2^n
+    assignments whose rank sum of positives is at least as far from its mean, n(n + 1) / 4, as the observed
+    one. The distribution is counted exactly on doubled ranks (integers, ties included).
+    """
+    xs = [d for d in differences if math.isfinite(d) and d != 0.0]
+    n = len(xs)
+    if n == 0:
+        return SignedRank(0, 0.0, math.nan)
+    doubled = [int(round(2 * r)) for r in mid_ranks([abs(d) for d in xs])]
+    observed = sum(r for r, d in zip(doubled, xs) if d > 0)
+    counts = {0: 1}
+    for r in doubled:
+        grown = dict(counts)
+        for total, ways in counts.items():
+            grown[total + r] = grown.get(total + r, 0) + ways
+        counts = grown
+    centre2 = sum(doubled)  # twice the mean of the doubled sum: compare 2 x |sum - mean| in integers
+    distance = abs(2 * observed - centre2)
+    extreme = sum(ways for total, ways in counts.items() if abs(2 * total - centre2) >= distance)
+    return SignedRank(n, observed / 2.0, min(1.0, extreme / 2**n))
+
+
+def smallest_signed_rank_p(n: int) -> float:
+    """The smallest two-sided p-value the exact signed-rank test can give with ``n`` non-zero differences
+    (all of one sign, no ties): 2 / 2^n (1 with none)."""
+    return 1.0 if n == 0 else min(1.0, 2.0 / 2**n)

@@ -9,8 +9,10 @@ condition, every seed drawn:
 - the training loss per step, one panel per arm, one line per seed, the
   observing arm's seeds in grey behind for reference;
 - the WER of every arm, one line per seed across the arms (the pairing);
-- the replayed outlier events: each replay's loss over its window, without
-  and with the filter, the event marked.
+- WER at every decoding point (a third, two thirds, the whole budget), one panel
+  per arm, one line per seed;
+- the replayed outlier events: each replay's loss over its window in every
+  branch from the event, the event marked.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 from icefall_lite.utils import atomic_output  # noqa: E402
 from studies.ablation.arms import Arm  # noqa: E402
 from studies.ablation.metrics import group_runs, outlier_rows  # noqa: E402
-from studies.ablation.replay import ReplayResult  # noqa: E402
+from studies.ablation.replay import EVENT_ONLY, FILTER, LABELS, NO_CONTROL, UNIFORM, ReplayResult  # noqa: E402
 from studies.ablation.runs import RunResult  # noqa: E402
 from studies.tb_reader import Series, moving_average  # noqa: E402
 
@@ -217,17 +219,46 @@ def plot_wer_per_seed(
     return _save(fig, path)
 
 
+BRANCH_COLORS = {NO_CONTROL: "tab:red", EVENT_ONLY: "tab:orange", FILTER: "tab:blue", UNIFORM: "tab:green"}
+
+
+def plot_wer_curves(groups: Dict[str, List[RunResult]], arms: Dict[str, Arm], key: Tuple[str, str], path: Path) -> Path:
+    """One panel per arm: the WER of ``key`` at every step the runs were decoded at, one line per seed."""
+
+    def draw(ax, runs: List[RunResult]) -> None:
+        for r in runs:
+            points = sorted(s for s, wers in r.wer_at.items() if key in wers)
+            ax.plot(
+                points,
+                [r.wer_at[s][key] for s in points],
+                marker="o",
+                ms=3,
+                lw=0.8,
+                color=_seed_color(r.key.seed),
+                label=f"seed {r.key.seed}",
+            )
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel("WER (%)", fontsize=8)
+        ax.legend(fontsize=5, ncol=2)
+
+    title = f"{key[0].replace('_search', '')} {key[1]} WER at each decoding point (averaged model), one line per seed"
+    return _per_arm(groups, arms, title, path, draw)
+
+
 def plot_replays(replays: Sequence[ReplayResult], path: Path) -> Path:
-    """One panel per replay: the loss per step over the window without and with the filter."""
+    """One panel per replay: the loss per step over the window in every branch from the event (moving
+    average over 5 steps), the event marked."""
     fig, axes = _grid(len(replays), width=4.2, height=2.8)
     for ax, r in zip(axes, replays):
-        for branch, color in (("none", "tab:red"), ("filter", "tab:blue")):
-            ax.plot(*_xy(r.branches[branch].objective), color=color, lw=0.8, label=branch)
+        for branch, color in BRANCH_COLORS.items():
+            if branch in r.branches:
+                series = moving_average(r.branches[branch].objective, 5)
+                ax.plot(*_xy(series), color=color, lw=0.8, label=LABELS[branch])
         ax.axvline(r.event.step, color="k", ls=":", lw=0.8, label=f"event {r.event.ratio:.0f}x")
         ax.set_title(f"seed {r.key.seed}, from step {r.key.start}", fontsize=8)
         ax.set_xlabel("step", fontsize=7)
-        ax.legend(fontsize=6)
-    fig.suptitle("Replayed outlier events: training loss without (red) and with (blue) the filter", fontsize=9)
+        ax.legend(fontsize=5)
+    fig.suptitle("Replayed outlier events: training loss per branch (moving average over 5 steps)", fontsize=9)
     fig.tight_layout()
     return _save(fig, path)
 
@@ -264,6 +295,10 @@ def write_plots(
             out[f"{condition} wer-per-seed"] = plot_wer_per_seed(
                 groups, arms, wer_keys, plot_path(out_dir, condition, "wer-per-seed")
             )
+        curves = [k for k in wer_keys if any(len(r.wer_at) > 1 for runs in groups.values() for r in runs)]
+        for k in curves:
+            name = f"wer-curve-{k[1]}"
+            out[f"{condition} {name}"] = plot_wer_curves(groups, arms, k, plot_path(out_dir, condition, name))
         mine = [r for r in replays if r.key.condition == condition]
         if mine:
             out[f"{condition} replays"] = plot_replays(mine, plot_path(out_dir, condition, "replays"))

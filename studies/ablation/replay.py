@@ -1,48 +1,85 @@
-"""Replayed outlier events: the counterfactual test of the GradientFilter.
+"""Replayed outlier events with controls: what does the GradientFilter do at an outlier, beyond what switching
+it on does anyway?
 
-In a run of the arm without control (its filter only observing), an *event*
-is a step after warm-up at which some encoder layer's largest per-sequence
-gradient RMS is above the filter's threshold times the batch median. A replay
-resumes the run at the step just before the event (from the run's nearest
-earlier checkpoint, trained on without control up to that step) and trains
-the same number of steps twice, on the same batches (train.py's exact
-resume): a branch without the filter (which reproduces the original run) and
-a branch with it, whose first step is the event. The branches differ only in
-what the filter does (GradientFilter is soft: besides capping the outlier it
-scales every sequence's gradient by ``c / (c + n_b)``), so the difference of
-their losses over the window, of their optimizer state at its end and of
-their WER is the effect of filtering from that event on.
+In a run of the arm without control (its filter only observing), an *event* is a step after warm-up at which
+some encoder layer's largest per-sequence gradient RMS is above the filter's threshold times the batch
+median. A replay resumes the run at the step just before the event (from its nearest earlier checkpoint,
+trained on without control up to that step: the prefix) and trains the window on the same batches
+(train.py's exact resume) in branches that differ only in the gradient control:
 
-The study (:mod:`studies.ablation.study`) runs the branches; this module chooses
-the events, reads the branches back and summarises them.
+  (a) ``none``        no control: must reproduce the run at every step of the window (checked);
+  (b) ``event-only``  the filter on the event step only, no control after it;
+  (c) ``filter``      the filter on over the whole window;
+  (d) ``matched``     the filter switched on, for a window as long, at a checkpoint step of the same run whose
+                      first step has no outlier (every layer under the matched maximum, 5x the median),
+                      compared with the run itself over that window (its checkpoint at the window's end
+                      decoded as the reference);
+  (e) ``uniform``     the filter's mean scale applied to every sequence alike, no per-sequence capping
+                      (:mod:`studies.ablation.uniform_filter`).
+
+(b) against (c) tells whether the gain comes from filtering the event or from the filter staying on; (d)
+whether switching the filter on helps without an event (a transient cut of Adam's step size, whose second
+moment was built on unfiltered gradients); (e) whether capping matters beyond that cut. Each branch is decoded
+at the window's end; the per-layer Adam second moments (``exp_avg_sq`` summed over each layer's tensors of
+more than one element) are compared at the event step and at the window's end.
+
+The study (:mod:`studies.ablation.study`) runs the branches; this module chooses the events, reads the
+branches back, summarises them and writes the report's replay tables.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from icefall_lite.data.features import NUM_MEL_BINS
 from icefall_lite.decoding.constants import TEST_SETS
+from icefall_lite.nn.model import add_model_arguments, build_transducer, model_config_from_args
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.train.tb_tags import TrainingScalarTags
 from studies.ablation.arms import RunKey
+from studies.ablation.markdown import markdown_table
 from studies.ablation.metrics import largest_jump, steps_filtered
 from studies.ablation.paired import PairedDifference, paired_difference
 from studies.ablation.runs import RunResult, kept_scalars
 from studies.runner import read_json, read_wers
 from studies.tb_reader import Series, read_scalars
 
-# The two branches of a replay, by the arm whose gradient controls they train with.
-BRANCHES = ("none", "filter")
+NO_CONTROL = "none"
+EVENT_ONLY = "event-only"
+FILTER = "filter"
+MATCHED = "matched"
+UNIFORM = "uniform"
+MATCHED_REFERENCE = "matched-none"  # the run itself over the matched window (decoded at its end)
+# The branches trained from the event's start: the control of the event step, then of the rest of the window.
+# A control is an arm name, or UNIFORM (studies.ablation.uniform_filter at the filter arm's threshold).
+FROM_EVENT: Dict[str, Tuple[str, str]] = {
+    NO_CONTROL: ("none", "none"),
+    EVENT_ONLY: ("filter", "none"),
+    FILTER: ("filter", "filter"),
+    UNIFORM: (UNIFORM, UNIFORM),
+}
+LABELS = {
+    NO_CONTROL: "(a) no control",
+    EVENT_ONLY: "(b) filter on the event step only",
+    FILTER: "(c) filter over the window",
+    MATCHED: "(d) filter from a matched step without outlier",
+    UNIFORM: "(e) filter's mean scale, uniform, no capping",
+}
+# The controls (b)-(e) against their no-control reference, in report order.
+CONTROLS = (EVENT_ONLY, FILTER, MATCHED, UNIFORM)
+EARLY_STEPS = 10  # the first steps of the window, reported apart (does a gain appear at once or build up?)
 
 
 @dataclass(frozen=True)
 class ReplayKey:
-    """One replay of the ``none`` run of ``condition``/``seed``: both branches resume at step ``start``, the step
-    just before the event."""
+    """One replay of the ``none`` run of ``condition``/``seed``: the branches from the event resume at step
+    ``start``, the step just before the event."""
 
     condition: str
     seed: int
@@ -55,10 +92,19 @@ class ReplayKey:
 
 @dataclass(frozen=True)
 class Event:
-    """The largest outlier in a replay's first checkpoint interval: its step, layer and max/median."""
+    """An outlier step: its step, its largest layer and that layer's max/median."""
 
     step: int
     layer: int
+    ratio: float
+
+
+@dataclass(frozen=True)
+class Matched:
+    """Branch (d)'s start: a checkpoint step of the run whose next step's largest max/median (any layer) is
+    ``ratio``."""
+
+    start: int
     ratio: float
 
 
@@ -73,24 +119,61 @@ def find_events(result: RunResult, threshold: float) -> List[Event]:
     return [best[s] for s in sorted(best)]
 
 
-def choose_replays(result: RunResult, threshold: float, save_every: int, count: int) -> List[Tuple[int, Event]]:
-    """Up to ``count`` replays of ``result``'s events: ``(start, event)`` with ``start = event.step - 1``; at
-    most one event per checkpoint interval ``(k save_every, (k + 1) save_every]`` (its largest), the ``count``
-    largest such events, in step order."""
-    by_interval: Dict[int, Event] = {}
-    for event in find_events(result, threshold):
-        interval = (event.step - 1) // save_every
-        if interval not in by_interval or event.ratio > by_interval[interval].ratio:
-            by_interval[interval] = event
-    chosen = sorted(by_interval.values(), key=lambda e: -e.ratio)[:count]
-    return sorted((e.step - 1, e) for e in chosen)
+def _overlap(a: int, b: int, window: int) -> bool:
+    """Whether the windows ``(a, a + window]`` and ``(b, b + window]`` share a step."""
+    return abs(a - b) < window
+
+
+def choose_replays(result: RunResult, threshold: float, window: int, count: int) -> List[Tuple[int, Event]]:
+    """Up to ``count`` replays of ``result``'s events, largest first: ``(start, event)`` with ``start =
+    event.step - 1``, each window ``(start, start + window]`` inside the run (so that branch (a) is checked at
+    every step) and not overlapping another chosen one; in step order."""
+    chosen: List[Tuple[int, Event]] = []
+    candidates = [e for e in find_events(result, threshold) if e.step - 1 + window <= result.steps]
+    for event in sorted(candidates, key=lambda e: (-e.ratio, e.step)):
+        if len(chosen) == count:
+            break
+        if all(not _overlap(event.step - 1, start, window) for start, _ in chosen):
+            chosen.append((event.step - 1, event))
+    return sorted(chosen)
+
+
+def largest_ratio_at(result: RunResult, step: int) -> float:
+    """The largest max/median over layers at ``step`` (nan when not logged)."""
+    xs = [v for layer in result.layers() for s, v in result.filter_series(layer, "max_over_median") if s == step]
+    return max(xs) if xs else math.nan
+
+
+def matched_start(
+    result: RunResult, event_start: int, window: int, save_every: int, max_ratio: float
+) -> Optional[Matched]:
+    """Branch (d)'s start for the event replayed from ``event_start``: the checkpoint step ``c`` (a multiple of
+    ``save_every``, after warm-up, its window inside the run and not overlapping the event's) nearest
+    ``event_start`` (the earlier on a tie) whose step ``c + 1`` has every layer under ``max_ratio``."""
+    candidates = []
+    for c in range(save_every * math.ceil(result.warm_end / save_every), result.steps - window + 1, save_every):
+        if _overlap(c, event_start, window):
+            continue
+        ratio = largest_ratio_at(result, c + 1)
+        if math.isfinite(ratio) and ratio < max_ratio:
+            candidates.append((abs(c - event_start), c, ratio))
+    if not candidates:
+        return None
+    _, c, ratio = min(candidates)
+    return Matched(c, ratio)
+
+
+# --------------------------------------------------------------------------
+# A finished replay
+# --------------------------------------------------------------------------
 
 
 @dataclass
 class Branch:
-    """What one branch measured over the window: the objective per step, batch digests, WERs, the fraction
-    of steps some layer filtered, the largest second-moment jump, and the sum of every tensor's
-    ``exp_avg_sq`` at the end (in the optimizer's parameter order)."""
+    """What one branch measured over its window: the objective per step, batch digests, WERs at the end, the
+    fraction of steps some layer filtered, the largest second-moment jump, and every parameter tensor's
+    ``exp_avg_sq`` summed, in the optimizer's order, at the end and (branches from the event) after the
+    event step."""
 
     objective: Series
     digests: Series
@@ -98,110 +181,163 @@ class Branch:
     filtered: float
     largest_jump: float
     second_moment: List[float] = field(default_factory=list)
+    second_moment_event: List[float] = field(default_factory=list)
 
-    def mean_loss(self) -> float:
-        xs = [v for _, v in self.objective if math.isfinite(v)]
+    def mean_loss(self, first: Optional[int] = None) -> float:
+        xs = [v for _, v in self.objective[:first] if math.isfinite(v)]
         return sum(xs) / len(xs) if xs else float("nan")
 
+    def to_json(self) -> Dict:
+        return {
+            "objective": [[s, v] for s, v in self.objective],
+            "digests": [[s, v] for s, v in self.digests],
+            "wer": [[m, t, v] for (m, t), v in self.wer.items()],
+            "filtered": self.filtered,
+            "largest_jump": self.largest_jump,
+            "second_moment": self.second_moment,
+            "second_moment_event": self.second_moment_event,
+        }
 
-def collect_branch(branch_dir: Path, key: RunKey, end: int, methods: Sequence[str], tags: TrainingScalarTags) -> Branch:
-    """Read a finished branch (``key``: the branch as a run): its TensorBoard scalars with the batch digests,
-    its WERs, and the sum of every tensor's ``exp_avg_sq`` in its optimizer state at step ``end``."""
+    @staticmethod
+    def from_json(b: Dict) -> "Branch":
+        return Branch(
+            [(int(s), float(v)) for s, v in b["objective"]],
+            [(int(s), float(v)) for s, v in b["digests"]],
+            {(m, t): v for m, t, v in b["wer"]},
+            float(b["filtered"]),
+            float(b["largest_jump"]),
+            [float(x) for x in b["second_moment"]],
+            [float(x) for x in b.get("second_moment_event", [])],
+        )
+
+
+def second_moment_sums(checkpoint: Path) -> List[float]:
+    """Every parameter tensor's ``exp_avg_sq``, summed, in the optimizer's order, from a checkpoint."""
+    state = load_checkpoint_file(checkpoint)["optimizer"]["state"]
+    return [
+        float(state[i]["exp_avg_sq"].double().sum()) if "exp_avg_sq" in state[i] else float("nan")
+        for i in sorted(state, key=int)
+    ]
+
+
+def collect_branch(
+    branch_dir: Path,
+    key: RunKey,
+    end: int,
+    methods: Sequence[str],
+    tags: TrainingScalarTags,
+    event_step: Optional[int] = None,
+) -> Branch:
+    """Read a finished branch (``key``: the branch as a run): its TensorBoard scalars with the batch digests, its
+    WERs, and the second moments at step ``end`` (and at ``event_step``, when given)."""
     scalars, filters = kept_scalars(read_scalars(branch_dir / "tensorboard"), tags, extra=("batch_digest",))
     run = RunResult(key, read_wers(branch_dir, methods), scalars, filters)
-    state = load_checkpoint_file(branch_dir / f"checkpoint-{end}.pt")["optimizer"]["state"]
     return Branch(
         objective=run.objective(),
         digests=run.series("batch_digest"),
         wer=run.wer,
         filtered=steps_filtered(run),
         largest_jump=largest_jump(run),
-        second_moment=[
-            float(state[i]["exp_avg_sq"].double().sum()) if "exp_avg_sq" in state[i] else float("nan")
-            for i in sorted(state, key=int)
-        ],
+        second_moment=second_moment_sums(branch_dir / f"checkpoint-{end}.pt"),
+        second_moment_event=[]
+        if event_step is None
+        else second_moment_sums(branch_dir / f"checkpoint-{event_step}.pt"),
     )
 
 
 @dataclass
 class ReplayResult:
-    """A finished replay: the event, the window length and both branches."""
+    """A finished replay: the event, the window length, the branches (:data:`LABELS`; the matched branch and
+    its reference when a matched step was found), the parameter tensors ``(name, elements)`` in the
+    optimizer's order, the machine (empty when not recorded) and the commands that made it."""
 
     key: ReplayKey
     event: Event
     steps: int
     branches: Dict[str, Branch]
+    tensors: List[Tuple[str, int]] = field(default_factory=list)
+    matched: Optional[Matched] = None
+    machine: Dict[str, str] = field(default_factory=dict)
+    commands: List[str] = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return self.key.start + self.steps
 
     @property
     def identical_batches(self) -> bool:
-        """Both branches logged the same batch digest at every step of the window (and logged some)."""
-        a, b = (self.branches[name].digests for name in BRANCHES)
-        return len(a) == self.steps and a == b
-
-    def state_damage(self) -> float:
-        """The largest ratio, over parameter tensors, of ``exp_avg_sq`` without the filter to with it at the
-        end of the window (> 1: the unfiltered outlier left a larger second moment, i.e. smaller updates)."""
-        pairs = zip(*(self.branches[name].second_moment for name in BRANCHES))
-        ratios = [a / b for a, b in pairs if b > 0 and math.isfinite(a) and math.isfinite(b)]
-        return max(ratios) if ratios else float("nan")
+        """Every branch from the event logged the same batch digest at every step of the window (and some);
+        the matched branch the same as its reference where both logged them."""
+        from_event = [self.branches[b].digests for b in FROM_EVENT if b in self.branches]
+        same = len(from_event[0]) == self.steps and all(d == from_event[0] for d in from_event)
+        if MATCHED in self.branches and MATCHED_REFERENCE in self.branches:
+            reference = dict(self.branches[MATCHED_REFERENCE].digests)
+            same = same and all(reference.get(s, d) == d for s, d in self.branches[MATCHED].digests)
+        return same
 
     def to_json(self) -> Dict:
         return {
             "key": {"condition": self.key.condition, "seed": self.key.seed, "start": self.key.start},
             "event": {"step": self.event.step, "layer": self.event.layer, "ratio": self.event.ratio},
             "steps": self.steps,
-            "branches": {
-                name: {
-                    "objective": [[s, v] for s, v in b.objective],
-                    "digests": [[s, v] for s, v in b.digests],
-                    "wer": [[m, t, v] for (m, t), v in b.wer.items()],
-                    "filtered": b.filtered,
-                    "largest_jump": b.largest_jump,
-                    "second_moment": b.second_moment,
-                }
-                for name, b in self.branches.items()
-            },
+            "matched": None if self.matched is None else {"start": self.matched.start, "ratio": self.matched.ratio},
+            "tensors": [[name, n] for name, n in self.tensors],
+            "machine": self.machine,
+            "commands": self.commands,
+            "branches": {name: b.to_json() for name, b in self.branches.items()},
         }
 
     @staticmethod
     def from_json(data: Dict) -> "ReplayResult":
-        branches = {
-            name: Branch(
-                [(int(s), float(v)) for s, v in b["objective"]],
-                [(int(s), float(v)) for s, v in b["digests"]],
-                {(m, t): v for m, t, v in b["wer"]},
-                float(b["filtered"]),
-                float(b["largest_jump"]),
-                [float(x) for x in b["second_moment"]],
-            )
-            for name, b in data["branches"].items()
-        }
+        matched = data.get("matched")
         return ReplayResult(
             ReplayKey(**data["key"]),
             Event(**data["event"]),
             int(data["steps"]),
-            branches,
+            {name: Branch.from_json(b) for name, b in data["branches"].items()},
+            [(name, int(n)) for name, n in data.get("tensors", [])],
+            None if matched is None else Matched(int(matched["start"]), float(matched["ratio"])),
+            dict(data.get("machine", {})),
+            list(data.get("commands", [])),
         )
 
 
-def reproduces(replay: ReplayResult, original: RunResult) -> bool:
-    """Whether the branch without the filter has the original run's losses at every step both have (the
-    window may run past the run's budget), to the 6 significant digits that survive a summary's rounding."""
+@dataclass(frozen=True)
+class Reproduction:
+    """Branch (a) against the original run over the window: the window's steps, those the run has (a window of
+    round 1 could run past the run's budget), and those of them at which the losses agree to the 6
+    significant digits that survive a summary's rounding."""
+
+    window: int
+    in_run: int
+    same: int
+
+    @property
+    def every_step(self) -> bool:
+        """Checked and equal at every step of the window."""
+        return self.same == self.in_run == self.window
+
+    def describe(self) -> str:
+        if self.every_step:
+            return f"yes, at all {self.window} steps"
+        if self.same < self.in_run:
+            return f"NO: differs at {self.in_run - self.same} of {self.in_run} steps"
+        return f"not checked at every step: the run has {self.in_run} of the {self.window} (all equal)"
+
+
+def reproduction(replay: ReplayResult, original: RunResult) -> Reproduction:
+    """Branch (a)'s losses against the original run's at every step of the window."""
     by_step = dict(original.objective())
-    shared = [(s, v) for s, v in replay.branches["none"].objective if s in by_step]
-    return bool(shared) and all(math.isclose(v, by_step[s], rel_tol=1e-6) for s, v in shared)
+    mine = dict(replay.branches[NO_CONTROL].objective)
+    window = range(replay.key.start + 1, replay.end + 1)
+    in_run = [s for s in window if s in by_step]
+    same = sum(1 for s in in_run if s in mine and math.isclose(mine[s], by_step[s], rel_tol=1e-6))
+    return Reproduction(len(window), len(in_run), same)
 
 
-def collect_replay(
-    replay_dir: Path, key: ReplayKey, event: Event, steps: int, methods: Sequence[str], tags: TrainingScalarTags
-) -> ReplayResult:
-    """Read both branches of a finished replay (``<replay_dir>/<branch>``)."""
-    end = key.start + steps
-    branches = {
-        name: collect_branch(replay_dir / name, RunKey(key.condition, name, key.seed), end, methods, tags)
-        for name in BRANCHES
-    }
-    return ReplayResult(key, event, steps, branches)
+def reproduces(replay: ReplayResult, original: RunResult) -> bool:
+    """Whether branch (a) has the original run's loss at every step of the window (all checked)."""
+    return reproduction(replay, original).every_step
 
 
 def read_replay_summaries(summaries_dir: Path, condition: str) -> List[ReplayResult]:
@@ -211,65 +347,232 @@ def read_replay_summaries(summaries_dir: Path, condition: str) -> List[ReplayRes
 
 
 # --------------------------------------------------------------------------
-# The report's replay table
+# The second moment per layer
 # --------------------------------------------------------------------------
 
 
-def replay_differences(replays: Sequence[ReplayResult], methods: Sequence[str]) -> Dict[str, PairedDifference]:
-    """Over events, ``filter - none``: the mean loss over the window and each WER at its end."""
-    out = {
-        "window loss": paired_difference(
-            {i: r.branches["filter"].mean_loss() for i, r in enumerate(replays)},
-            {i: r.branches["none"].mean_loss() for i, r in enumerate(replays)},
-        )
-    }
-    for m in methods:
-        for t in TEST_SETS:
-            out[f"{m.replace('_search', '')} {t}"] = paired_difference(
-                {i: r.branches["filter"].wer[(m, t)] for i, r in enumerate(replays)},
-                {i: r.branches["none"].wer[(m, t)] for i, r in enumerate(replays)},
-            )
-    return out
-
-
-def format_replay_table(
-    replays: Sequence[ReplayResult], methods: Sequence[str], originals: Dict[Tuple[str, int], RunResult]
-) -> str:
-    """One row per replay: the event, both branches' window loss, jump, WERs, the state damage, and the
-    checks (same batches; the unfiltered branch reproduces ``originals[(condition, seed)]``)."""
-    wer_heads = [(m, t) for m in methods for t in TEST_SETS]
-    header = (
-        [
-            "seed",
-            "from step",
-            "event (step, layer, max/median)",
-            "window loss none / filter",
-            "% steps filtered",
-            "max exp_avg_sq jump none / filter",
-            "exp_avg_sq none / filter at end (max over tensors)",
-        ]
-        + [f"{m.replace('_search', '')} {t} none / filter" for m, t in wer_heads]
-        + ["same batches", "reproduces run"]
+def parameter_layout(model_flags: Sequence[str], vocab_size: int = 500) -> List[Tuple[str, int]]:
+    """``(name, elements)`` of every parameter of the model the flags build, in the optimizer's order (the
+    vocabulary size changes elements, not which tensors have one element)."""
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    args = parser.parse_args(list(model_flags))
+    model = build_transducer(
+        **model_config_from_args(args, vocab_size=vocab_size, blank_id=0, num_features=NUM_MEL_BINS)
     )
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return [(name, p.numel()) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def layer_of(name: str) -> str:
+    """The layer a parameter belongs to, for the per-layer second moments: ``encoder layer <i>``, ``encoder
+    embedding``, ``decoder``, ``joiner`` or ``simple projections``."""
+    m = re.match(r"encoder\.encoder\.layers\.(\d+)\.", name)
+    if m:
+        return f"encoder layer {m.group(1)}"
+    if name.startswith("encoder."):
+        return "encoder embedding"
+    if name.startswith("simple_"):
+        return "simple projections"
+    return name.split(".", 1)[0]
+
+
+def layer_ratios(
+    tensors: Sequence[Tuple[str, int]], numerator: Sequence[float], denominator: Sequence[float]
+) -> Dict[str, float]:
+    """Per layer, over its tensors of more than one element: the sum of ``numerator``'s second moments over
+    the sum of ``denominator``'s (one-element tensors, the log-scales and BasicNorm's eps, are left out: their
+    ratios say nothing of a layer's step sizes). Empty when the lists do not match the tensors."""
+    if not tensors or len(numerator) != len(tensors) or len(denominator) != len(tensors):
+        return {}
+    sums: Dict[str, List[float]] = {}
+    for (name, elements), a, b in zip(tensors, numerator, denominator):
+        if elements > 1 and math.isfinite(a) and math.isfinite(b):
+            pair = sums.setdefault(layer_of(name), [0.0, 0.0])
+            pair[0] += a
+            pair[1] += b
+    return {layer: a / b for layer, (a, b) in sums.items() if b > 0}
+
+
+# --------------------------------------------------------------------------
+# The report's replay tables
+# --------------------------------------------------------------------------
+
+
+def per_seed_means(values: Sequence[Tuple[int, float]]) -> Dict[int, float]:
+    """``{seed: mean of its events' values}`` (finite values): events of one run are averaged before any
+    interval, so that a seed counts once."""
+    by_seed: Dict[int, List[float]] = {}
+    for seed, v in values:
+        if math.isfinite(v):
+            by_seed.setdefault(seed, []).append(v)
+    return {seed: statistics.mean(xs) for seed, xs in sorted(by_seed.items())}
+
+
+def over_seeds(values: Sequence[Tuple[int, float]]) -> PairedDifference:
+    """The mean over seeds of the per-seed means of ``values`` (differences), its 95% interval and p (t on the
+    seeds' means)."""
+    means = per_seed_means(values)
+    return paired_difference(means, {seed: 0.0 for seed in means})
+
+
+@dataclass
+class ReplayMeasures:
+    """One control's differences from its no-control reference, per event ``(seed, value)``."""
+
+    window_loss: List[Tuple[int, float]] = field(default_factory=list)
+    early_loss: List[Tuple[int, float]] = field(default_factory=list)
+    wer: Dict[Tuple[str, str], List[Tuple[int, float]]] = field(default_factory=dict)
+    filtered: List[Tuple[int, float]] = field(default_factory=list)
+
+
+def _window_objective(original: RunResult, start: int, steps: int) -> Branch:
+    """The run itself over ``(start, start + steps]`` as a branch (its objective only)."""
+    series = [(s, v) for s, v in original.objective() if start < s <= start + steps]
+    return Branch(series, [], {}, math.nan, math.nan)
+
+
+def control_measures(
+    replays: Sequence[ReplayResult], originals: Dict[Tuple[str, int], RunResult], methods: Sequence[str]
+) -> Dict[str, ReplayMeasures]:
+    """Per control (b)-(e), per event, its difference from the reference: (a) for the branches from the event,
+    the run over the matched window for (d). Replays whose branch (a) does not reproduce the run (or whose
+    run summary is missing) are left out."""
+    out = {name: ReplayMeasures() for name in CONTROLS}
     for r in replays:
-        none, filt = r.branches["none"], r.branches["filter"]
-        cells = [
-            str(r.key.seed),
-            f"{r.event.step}, {r.event.layer}, {r.event.ratio:.1f}",
-            f"{none.mean_loss():.4f} / {filt.mean_loss():.4f}",
-            f"{100 * filt.filtered:.1f}",
-            f"{none.largest_jump:.2f} / {filt.largest_jump:.2f}",
-            f"{r.state_damage():.2f}",
-        ]
-        cells += [f"{none.wer[k]:.2f} / {filt.wer[k]:.2f}" for k in wer_heads]
         original = originals.get((r.key.condition, r.key.seed))
-        same_run = "-" if original is None else ("yes" if reproduces(r, original) else "NO")
-        cells += ["yes" if r.identical_batches else "NO", same_run]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        if original is None or not reproduces(r, original):
+            continue
+        for name in CONTROLS:
+            branch = r.branches.get(name)
+            if branch is None:
+                continue
+            if name == MATCHED:
+                reference = _window_objective(original, r.matched.start, r.steps)
+                reference_wer = r.branches[MATCHED_REFERENCE].wer if MATCHED_REFERENCE in r.branches else {}
+            else:
+                reference = r.branches[NO_CONTROL]
+                reference_wer = reference.wer
+            m = out[name]
+            m.window_loss.append((r.key.seed, branch.mean_loss() - reference.mean_loss()))
+            m.early_loss.append((r.key.seed, branch.mean_loss(EARLY_STEPS) - reference.mean_loss(EARLY_STEPS)))
+            m.filtered.append((r.key.seed, 100 * branch.filtered))
+            for method in methods:
+                for t in TEST_SETS:
+                    k = (method, t)
+                    if k in branch.wer and k in reference_wer:
+                        m.wer.setdefault(k, []).append((r.key.seed, branch.wer[k] - reference_wer[k]))
+    return {name: m for name, m in out.items() if m.window_loss}
 
 
-def median_state_damage(replays: Sequence[ReplayResult]) -> float:
-    xs = [r.state_damage() for r in replays if math.isfinite(r.state_damage())]
-    return statistics.median(xs) if xs else float("nan")
+def _cell(d: PairedDifference, digits: int) -> str:
+    if d.n == 0:
+        return "-"
+    if d.n == 1:
+        return f"{d.mean:+.{digits}f}"
+    return f"{d.mean:+.{digits}f} {d.interval(digits)}"
+
+
+def format_events_table(replays: Sequence[ReplayResult], originals: Dict[Tuple[str, int], RunResult]) -> str:
+    """One row per replay: its seed, start, event, window, matched start, and the checks."""
+    header = [
+        "seed",
+        "from step",
+        "event step",
+        "event layer",
+        "max/median",
+        "window",
+        "matched from step",
+        "max/median at its first step",
+        "same batches",
+        "(a) reproduces the run",
+    ]
+    rows = []
+    for r in replays:
+        original = originals.get((r.key.condition, r.key.seed))
+        check = "run summary missing" if original is None else reproduction(r, original).describe()
+        rows.append(
+            [
+                str(r.key.seed),
+                str(r.key.start),
+                str(r.event.step),
+                str(r.event.layer),
+                f"{r.event.ratio:.1f}",
+                f"{r.key.start + 1}-{r.end}",
+                "-" if r.matched is None else str(r.matched.start),
+                "-" if r.matched is None else f"{r.matched.ratio:.2f}",
+                "yes" if r.identical_batches else "NO",
+                check,
+            ]
+        )
+    return markdown_table(header, rows)
+
+
+def format_controls_table(measures: Dict[str, ReplayMeasures], methods: Sequence[str]) -> str:
+    """One row per control: its differences from the reference, averaged per seed first, mean [95% interval]
+    over seeds."""
+    wer_keys = [(m, t) for m in methods for t in TEST_SETS]
+    header = (
+        ["branch", "seeds", "events", "loss over the window", f"loss over its first {EARLY_STEPS} steps"]
+        + [f"{m.replace('_search', '')} {t} at the end" for m, t in wer_keys]
+        + ["% steps filtered"]
+    )
+    rows = []
+    for name, m in measures.items():
+        seeds = len(per_seed_means(m.window_loss))
+        filtered = statistics.mean(v for _, v in m.filtered) if m.filtered else math.nan
+        rows.append(
+            [LABELS[name], str(seeds), str(len(m.window_loss)), _cell(over_seeds(m.window_loss), 4)]
+            + [_cell(over_seeds(m.early_loss), 4)]
+            + [_cell(over_seeds(m.wer.get(k, [])), 2) for k in wer_keys]
+            + ["-" if math.isnan(filtered) else f"{filtered:.1f}"]
+        )
+    return markdown_table(header, rows)
+
+
+def moment_columns(
+    replays: Sequence[ReplayResult], layout: Callable[[ReplayResult], List[Tuple[str, int]]]
+) -> Dict[str, List[Dict[str, float]]]:
+    """Per column of the second-moment table, the per-layer ratios of every event that has them:
+    ``(a) / x`` at the event step and at the window's end (above 1: the layer's second moment is larger
+    without control, so its steps smaller), and the run over branch (d) at the matched window's end."""
+    columns: Dict[str, List[Dict[str, float]]] = {}
+    for r in replays:
+        tensors = layout(r)
+        none = r.branches[NO_CONTROL]
+        for name in (FILTER, UNIFORM):
+            if name in r.branches:
+                ratios = layer_ratios(tensors, none.second_moment_event, r.branches[name].second_moment_event)
+                if ratios:
+                    columns.setdefault(f"event step: (a) / {LABELS[name][:3]}", []).append(ratios)
+        for name in (EVENT_ONLY, FILTER, UNIFORM):
+            if name in r.branches:
+                ratios = layer_ratios(tensors, none.second_moment, r.branches[name].second_moment)
+                if ratios:
+                    columns.setdefault(f"window end: (a) / {LABELS[name][:3]}", []).append(ratios)
+        if MATCHED in r.branches and MATCHED_REFERENCE in r.branches:
+            ratios = layer_ratios(
+                tensors, r.branches[MATCHED_REFERENCE].second_moment, r.branches[MATCHED].second_moment
+            )
+            if ratios:
+                columns.setdefault("matched window end: run / (d)", []).append(ratios)
+    return columns
+
+
+def format_moment_table(columns: Dict[str, List[Dict[str, float]]]) -> str:
+    """Rows: layers; cells: the median over events of the ratio, [smallest, largest]."""
+    layers = sorted({layer for ratios in columns.values() for r in ratios for layer in r}, key=_layer_order)
+    header = ["layer"] + [f"{name} (events)" for name in columns]
+    rows = []
+    for layer in layers:
+        cells = [layer]
+        for ratios in columns.values():
+            xs = [r[layer] for r in ratios if layer in r]
+            cells.append(f"{statistics.median(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}] ({len(xs)})" if xs else "-")
+        rows.append(cells)
+    return markdown_table(header, rows)
+
+
+def _layer_order(layer: str) -> Tuple[int, str]:
+    m = re.fullmatch(r"encoder layer (\d+)", layer)
+    order = {"encoder embedding": -1}
+    return (int(m.group(1)) if m else order.get(layer, 1000), layer)

@@ -33,6 +33,8 @@ KEPT_SCALARS = (
     "exp_avg_sq_recovery",
 )
 KEPT_FILTER_STATS = ("max_over_median", "fraction_filtered")
+# Scalars a summary keeps exactly (not to 7 significant digits): the batch digests, compared step by step.
+EXACT_SCALARS = ("batch_digest",)
 
 
 def add_wall_time(run_dir: Path, phase: str, seconds: float) -> Dict[str, float]:
@@ -47,9 +49,14 @@ def add_wall_time(run_dir: Path, phase: str, seconds: float) -> Dict[str, float]
 class RunResult:
     """What one finished run (condition x arm x seed) measured.
 
-    ``scalars``: ``{TrainingScalarTags field: series}`` (:data:`KEPT_SCALARS`); ``filters``:
-    ``{(layer, stat): series}`` of the per-layer GradientFilter statistics (the observing filter's too);
-    ``warm_end``: the first step at the full loss weights.
+    ``wer``: at the end of the budget; ``wer_at``: ``{step: {(method, test set): WER}}`` at every point the
+    run was decoded (``decoding``: how, e.g. ``{"avg": 2, "use_averaged_model": true}``; empty in summaries
+    written before runs were decoded at several points: then the end only, ``--avg 1``). ``scalars``:
+    ``{TrainingScalarTags field: series}`` (:data:`KEPT_SCALARS`); ``filters``: ``{(layer, stat): series}`` of
+    the per-layer GradientFilter statistics (the observing filter's too); ``warm_end``: the first step at the
+    full loss weights; ``machine``: the CPU model and torch version it ran on (empty in summaries written
+    before they were recorded); ``commands``: the commands that made it, as typed from the recipe folder
+    (empty in older summaries).
     """
 
     key: RunKey
@@ -58,6 +65,10 @@ class RunResult:
     filters: Dict[Tuple[int, str], Series] = field(default_factory=dict)
     wall_s: Dict[str, float] = field(default_factory=dict)
     warm_end: int = 0
+    machine: Dict[str, str] = field(default_factory=dict)
+    wer_at: Dict[int, Dict[Tuple[str, str], float]] = field(default_factory=dict)
+    decoding: Dict = field(default_factory=dict)
+    commands: List[str] = field(default_factory=list)
 
     def series(self, name: str) -> Series:
         return self.scalars.get(name, [])
@@ -94,14 +105,21 @@ class RunResult:
         return {
             "key": {"condition": self.key.condition, "arm": self.key.arm, "seed": self.key.seed},
             "wer": [[m, t, v] for (m, t), v in self.wer.items()],
-            "scalars": {k: _rounded(v) for k, v in self.scalars.items()},
+            "wer_at": [[step, m, t, v] for step, wers in sorted(self.wer_at.items()) for (m, t), v in wers.items()],
+            "decoding": self.decoding,
+            "scalars": {k: _exact(v) if k in EXACT_SCALARS else _rounded(v) for k, v in self.scalars.items()},
             "filters": [[layer, stat, _rounded(v)] for (layer, stat), v in self.filters.items()],
             "wall_s": self.wall_s,
             "warm_end": self.warm_end,
+            "machine": self.machine,
+            "commands": self.commands,
         }
 
     @staticmethod
     def from_json(data: Dict) -> "RunResult":
+        wer_at: Dict[int, Dict[Tuple[str, str], float]] = {}
+        for step, m, t, v in data.get("wer_at", []):
+            wer_at.setdefault(int(step), {})[(m, t)] = v
         return RunResult(
             RunKey(**data["key"]),
             {(m, t): v for m, t, v in data["wer"]},
@@ -109,7 +127,16 @@ class RunResult:
             {(int(layer), stat): [(int(s), float(v)) for s, v in series] for layer, stat, series in data["filters"]},
             dict(data["wall_s"]),
             int(data["warm_end"]),
+            dict(data.get("machine", {})),
+            wer_at,
+            dict(data.get("decoding", {})),
+            list(data.get("commands", [])),
         )
+
+
+def _exact(series: Series) -> List[List[float]]:
+    """Integer-valued scalars (batch digests: 24-bit, exact as float32) kept as integers."""
+    return [[s, int(v)] for s, v in series]
 
 
 def _rounded(series: Series) -> List[List[float]]:

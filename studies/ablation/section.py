@@ -1,19 +1,22 @@
-"""The ablation section of RESULTS.md: setup, the table per arm, where the
-outliers arise, the paired differences with their intervals, the replayed
-events, the answer in plain words, icefall's own table beside it, the plots
-and every command."""
+"""The ablation section of RESULTS.md: the answer (every sentence made from a number computed here), the
+family of comparisons fixed before the runs, WER at a third, two thirds and the whole budget, the set-up of
+the runs that ran, the table per arm, where the outliers arise, descriptive paired differences, the replays
+with their controls, icefall's own table and remarks beside it, the pilot, the plots and every command."""
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.train.optimizer_state import EVENT_JUMP, RECOVERED_RATIO
-from studies.ablation.arms import Arm, Condition, Thresholds
-from studies.ablation.compare import FAMILY_ALPHA, MIN_FAMILY_SEEDS, findings, format_comparisons, paired_comparisons
+from studies.ablation.arms import Arm, Thresholds
+from studies.ablation.compare import format_comparisons, paired_comparisons
+from studies.ablation.family import FamilyRow, StudyConfig, family_rows, format_family_table, power_now, verdict
 from studies.ablation.metrics import (
     DIVERGE_FACTOR,
     DIVERGE_WINDOW,
@@ -22,75 +25,307 @@ from studies.ablation.metrics import (
     SPIKE_WINDOW,
     format_outlier_table,
     format_table,
+    format_wer_curves,
+    group_runs,
+    median_clip_scale,
     outlier_rows,
     outlier_steps,
+    plateau_exit,
+    spearman,
+    steps_clipped,
 )
+from studies.ablation.pairing import NOT_RECORDED
 from studies.ablation.replay import (
+    CONTROLS,
+    EARLY_STEPS,
+    LABELS,
     ReplayResult,
-    format_replay_table,
-    median_state_damage,
-    replay_differences,
+    control_measures,
+    format_controls_table,
+    format_events_table,
+    format_moment_table,
+    moment_columns,
+    over_seeds,
+    per_seed_means,
     reproduces,
 )
 from studies.ablation.runs import OBJECTIVE_SIMPLE_SCALE, RunResult
 from studies.runner import Section
 
 SECTION = Section("ablation", "lstm_transducer_stateless/ablation.py")
+# A clip that acts on at least NORMALISES % of the steps rescales (nearly) every step: a normalisation; one that
+# acts on at most GUARDS % catches rare steps: a guard.
+NORMALISES = 90.0
+GUARDS = 10.0
 # icefall's own ablation of the filter, with its source (a data file: not measured here).
 ICEFALL_PUBLISHED = Path(__file__).with_name("icefall_published.json")
 
 
+def icefall_published() -> Dict:
+    return json.loads(ICEFALL_PUBLISHED.read_text(encoding="utf-8"))
+
+
 def icefall_greedy() -> Dict[str, Tuple[float, float]]:
     """``{arm: (test-clean, test-other)}``: icefall's published greedy-search WERs without and with the filter."""
-    data = json.loads(ICEFALL_PUBLISHED.read_text(encoding="utf-8"))
+    data = icefall_published()
     return {arm: (wers["test-clean"], wers["test-other"]) for arm, wers in data["greedy_search"].items()}
 
 
 @dataclass
 class ReportSetup:
-    """What the study says about its runs: the command, the conditions, thresholds, every command run, the
-    decoding methods, the replays' window, model flags added to every run, the date and the machine."""
+    """What the study says about its runs: the command, the round's configuration, where the summaries are and
+    the settings stored with them, the thresholds, the decoding methods, the replays planned, the date and
+    the machine of the report."""
 
     command: str
-    conditions: Dict[str, Condition]
+    config: StudyConfig
+    summaries: str
+    stored: Dict
     thresholds: Thresholds
-    commands: List[str]
     methods: Sequence[str]
-    replay_steps: int
-    model_args: Sequence[str]
+    planned_replays: int
     date: str
     machine: str
 
 
-def setup_text(setup: ReportSetup, results: Sequence[RunResult]) -> List[str]:
-    t = setup.thresholds
-    lines = ["Conditions (each run trains from scratch; a seed fixes initialisation and batch order in every arm):", ""]
-    for name in dict.fromkeys(r.key.condition for r in results):
-        c = setup.conditions.get(name)
-        if c is not None:
-            lines.append(
-                f"- **{name}**: {c.description}; {c.steps} steps (`--max-batches`) at `--max-duration "
-                f"{c.max_duration:g}`; the loss weights reach full weight at step {c.warm_end}."
-            )
-    lines += [
+def _wer_name(method: str, test_set: str) -> str:
+    return f"{method.replace('_search', '')} {test_set}"
+
+
+def _cpu_line(results: Sequence[RunResult], replays: Sequence[ReplayResult]) -> str:
+    counts: Dict[str, int] = {}
+    for r in [*results, *replays]:
+        name = r.machine.get("cpu_model") or NOT_RECORDED
+        counts[name] = counts.get(name, 0) + 1
+    return "; ".join(f"{name}: {n} run(s)/replay(s)" for name, n in sorted(counts.items()))
+
+
+def fixed_before(setup: StudyConfig, stored: Dict) -> bool:
+    """Whether the summaries are of the round whose family was fixed before its runs."""
+    return stored.get("round") == setup.round
+
+
+def _round_note(setup: StudyConfig, stored: Dict) -> str:
+    if fixed_before(setup, stored):
+        return (
+            f"The family, its test and the seed counts were fixed on {setup.fixed} before the runs of round "
+            f"{setup.round} (`studies/ablation/family.json`)."
+        )
+    return (
+        f"These runs predate the family (fixed on {setup.fixed} for round {setup.round}, "
+        "`studies/ablation/family.json`): its comparisons are computed here after the fact, as descriptions."
+    )
+
+
+def family_section(rows: Sequence[FamilyRow], labels: Dict[str, str], setup: ReportSetup) -> List[str]:
+    c = setup.config
+    straddling = sum(len(r.pairing.straddling) for r in rows)
+    unchecked = sum(len(r.pairing.unchecked) for r in rows)
+    lines = [
+        "### The family of comparisons",
         "",
-        "Arms: `none` has no control; its GradientFilter only observes (`--grad-filter-threshold inf`: per-layer "
-        "statistics, gradients untouched), as in every arm without the filter. Thresholds: GradientFilter "
-        f"{t.grad_filter_threshold:g} (the recipe's and icefall's stateless3; sweep "
-        f"{', '.join(f'{x:g}' for x in t.filter_sweep)}); clip_grad_norm {t.clip_grad_norm:g} (the recipe's); "
-        f"relative clipping at {t.clip_grad_norm_relative:g}x the running median gradient norm (as ScaledAdam's "
-        f"clipping_scale); AGC lambda {t.agc_clipping:g}; clip by value {t.clip_grad_value:g}; error clip "
-        f"{t.error_clip:g}. Decoding: {', '.join(setup.methods)} with the weights at "
-        "the end of the budget (`--avg 1`)."
-        + (f" Model flags added to every run: `{' '.join(setup.model_args)}`." if setup.model_args else ""),
+        _round_note(c, setup.stored)
+        + f" Metric: {_wer_name(*c.metric)} WER (%) at the end of the budget. Per seed, the arm's value minus the "
+        "baseline's (same initialisation and batches); mean, "
+        f"{100 * c.confidence:g}% interval (Student's t on the per-seed differences), Holm's adjustment of the "
+        f"paired t-test's p over the {len(c.family)} comparisons (a difference holds when its Holm p is at most "
+        f"{c.alpha:g}), and beside it the exact Wilcoxon signed-rank test's p (unadjusted).",
+        "",
+        format_family_table(rows, labels, c, fixed_before(c, setup.stored)),
+        "",
+        f"Pairs left out because their two runs ran on different CPU models: {straddling}. Pairs kept whose CPU "
+        f"model is not recorded (not checked): {unchecked}.",
     ]
+    now = power_now(rows, c)
+    if now is not None:
+        first = c.family[0]
+        lines.append(
+            f"Power of {first.arm} − {first.baseline} with its {now[0]} pairs, at the effect the seed counts were "
+            f"chosen for (standardised {c.planned_effect:+.3f}) and alpha {c.alpha:g} / {len(c.family)}: "
+            f"{now[1]:.3f} (planned: {c.seeds_per_arm.get(first.arm, 0)} pairs for {c.power_target:g})."
+        )
+    return lines + [""]
+
+
+def clipping_sentences(results: Sequence[RunResult], arms: Dict[str, Arm]) -> List[str]:
+    """Per arm that clips the global gradient: how often it acted and by how much (the median clip scale)."""
+    out = []
+    for (condition, arm), runs in group_runs(results).items():
+        a = arms[arm]
+        if a.value("clip_grad_norm") <= 0 and a.value("clip_grad_norm_relative") <= 0:
+            continue
+        acted = statistics.mean(100 * steps_clipped(r) for r in runs)
+        scale = statistics.median(median_clip_scale(r) for r in runs)
+        if scale < 1:
+            how = f"its median clip scale is {scale:.3f}: the median step is shrunk {1 / scale:.0f}-fold"
+        else:
+            how = "its median clip scale is 1: the median step is left alone"
+        if acted >= NORMALISES:
+            kind = f" (at least {NORMALISES:g}% of the steps: a normalisation, not a guard)"
+        elif acted <= GUARDS:
+            kind = f" (at most {GUARDS:g}% of the steps: a guard)"
+        else:
+            kind = ""
+        out.append(
+            f"{condition}: {a.label} acted on {acted:.1f}% of the steps (mean over {len(runs)} runs){kind}; {how}."
+        )
+    return out
+
+
+def plateau_sentence(results: Sequence[RunResult], labels: Dict[str, str], setup: ReportSetup) -> List[str]:
+    c = setup.config
+    parts = []
+    for (condition, arm), runs in group_runs(results).items():
+        steps = [plateau_exit(r) for r in runs]
+        finite = [x for x in steps if math.isfinite(x)]
+        if finite:
+            parts.append(f"{labels[arm]} {statistics.mean(finite):.0f} (n={len(finite)})")
+    lines = [
+        f"Step of leaving the loss plateau (the trailing {c.plateau_window}-step mean of the training objective "
+        f"below {c.plateau_loss:g}), mean over seeds: " + "; ".join(parts) + "."
+    ]
+    steps = [plateau_exit(r) for r in results]
+    rhos = [(t, spearman(steps, [r.wer.get((setup.methods[0], t), math.nan) for r in results])) for t in TEST_SETS]
+    lines.append(
+        f"Across the {len(results)} runs, Spearman's correlation of that step with the final "
+        f"{setup.methods[0].replace('_search', '')} WER: " + ", ".join(f"{rho:.2f} ({t})" for t, rho in rhos) + "."
+    )
     return lines
 
 
-def column_notes() -> str:
+def checked_replays(replays: Sequence[ReplayResult], originals: Dict[Tuple[str, int], RunResult]) -> List[ReplayResult]:
+    """The replays whose branch (a) reproduces the run at every step of the window (checked)."""
+    return [r for r in replays if (o := originals.get((r.key.condition, r.key.seed))) is not None and reproduces(r, o)]
+
+
+def replay_answer(
+    measures, methods: Sequence[str], replays: Sequence[ReplayResult], checked: Sequence[ReplayResult]
+) -> List[str]:
+    if not replays:
+        return []
+
+    def spread(d, digits: int) -> str:
+        return (
+            f"{d.mean:+.{digits}f} {d.interval(digits)}"
+            if d.n >= 2
+            else f"{d.mean:+.{digits}f} (one seed: no interval)"
+        )
+
+    out = [
+        f"Replays: {len(checked)} of {len(replays)} have branch (a) reproducing the run at every step of the "
+        f"window, checked; only those are used below, the events of a seed averaged before the interval."
+    ]
+    for name, m in measures.items():
+        window, early = over_seeds(m.window_loss), over_seeds(m.early_loss)
+        parts = [f"loss over the window {spread(window, 4)}", f"over its first {EARLY_STEPS} steps {spread(early, 4)}"]
+        for method in methods[:1]:
+            for t in TEST_SETS:
+                d = over_seeds(m.wer.get((method, t), []))
+                if d.n:
+                    parts.append(f"{_wer_name(method, t)} {spread(d, 2)}")
+        seeds = len(per_seed_means(m.window_loss))
+        out.append(
+            f"{LABELS[name]} minus its no-control reference, {len(m.window_loss)} events of {seeds} seed(s): "
+            + "; ".join(parts)
+            + "."
+        )
+    for column, ratios in moment_columns(checked, lambda r: r.tensors).items():
+        medians = {
+            layer: statistics.median(r[layer] for r in ratios if layer in r) for layer in {k for r in ratios for k in r}
+        }
+        low, high = min(medians, key=medians.get), max(medians, key=medians.get)
+        out.append(
+            f"Adam's second moment per layer, {column}: median over events from {medians[low]:.2f} ({low}) to "
+            f"{medians[high]:.2f} ({high})."
+        )
+    return out
+
+
+def icefall_lines() -> List[str]:
+    data = icefall_published()
+    greedy = icefall_greedy()
+    (no_filter, with_filter) = list(greedy.values())[:2]
+    lines = [
+        "icefall's own ablation of the filter (one run each, no interval; not measured here): "
+        + ", ".join(f"{k} {v[0]:.2f} / {v[1]:.2f}" for k, v in greedy.items())
+        + f" greedy WER test-clean / test-other, a difference of {with_filter[0] - no_filter[0]:+.2f} / "
+        f"{with_filter[1] - no_filter[1]:+.2f} ({data['what']})."
+    ]
+    for remark in data.get("remarks", []):
+        lines.append(f"Its authors' remark: {remark['text']} ({remark['source']}).")
+    return lines
+
+
+def answer_section(
+    rows: Sequence[FamilyRow],
+    results: Sequence[RunResult],
+    replays: Sequence[ReplayResult],
+    checked: Sequence[ReplayResult],
+    measures,
+    arms: Dict[str, Arm],
+    labels: Dict[str, str],
+    setup: ReportSetup,
+) -> List[str]:
+    """The answer: one bullet per family comparison (its numbers and verdict), the head start out of the
+    plateau, how often each clip acted, the replays' controls, and icefall's table and remarks."""
+    c = setup.config
+    after = "" if fixed_before(c, setup.stored) else " (computed after the runs: a description)"
+    lines = ["### The answer", ""]
+    for row in rows:
+        d = row.difference
+        arm, base = row.comparison.arm, row.comparison.baseline
+        name = f"{labels.get(arm, arm)} − {labels.get(base, base)}"
+        if d.n >= 2:
+            lines.append(
+                f"- {name}, {_wer_name(*c.metric)}: {d.mean:+.2f} points {d.interval(2)} over {d.n} pairs; "
+                f"{verdict(row, c.alpha)}{after}."
+            )
+        else:
+            lines.append(f"- {name}: {verdict(row, c.alpha)}.")
+    lines += [f"- {line}" for line in plateau_sentence(results, labels, setup)]
+    lines += [f"- {line}" for line in clipping_sentences(results, arms)]
+    lines += [f"- {line}" for line in replay_answer(measures, setup.methods, replays, checked)]
+    lines += [f"- {line}" for line in icefall_lines()]
+    return lines + [""]
+
+
+def setup_text(setup: ReportSetup, results: Sequence[RunResult], arms: Dict[str, Arm]) -> List[str]:
+    stored = setup.stored.get("conditions", {})
+    lines = ["Conditions (each run trains from scratch; a seed fixes initialisation and batch order in every arm):", ""]
+    for name in dict.fromkeys(r.key.condition for r in results):
+        c = stored.get(name, {})
+        steps = sorted({r.steps for r in results if r.key.condition == name})
+        lines.append(
+            f"- **{name}**: {'/'.join(str(x) for x in steps)} steps (`--max-batches`) at `--max-duration "
+            f"{c.get('max_duration', float('nan')):g}`, train.py flags `{' '.join(c.get('flags', []))}`"
+            + (f", model flags `{' '.join(setup.stored['model_args'])}`" if setup.stored.get("model_args") else "")
+            + "."
+        )
+    ran = list(dict.fromkeys(r.key.arm for r in results))
+    lines += [
+        "",
+        "Arms that ran: "
+        + "; ".join(f"`{a}`: {arms[a].label}" for a in ran)
+        + ". `none` has no control; its GradientFilter only observes (`--grad-filter-threshold inf`: per-layer "
+        "statistics, gradients untouched), as in every arm without the filter.",
+    ]
+    decodings = []
+    for r in results:
+        if r.decoding.get("use_averaged_model"):
+            decodings.append(
+                f"at steps {', '.join(str(s) for s in sorted(r.wer_at))} with `--avg {r.decoding['avg']} "
+                "--use-averaged-model true` (icefall's average over the checkpoints before the step)"
+            )
+        else:
+            decodings.append(f"at step {r.steps} with `--avg 1` (the weights at the end, not averaged)")
+    lines += ["", f"Decoding: {', '.join(setup.methods)}, " + "; ".join(dict.fromkeys(decodings)) + "."]
+    return lines
+
+
+def column_notes(threshold: float) -> str:
     return (
-        "Each cell: mean ± standard deviation over the seeds ((n=k): only k seeds had a finite value). WER (%) on "
-        "the weights at the end of the budget. Losses are of the objective after warm-up "
+        "Each cell: mean ± standard deviation over the seeds ((n=k): only k seeds had a finite value). WER (%) at "
+        "the end of the budget. Losses are of the objective after warm-up "
         f"({OBJECTIVE_SIMPLE_SCALE:g} x simple + pruned, per frame); final train loss: the mean over the last "
         "tenth of the steps; valid loss: dev-clean + dev-other at the end. Loss spikes: steps after warm-up whose "
         f"loss is over {SPIKE_FACTOR:g}x the median of the (up to) {SPIKE_WINDOW} steps after warm-up before it. "
@@ -98,59 +333,108 @@ def column_notes() -> str:
         f"lowest. % steps > {OUTLIER_RATIO:g}x: steps after warm-up at which some layer's largest per-sequence "
         "gradient RMS was over that multiple of the batch median (measured before that layer's filter). % steps "
         "filtered: some layer's filter met a sequence above its cutoff (the filter is soft: it scales every "
-        "sequence's gradient by c / (c + n_b), about 0.96 at the median for threshold 25, and caps those far above "
-        "c); % steps clipped: the clipping lowered the gradient norm. Max exp_avg_sq jump: after warm-up, the "
-        "largest ratio of a parameter tensor's Adam second moment "
+        f"sequence's gradient by c / (c + n_b), {threshold / (threshold + 1):.3f} at the median for threshold "
+        f"{threshold:g}, and caps those far above c); % steps clipped: the clipping lowered the gradient norm. Max "
+        "exp_avg_sq jump: after warm-up, the largest ratio of a parameter tensor's Adam second moment "
         f"(sum of exp_avg_sq) after a step to before it; % steps jump > {EVENT_JUMP:g}: how often a step inflated "
         f"some tensor's second moment that much; recovery steps: the median number of steps such a tensor took to "
-        f"come back to {RECOVERED_RATIO:g}x its value before the jump (its updates are smaller meanwhile; "
-        "events not recovered by the end of the run are not counted)."
+        f"come back to {RECOVERED_RATIO:g}x its value before the jump (events not recovered by the end of the run "
+        "are not counted)."
     )
 
 
 def replay_section(
-    replays: Sequence[ReplayResult], setup: ReportSetup, originals: Dict[Tuple[str, int], RunResult]
+    replays: Sequence[ReplayResult],
+    measures,
+    setup: ReportSetup,
+    originals: Dict[Tuple[str, int], RunResult],
 ) -> List[str]:
     if not replays:
         return []
     threshold = setup.thresholds.grad_filter_threshold
-    diffs = replay_differences(replays, setup.methods)
     same = sum(r.identical_batches for r in replays)
-    reproduced = sum(
-        reproduces(r, originals[(r.key.condition, r.key.seed)])
-        for r in replays
-        if (r.key.condition, r.key.seed) in originals
-    )
+    checked = [(r, originals.get((r.key.condition, r.key.seed))) for r in replays]
+    reproduced = sum(1 for r, o in checked if o is not None and reproduces(r, o))
+    seeds = len({r.key.seed for r in replays})
+    branches = [b for b in CONTROLS if any(b in r.branches for r in replays)]
+    matched = sum(1 for r in replays if r.matched is not None)
     lines = [
-        "### Replayed outlier events",
+        "### Replayed outlier events, with controls",
         "",
-        f"Each replay resumes a `none` run at the step just before an outlier event (a step after warm-up with a "
-        f"layer over {threshold:g}x the batch median; the largest event per checkpoint interval, the "
-        "largest intervals per seed; the run's nearest earlier checkpoint trained on without control up to that "
-        f"step) and trains {setup.replay_steps} steps twice on the same batches, the first being the event: without "
-        "the filter (which reproduces the original run) and with GradientFilter "
-        f"{threshold:g}; then both are decoded. Same batches: the batch digests (a hash of the "
-        f"cut ids) agree at every step ({same} of {len(replays)} replays); reproduces run: the unfiltered "
-        f"branch's losses equal the original run's at every step both have ({reproduced} of {len(replays)}; "
-        "a window may run past the budget). exp_avg_sq none / filter at "
-        "end: the largest ratio over parameter tensors of the unfiltered branch's Adam second moment to the "
-        "filtered branch's after the window (above 1: the outlier left a larger second moment, so smaller "
-        f"updates; median over replays {median_state_damage(replays):.2f}).",
+        f"{len(replays)} replays of {setup.planned_replays} planned, from {seeds} seed(s) of `none`. Each resumes "
+        "the run at the step just before an outlier event (a step after warm-up with a layer over "
+        f"{threshold:g}x the batch median; per seed the largest events whose windows do not overlap) and trains "
+        f"{replays[0].steps} steps on the same batches in branches that differ only in the gradient control: "
+        + "; ".join(LABELS[b] for b in ["none", *branches])
+        + f". Branch (d) ran in {matched} of {len(replays)} replays (it needs a matched step). Same batches: the batch "
+        f"digests agree at every step ({same} of {len(replays)}); branch (a) reproduces the run's loss, checked at "
+        f"every step of the window, in {reproduced} of {len(replays)} (the others are left out below).",
         "",
-        format_replay_table(replays, setup.methods, originals),
+        format_events_table(replays, originals),
         "",
-        "Filter minus none over the replays (paired by event; events of one seed share a run, so the interval "
-        "is optimistic about their independence):",
+        "Each control minus its no-control reference ((a) for (b), (c), (e); the run itself over the matched "
+        "window for (d)): the events of a seed are averaged first, then the mean over seeds and its 95% interval "
+        "(Student's t over the seeds' means):",
         "",
-        "| measure | mean | 95% interval | p | events |",
-        "|---|---|---|---|---|",
+        format_controls_table(measures, setup.methods),
+        "",
     ]
-    for name, d in diffs.items():
-        mean = "-" if math.isnan(d.mean) else f"{d.mean:+.4f}" if name == "window loss" else f"{d.mean:+.2f}"
-        digits = 4 if name == "window loss" else 2
-        p = "-" if math.isnan(d.p) else f"{d.p:.3f}"
-        lines.append(f"| {name} | {mean} | {d.interval(digits)} | {p} | {d.n} |")
-    return lines + [""]
+    columns = moment_columns(checked_replays(replays, originals), lambda r: r.tensors)
+    if columns:
+        lines += [
+            "Adam's second moment per layer (exp_avg_sq summed over the layer's tensors of more than one element; "
+            "the one-element tensors, log-scales and BasicNorm's eps, left out): the no-control branch's over the "
+            "control's, at the event step (after its update) and at the window's end; above 1: larger without the "
+            "control, so smaller steps. "
+            "Median over events [smallest, largest] (events):",
+            "",
+            format_moment_table(columns),
+            "",
+        ]
+    return lines
+
+
+def pilot_verdict(pilot: RunResult, config: StudyConfig) -> Tuple[Optional[bool], str]:
+    """Whether the pilot confirms the budget (family.json's rule): the primary metric moves by at most
+    ``max_late_change`` from the budget to the pilot's end, and test-clean at the budget is at least
+    ``min_clean_wer``; None when the pilot lacks those decodings. With the sentence that says so."""
+    p = config.pilot
+    method, other = config.metric
+    clean = (method, "test-clean")
+    if config.steps not in pilot.wer_at or p.steps not in pilot.wer_at:
+        return None, f"the pilot was not decoded at {config.steps} and {p.steps} steps: the budget is not checked."
+    late = pilot.wer_at[p.steps][config.metric] - pilot.wer_at[config.steps][config.metric]
+    floor = pilot.wer_at[config.steps][clean]
+    stands = abs(late) <= p.max_late_change and floor >= p.min_clean_wer
+    text = (
+        f"from {config.steps} to {p.steps} steps {other} moves {late:+.2f} (at most {p.max_late_change:g} "
+        f"allowed) and test-clean at {config.steps} is {floor:.2f} (at least {p.min_clean_wer:g} required): "
+        + (
+            f"the budget of {config.steps} steps stands."
+            if stands
+            else f"the budget of {config.steps} steps does not stand: change budget.steps in "
+            "studies/ablation/family.json before the runs, and say why."
+        )
+    )
+    return stands, text
+
+
+def pilot_section(pilot: Optional[RunResult], config: StudyConfig) -> List[str]:
+    if pilot is None:
+        return []
+    method, other = config.metric
+    clean = (method, "test-clean")
+    points = sorted(pilot.wer_at)
+    _, verdict_text = pilot_verdict(pilot, config)
+    return [
+        "### Pilot: the budget",
+        "",
+        f"`none` / seed {pilot.key.seed} trained to {pilot.steps} steps and decoded as every run, "
+        f"{_wer_name(method, 'test-clean')} / {_wer_name(method, other)} WER: "
+        + "; ".join(f"{pilot.wer_at[s][clean]:.2f} / {pilot.wer_at[s][config.metric]:.2f} at {s}" for s in points)
+        + f"; {verdict_text}",
+        "",
+    ]
 
 
 def render_section(
@@ -159,36 +443,51 @@ def render_section(
     arms: Dict[str, Arm],
     plots: Dict[str, Path],
     setup: ReportSetup,
+    pilot: Optional[RunResult] = None,
     observing_arm: str = "none",
 ) -> str:
     """The ablation section of RESULTS.md."""
-    comparisons = paired_comparisons(results, setup.methods, observing_arm)
+    labels = {name: f"`{name}`" for name in arms}
+    condition = results[0].key.condition
+    rows = family_rows(results, setup.config, condition)
+    originals = {(r.key.condition, r.key.seed): r for r in results if r.key.arm == observing_arm}
+    measures = control_measures(replays, originals, setup.methods)
     lines = [
         "## Ablation: GradientFilter, clip_grad_norm and the other gradient controls",
         "",
         f"Date: {setup.date}. Machine: {setup.machine}.",
         "",
-        "Command (from `egs/librispeech/ASR`; the runs' summaries are in `ablation-runs/`):",
+        f"CPU models of the summaries: {_cpu_line(results, replays)}.",
+        "",
+        f"Command (from `egs/librispeech/ASR`; the runs' summaries are in `{setup.summaries}/`):",
         "",
         "```bash",
         setup.command,
         "```",
         "",
-        *setup_text(setup, results),
+        *answer_section(rows, results, replays, checked_replays(replays, originals), measures, arms, labels, setup),
+        *family_section(rows, labels, setup),
+        "### WER at a third, two thirds and the whole budget",
         "",
-        column_notes(),
+        format_wer_curves(results, arms, setup.methods),
+        "",
+        "### Set-up and every arm",
+        "",
+        *setup_text(setup, results, arms),
+        "",
+        column_notes(setup.thresholds.grad_filter_threshold),
         "",
         format_table(results, arms, setup.methods),
         "",
     ]
-    for condition in dict.fromkeys(r.key.condition for r in results):
-        observed = [r for r in results if r.key.condition == condition and r.key.arm == observing_arm]
+    for cond in dict.fromkeys(r.key.condition for r in results):
+        observed = [r for r in results if r.key.condition == cond and r.key.arm == observing_arm]
         if not observed:
             continue
         thresholds = sorted({setup.thresholds.grad_filter_threshold, *setup.thresholds.filter_sweep})
         share = [100 * outlier_steps(r) for r in observed]
         lines += [
-            f"### Where the outliers arise ({condition}, arm `{observing_arm}`: the filter observes only)",
+            f"### Where the outliers arise ({cond}, arm `{observing_arm}`: the filter observes only)",
             "",
             f"Per encoder layer (top layer first; gradients flow down), over the steps after warm-up of its "
             f"{len(observed)} seed(s): the largest per-sequence gradient RMS over the batch median, and how often "
@@ -200,27 +499,15 @@ def render_section(
             "",
         ]
     lines += [
-        "### Paired differences from `none`",
+        "### Paired differences from `none`, described",
         "",
-        "Per seed, the arm's value minus `none`'s with the same seed (same initialisation and batches); mean, "
-        "95% interval (Student's t on the per-seed differences) and the paired t-test's p. The family: every "
-        f"WER comparison with at least {MIN_FAMILY_SEEDS} paired seeds, Holm-adjusted; a difference holds when "
-        f"its Holm p is at most {FAMILY_ALPHA:g}. Comparisons with fewer seeds are descriptive only.",
+        "Every arm minus `none`, seed by seed (runs on two CPU models not paired): mean and 95% interval, for every "
+        "WER and the validation loss. Descriptions, not tests (the tests are the family's).",
         "",
-        format_comparisons(comparisons, arms),
+        format_comparisons(paired_comparisons(results, setup.methods, observing_arm), arms),
         "",
-        *[f"- {line}" for line in findings(comparisons, arms)],
-        "",
-        *replay_section(
-            replays,
-            setup,
-            {(r.key.condition, r.key.seed): r for r in results if r.key.arm == observing_arm},
-        ),
-        "For comparison, icefall's own ablation of the filter (lstm_transducer_stateless3, 960 h of LibriSpeech, "
-        "40 epochs on 4 GPUs, epoch 40 avg 15, greedy search, test-clean / test-other; not measured here): "
-        + ", ".join(f"{k} {v[0]:.2f} / {v[1]:.2f}" for k, v in icefall_greedy().items())
-        + ".",
-        "",
+        *replay_section(replays, measures, setup, originals),
+        *pilot_section(pilot, setup.config),
         "### Plots",
         "",
         *[f"![{kind}]({p.name})" for kind, p in plots.items()],
@@ -228,7 +515,7 @@ def render_section(
         "<details><summary>Every command the ablation ran (from egs/librispeech/ASR)</summary>",
         "",
         "```bash",
-        *setup.commands,
+        *[cmd for r in [*([pilot] if pilot else []), *results, *replays] for cmd in r.commands],
         "```",
         "",
         "</details>",

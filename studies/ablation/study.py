@@ -1,41 +1,54 @@
-"""The ablation's runs, made: every run of the plan trained and decoded (resumable), the replayed outlier
-events of each seed, and the report rewritten after each from every summary.
+"""The ablation's runs, made: every run of the plan trained and decoded at a third, two thirds and the whole
+budget (resumable), the replayed outlier events with their controls, the pilot that checks the budget, the
+checkpoints pruned as each run is done, and the report rewritten after each from every summary.
 
 The recipe's entry point (``lstm_transducer_stateless/ablation.py``) turns its flags into
-:class:`Settings` and calls :func:`run_plan` and :func:`write_report`; the commands, the files that say a
-step is finished and the layout of the runs are here.
+:class:`Settings` and calls :func:`run_plan`, :func:`run_pilot` and :func:`write_report`; the commands, the
+files that say a step is finished and the layout of the runs are here.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import shlex
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.train.tb_tags import TB_TAGS
-from studies.ablation.arms import Arm, Condition, Plan, RunKey, Thresholds
+from studies.ablation.arms import Arm, Condition, Plan, RunKey, Thresholds, same_controls
+from studies.ablation.family import StudyConfig
 from studies.ablation.metrics import format_table
 from studies.ablation.plots import write_plots
 from studies.ablation.replay import (
-    BRANCHES,
+    FILTER,
+    FROM_EVENT,
+    MATCHED,
+    MATCHED_REFERENCE,
+    UNIFORM,
+    Branch,
     Event,
+    Matched,
     ReplayKey,
     ReplayResult,
     choose_replays,
-    collect_replay,
+    collect_branch,
+    matched_start,
+    parameter_layout,
     read_replay_summaries,
+    second_moment_sums,
 )
 from studies.ablation.runs import (
+    WALL_FILE,
     RunResult,
     add_wall_time,
-    collect_run,
+    kept_scalars,
     read_summary,
     summary_path,
     write_summary,
@@ -46,19 +59,23 @@ from studies.runner import (
     StudyError,
     decode_flags,
     decoded,
+    machine_record,
     machine_summary,
     read_json,
+    read_wers,
     run_command,
     today,
     write_json_atomic,
 )
+from studies.tb_reader import read_scalars
 
-SUMMARIES = "ablation-runs"
 CONFIG_FILE = "ablation-config.json"
 ARM_FILE = "ablation-arm.json"  # in every run dir: the arm's train.py flags
 TRAINED_MARKER = "ablation-trained.json"  # in every run dir once train.py has finished (validation included)
+MACHINE_FILE = "ablation-machine.json"  # in every run dir: the machine of every train.py invocation
 OBSERVING_ARM = "none"
 FILTER_ARM = "filter"
+PILOT = "pilot"  # <exp-root>/pilot/..., <summaries>/pilot/...
 
 
 # --------------------------------------------------------------------------
@@ -68,19 +85,23 @@ FILTER_ARM = "filter"
 
 @dataclass
 class Settings:
-    """Resolved flags: the conditions (with any budget override), their data folders and BPE models, the
-    arms, the plan, the paths (``recipe_dir``: where the recipe's scripts are)."""
+    """Resolved flags: the round's configuration, the conditions (with any budget override), their data folders
+    and BPE models, the arms, the plan, the replays, the paths (``recipe_dir``: where the recipe's scripts are;
+    ``summaries``: the run summaries of the round)."""
 
     args: argparse.Namespace
+    config: StudyConfig
     recipe_dir: Path
     conditions: Dict[str, Condition]
     work_dirs: Dict[str, Path]
     bpe_models: Dict[str, Path]
     exp_root: Path
     results_dir: Path
+    summaries: Path
     thresholds: Thresholds
     arms: Dict[str, Arm]
     plan: Plan
+    replay_events: int
     replays_per_seed: int
     model_args: List[str]
 
@@ -89,8 +110,33 @@ class Settings:
         return list(dict.fromkeys(self.args.decoding_methods))
 
     @property
-    def summaries(self) -> Path:
-        return self.results_dir / SUMMARIES
+    def save_every_n(self) -> int:
+        return self.args.save_every_n
+
+    @property
+    def avg(self) -> int:
+        return self.args.avg
+
+    def decode_points(self, steps: int) -> List[int]:
+        """Where a run of ``steps`` is decoded: a third, two thirds and the whole budget, each rounded to a
+        checkpoint step; a point with fewer than ``avg`` checkpoints before it (icefall's averaging needs
+        them) is dropped, the budget itself kept. The points are multiples of the average period as well,
+        so that icefall's average between two checkpoints is exact (ablation.py checks the budget and
+        ``avg x save_every_n``)."""
+        unit = math.lcm(self.save_every_n, self.args.average_period)
+        points = []
+        for k in (1, 2, 3):
+            point = round(steps * k / 3 / unit) * unit if k < 3 else steps
+            if point == steps or point >= (self.avg + 1) * self.save_every_n:
+                points.append(point)
+        return sorted(set(points))
+
+    def decoding_of(self, point: int) -> Tuple[int, int, bool]:
+        """``(iteration, avg, use_averaged_model)`` of the decoding at ``point``: icefall's averaged model over
+        the ``avg`` checkpoints before it when there are that many, else the checkpoint alone."""
+        if point >= (self.avg + 1) * self.save_every_n:
+            return point, self.avg, True
+        return point, 1, False
 
     def rel(self, path: Path, condition: str) -> str:
         """``path`` relative to the condition's data folder (where the commands run)."""
@@ -103,11 +149,12 @@ class Settings:
         return self.exp_root / key.relpath
 
     def replays_on(self, condition: str) -> bool:
-        return self.replays_per_seed > 0 and {OBSERVING_ARM, FILTER_ARM} <= {a.name for a in self.plan.arms}
+        return self.replay_events > 0 and {OBSERVING_ARM, FILTER_ARM} <= {a.name for a in self.plan.arms}
 
     def stored_config(self) -> Dict:
         """What must not change between reruns into the same results."""
         return {
+            "round": self.config.round,
             "conditions": {
                 name: {
                     "steps": c.steps,
@@ -119,7 +166,9 @@ class Settings:
             },
             "model_args": self.model_args,
             "replay_steps": self.args.replay_steps,
-            "save_every_n": self.args.save_every_n,
+            "save_every_n": self.save_every_n,
+            "avg": self.avg,
+            "average_period": self.args.average_period,
         }
 
 
@@ -132,18 +181,18 @@ def find_bpe_model(work_dir: Path) -> Path:
     return found[0]
 
 
-def stored_bpe_model(results_dir: Path, condition: str, work_dir: Path) -> Path:
+def stored_bpe_model(summaries: Path, condition: str, work_dir: Path) -> Path:
     """The BPE model the condition's summaries were made with (their stored settings), in ``work_dir``."""
-    stored = read_json(results_dir / SUMMARIES / CONFIG_FILE) or {}
+    stored = read_json(summaries / CONFIG_FILE) or {}
     relpath = stored.get("conditions", {}).get(condition, {}).get("bpe_model")
     if relpath is None:
-        raise StudyError(f"{results_dir / SUMMARIES / CONFIG_FILE} has no BPE model for condition {condition}")
+        raise StudyError(f"{summaries / CONFIG_FILE} has no BPE model for condition {condition}")
     return work_dir / relpath
 
 
 def check_config(s: Settings) -> None:
     """Store the settings on the first run; refuse a rerun with other settings for a condition already run,
-    or with an arm whose flags differ from those its existing runs were trained with."""
+    or with an arm whose controls differ from those its existing runs were trained with."""
     path = s.summaries / CONFIG_FILE
     wanted = s.stored_config()
     stored = read_json(path)
@@ -156,8 +205,8 @@ def check_config(s: Settings) -> None:
         if changed:
             detail = "; ".join(f"{k}: was {old!r}, now {new!r}" for k, (old, new) in changed.items())
             raise StudyError(
-                f"{s.summaries} was made with other settings ({detail}); use another --results-dir, "
-                "or remove it to start over"
+                f"{s.summaries} was made with other settings ({detail}); use another --summaries or "
+                "--results-dir, or remove it to start over"
             )
         wanted["conditions"] = {**stored.get("conditions", {}), **wanted["conditions"]}
     s.summaries.mkdir(parents=True, exist_ok=True)
@@ -165,7 +214,7 @@ def check_config(s: Settings) -> None:
     for name, arm in s.arms.items():
         for arm_file in sorted(s.exp_root.glob(f"*/{name}/seed-*/{ARM_FILE}")):
             trained = read_json(arm_file)["train_flags"]
-            if trained != arm.train_flags():
+            if not same_controls(trained, arm.train_flags()):
                 raise StudyError(
                     f"{arm_file.parent} was trained with {shlex.join(trained)}, but arm {name} is now "
                     f"{shlex.join(arm.train_flags())}; give the arm's threshold it was run with, "
@@ -184,17 +233,19 @@ def script(s: Settings, condition: str, name: str) -> str:
 
 
 def train_command(
-    s: Settings, key: RunKey, exp_dir: Optional[Path] = None, arm: Optional[str] = None, **overrides: int
+    s: Settings,
+    key: RunKey,
+    exp_dir: Optional[Path] = None,
+    arm: Optional[str] = None,
+    steps: Optional[int] = None,
+    **overrides: int,
 ) -> List[str]:
-    """train.py for run ``key`` (or, with ``exp_dir``/``arm``/``overrides``, a replay branch or a retraining):
-    ``overrides`` may set ``max_batches``, ``start_batch``, ``keep_last_k``."""
+    """train.py for run ``key`` (or, with ``exp_dir``/``arm``/``overrides``, a replay branch or a retraining);
+    ``steps``: the budget (default: the condition's); ``overrides`` may set ``max_batches``, ``start_batch``,
+    ``keep_last_k``, ``save_every_n``. A run keeps every checkpoint while it trains (``--keep-last-k 0``):
+    the averaged decodings and the replays need them; :func:`prune_run` removes them afterwards."""
     a = s.args
     c = s.conditions[key.condition]
-    keep = 0 if (key.arm == OBSERVING_ARM and s.replays_on(key.condition)) else 1
-    flags = {
-        "max_batches": overrides.get("max_batches", c.steps),
-        "keep_last_k": overrides.get("keep_last_k", keep),
-    }
     start = ["--start-batch", str(overrides["start_batch"])] if "start_batch" in overrides else []
     return (
         [
@@ -207,7 +258,7 @@ def train_command(
             "--num-epochs",
             "100",
             "--max-batches",
-            str(flags["max_batches"]),
+            str(overrides.get("max_batches", steps or c.steps)),
             *start,
             "--seed",
             str(key.seed),
@@ -216,9 +267,11 @@ def train_command(
             "--num-workers",
             str(a.num_workers),
             "--save-every-n",
-            str(a.save_every_n),
+            str(overrides.get("save_every_n", s.save_every_n)),
             "--keep-last-k",
-            str(flags["keep_last_k"]),
+            str(overrides.get("keep_last_k", 0)),
+            "--average-period",
+            str(a.average_period),
         ]
         + s.arms[arm or key.arm].train_flags()
         + c.all_train_flags()
@@ -226,7 +279,8 @@ def train_command(
     )
 
 
-def decode_command(s: Settings, condition: str, run_dir: Path, method: str, iteration: int) -> List[str]:
+def decode_command(s: Settings, condition: str, run_dir: Path, method: str, at: Tuple[int, int, bool]) -> List[str]:
+    """decode.py for the weights of ``at = (iteration, avg, use_averaged_model)``."""
     return (
         [
             "python",
@@ -235,7 +289,7 @@ def decode_command(s: Settings, condition: str, run_dir: Path, method: str, iter
             s.rel(run_dir, condition),
             "--bpe-model",
             s.rel(s.bpe_models[condition], condition),
-            *decode_flags(iteration, method),
+            *decode_flags(at[0], method, at[1], at[2]),
             "--num-workers",
             str(s.args.num_workers),
         ]
@@ -260,54 +314,143 @@ def run(s: Settings, condition: str, cmd: List[str], what: str, log_hint: Path) 
 # --------------------------------------------------------------------------
 
 
-def run_done(s: Settings, key: RunKey) -> bool:
-    result = read_summary(s.summaries, key)
+def run_done(s: Settings, key: RunKey, summaries: Optional[Path] = None) -> bool:
+    result = read_summary(summaries or s.summaries, key)
     return result is not None and all((m, t) in result.wer for m in s.methods for t in TEST_SETS)
 
 
-def decode_all(s: Settings, condition: str, run_dir: Path, iteration: int, what: str) -> None:
+def decode_all(
+    s: Settings, condition: str, run_dir: Path, at: Tuple[int, int, bool], what: str, commands: List[str]
+) -> None:
+    """Decode ``run_dir`` at ``at`` with every method (those decoded before are skipped); the commands are
+    appended to ``commands``."""
     for method in s.methods:
-        if decoded(run_dir, method):
+        cmd = decode_command(s, condition, run_dir, method, at)
+        commands.append(shown(s, condition, cmd))
+        if decoded(run_dir, method, at=at):
             continue
         start = time.time()
         try:
-            run(s, condition, decode_command(s, condition, run_dir, method, iteration), what, run_dir)
+            run(s, condition, cmd, what, run_dir)
         finally:
             add_wall_time(run_dir, f"decode/{method}", time.time() - start)
 
 
-def train_once(s: Settings, condition: str, cmd: List[str], exp_dir: Path, steps: int, what: str) -> bool:
+def train_once(
+    s: Settings, condition: str, cmd: List[str], exp_dir: Path, steps: int, what: str, marker: str = TRAINED_MARKER
+) -> bool:
     """Run the train.py command ``cmd`` into ``exp_dir`` unless it finished there before (its marker file);
-    its wall time is added to the folder's. Returns whether it ran."""
-    if (exp_dir / TRAINED_MARKER).is_file():
+    its wall time is added to the folder's, its machine (CPU model, torch) to the folder's list. Returns
+    whether it ran."""
+    if (exp_dir / marker).is_file():
         return False
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    machines = (read_json(exp_dir / MACHINE_FILE) or {}).get("train", [])
+    write_json_atomic(exp_dir / MACHINE_FILE, {"train": machines + [machine_record()]})
     start = time.time()
     try:
         run(s, condition, cmd, what, exp_dir / "log")
     finally:
         add_wall_time(exp_dir, "train", time.time() - start)
-    write_json_atomic(exp_dir / TRAINED_MARKER, {"steps": steps})
+    write_json_atomic(exp_dir / marker, {"steps": steps})
     return True
 
 
-def train_run(s: Settings, key: RunKey) -> None:
-    """Train (or resume) run ``key`` to the end of its budget, once."""
-    run_dir = s.run_dir(key)
+def machine_of(exp_dir: Path) -> Dict[str, str]:
+    """The machine a folder was trained on: its one CPU model and torch version, or (trained in parts on
+    several) ``mixed: ...`` of each, which pairs with no other run; empty when not recorded."""
+    machines = (read_json(exp_dir / MACHINE_FILE) or {}).get("train", [])
+    if not machines:
+        return {}
+    out = {}
+    for field_name in ("cpu_model", "torch"):
+        seen = list(dict.fromkeys(m.get(field_name, "unknown") for m in machines))
+        out[field_name] = seen[0] if len(seen) == 1 else "mixed: " + " + ".join(seen)
+    return out
+
+
+def collect_run(
+    s: Settings, key: RunKey, run_dir: Path, steps: int, points: Sequence[int], commands: List[str]
+) -> RunResult:
+    """Read a finished run: WERs at every decoding point, the scalars kept (with the per-layer filter stats
+    and the batch digests), wall time, machine, commands."""
+    c = s.conditions[key.condition]
+    wanted, filters = kept_scalars(read_scalars(run_dir / "tensorboard"), TB_TAGS, extra=("batch_digest",))
+    wer_at = {p: read_wers(run_dir, s.methods, at=s.decoding_of(p)) for p in points}
+    last = s.decoding_of(steps)
+    return RunResult(
+        key,
+        wer_at[steps],
+        wanted,
+        filters,
+        read_json(run_dir / WALL_FILE) or {},
+        c.warm_end,
+        machine_of(run_dir),
+        wer_at,
+        {"avg": last[1], "use_averaged_model": last[2], "save_every_n": s.save_every_n},
+        commands,
+    )
+
+
+def kept_checkpoints(s: Settings, steps: int) -> List[int]:
+    """The checkpoint steps a finished run keeps: those of its decoding at the whole budget (to decode it
+    again, with another method say)."""
+    iteration, avg, averaged = s.decoding_of(steps)
+    return [iteration - avg * s.save_every_n, iteration] if averaged else [iteration]
+
+
+def prune_run(run_dir: Path, keep: Sequence[int]) -> int:
+    """Delete the run's checkpoints (``checkpoint-*.pt``, ``epoch-*.pt``, ``best-*.pt``, about 96 MB each for
+    the default model) but ``checkpoint-<k>.pt`` for ``k`` in ``keep``; returns how many."""
+    removed = 0
+    for path in [*run_dir.glob("checkpoint-*.pt"), *run_dir.glob("epoch-*.pt"), *run_dir.glob("best-*.pt")]:
+        if path.name not in {f"checkpoint-{k}.pt" for k in keep}:
+            path.unlink()
+            removed += 1
+    return removed
+
+
+def train_and_decode(
+    s: Settings, key: RunKey, run_dir: Path, steps: int, points: Sequence[int], summaries: Path
+) -> RunResult:
+    """Train (or resume) ``key`` into ``run_dir`` to ``steps``, decode it at ``points``, write its summary."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / ARM_FILE, {"arm": key.arm, "train_flags": s.arms[key.arm].train_flags()})
-    steps = s.conditions[key.condition].steps
-    if not train_once(s, key.condition, train_command(s, key), run_dir, steps, f"{key.relpath}: training"):
+    cmd = train_command(s, key, exp_dir=run_dir, steps=steps)
+    commands = [shown(s, key.condition, cmd)]
+    if not train_once(s, key.condition, cmd, run_dir, steps, f"{key.relpath}: training"):
         logging.info(f"{key.relpath}: training finished earlier")
+    for point in points:
+        decode_all(s, key.condition, run_dir, s.decoding_of(point), f"{key.relpath}: decoding at {point}", commands)
+    result = collect_run(s, key, run_dir, steps, points, commands)
+    write_summary(summaries, result)
+    return result
 
 
 def run_one(s: Settings, key: RunKey) -> RunResult:
-    """Train and decode one run; write its summary."""
-    train_run(s, key)
-    run_dir = s.run_dir(key)
-    c = s.conditions[key.condition]
-    decode_all(s, key.condition, run_dir, c.steps, f"{key.relpath}: decoding")
-    result = collect_run(run_dir, key, s.methods, TB_TAGS, c.warm_end)
-    write_summary(s.summaries, result)
+    """Train and decode one run at its decoding points; write its summary; prune its checkpoints unless
+    replays may start from them (the ``none`` run: pruned after its seed's replays)."""
+    steps = s.conditions[key.condition].steps
+    result = train_and_decode(s, key, s.run_dir(key), steps, s.decode_points(steps), s.summaries)
+    if not (key.arm == OBSERVING_ARM and s.replays_on(key.condition)):
+        prune_run(s.run_dir(key), kept_checkpoints(s, steps))
+    return result
+
+
+def run_pilot(s: Settings) -> RunResult:
+    """The pilot (family.json's budget.pilot): the ``none`` run of the pilot's seed trained to the pilot's
+    steps in ``<exp-root>/pilot/``, decoded at its points the way every run is; its summary in
+    ``<summaries>/pilot/``."""
+    pilot = s.config.pilot
+    condition = s.config.condition
+    key = RunKey(condition, OBSERVING_ARM, pilot.seed)
+    run_dir = s.exp_root / PILOT / key.relpath
+    summaries = s.summaries / PILOT
+    if run_done(s, key, summaries):
+        logging.info(f"pilot {key.relpath}: done earlier - skipped")
+        return read_summary(summaries, key)
+    result = train_and_decode(s, key, run_dir, pilot.steps, list(pilot.decode_at), summaries)
+    prune_run(run_dir, kept_checkpoints(s, pilot.steps))
     return result
 
 
@@ -316,81 +459,167 @@ def run_one(s: Settings, key: RunKey) -> RunResult:
 # --------------------------------------------------------------------------
 
 
-def replay_plan(s: Settings, condition: str, seed: int) -> List[Tuple[ReplayKey, Event]]:
-    """The replays of the ``none`` run of ``condition``/``seed`` (which must be finished)."""
-    original = read_summary(s.summaries, RunKey(condition, OBSERVING_ARM, seed))
-    chosen = choose_replays(original, s.thresholds.grad_filter_threshold, s.args.save_every_n, s.replays_per_seed)
-    return [(ReplayKey(condition, seed, start), event) for start, event in chosen]
+def replay_plan(s: Settings, condition: str, seed: int) -> List[Tuple[ReplayKey, Event, Optional[Matched]]]:
+    """The replays of the ``none`` run of ``condition``/``seed`` (which must be finished): up to
+    ``replays_per_seed`` events, while the seeds before it (in the plan's order) have left fewer than
+    ``replay_events`` in all; each with its matched start."""
+    planned = 0
+    for earlier in s.plan.all_seeds:
+        original = read_summary(s.summaries, RunKey(condition, OBSERVING_ARM, earlier))
+        if original is None:
+            continue
+        room = min(s.replays_per_seed, s.replay_events - planned)
+        chosen = choose_replays(original, s.thresholds.grad_filter_threshold, s.args.replay_steps, room)
+        if earlier == seed:
+            return [
+                (
+                    ReplayKey(condition, seed, start),
+                    event,
+                    matched_start(original, start, s.args.replay_steps, s.save_every_n, s.config.matched_max_ratio),
+                )
+                for start, event in chosen
+            ]
+        planned += len(chosen)
+    return []
 
 
-def base_checkpoint(s: Settings, key: ReplayKey) -> Path:
-    """The ``none`` run's checkpoint at or before ``key.start``; retrained (same seed, same weights) when it is
-    gone."""
-    original = RunKey(key.condition, OBSERVING_ARM, key.seed)
-    base = key.start // s.args.save_every_n * s.args.save_every_n
-    path = s.run_dir(original) / f"checkpoint-{base}.pt"
+def run_checkpoint(s: Settings, condition: str, seed: int, step: int) -> Path:
+    """The ``none`` run's ``checkpoint-<step>.pt`` (``step`` a multiple of --save-every-n): its own, or made
+    again in ``<none>/seed-<s>-retrained`` (same seed, same weights) when it is gone."""
+    original = RunKey(condition, OBSERVING_ARM, seed)
+    path = s.run_dir(original) / f"checkpoint-{step}.pt"
     if path.is_file():
         return path
-    redo = s.exp_root / key.condition / OBSERVING_ARM / f"seed-{key.seed}-retrained"
-    path = redo / f"checkpoint-{base}.pt"
+    redo = s.exp_root / condition / OBSERVING_ARM / f"seed-{seed}-retrained"
+    path = redo / f"checkpoint-{step}.pt"
     if not path.is_file():
-        cmd = train_command(s, original, exp_dir=redo, max_batches=base, keep_last_k=0)
-        run(s, key.condition, cmd, f"{key.relpath}: retraining the none run to step {base}", redo)
+        cmd = train_command(s, original, exp_dir=redo, max_batches=step)
+        run(s, condition, cmd, f"{condition}/none/seed-{seed}: retraining to step {step}", redo)
     return path
 
 
-def resume_in(s: Settings, key: ReplayKey, exp_dir: Path, checkpoint: Path, arm: str, end: int) -> List[str]:
-    """train.py continuing the ``none`` run of ``key`` in ``exp_dir`` from ``checkpoint`` to step ``end``."""
-    start = int(checkpoint.stem.split("-")[1])
+def segment_command(s: Settings, key: ReplayKey, exp_dir: Path, control: str, start: int, end: int) -> List[str]:
+    """train.py continuing the ``none`` run of ``key`` in ``exp_dir`` from its ``checkpoint-<start>.pt`` to step
+    ``end`` under ``control`` (an arm, or UNIFORM: the filter arm's flags through
+    :mod:`studies.ablation.uniform_filter`); no checkpoint but the last."""
     original = RunKey(key.condition, OBSERVING_ARM, key.seed)
-    return train_command(s, original, exp_dir=exp_dir, arm=arm, max_batches=end, start_batch=start, keep_last_k=1)
+    arm = FILTER_ARM if control == UNIFORM else control
+    cmd = train_command(
+        s, original, exp_dir=exp_dir, arm=arm, max_batches=end, start_batch=start, save_every_n=0, keep_last_k=0
+    )
+    if control == UNIFORM:
+        cmd = ["python", "-m", "studies.ablation.uniform_filter", *cmd[1:]]
+    return cmd
 
 
-def continue_from(s: Settings, key: ReplayKey, exp_dir: Path, checkpoint: Path, arm: str, end: int, what: str) -> None:
-    """Copy ``checkpoint`` into ``exp_dir`` and train on from it to step ``end`` with ``arm``'s controls (once)."""
+def train_segments(
+    s: Settings,
+    key: ReplayKey,
+    exp_dir: Path,
+    checkpoint: Path,
+    segments: Sequence[Tuple[str, int]],
+    what: str,
+    commands: List[str],
+) -> None:
+    """Copy ``checkpoint`` into ``exp_dir`` and train on from it through ``segments`` (``(control, to step)``
+    each, once); the commands are appended to ``commands``."""
     exp_dir.mkdir(parents=True, exist_ok=True)
-    if (exp_dir / TRAINED_MARKER).is_file():
-        return
-    if not (exp_dir / checkpoint.name).is_file():
+    start = int(checkpoint.stem.split("-")[1])
+    commands.append(
+        f"mkdir -p {s.rel(exp_dir, key.condition)} && cp {s.rel(checkpoint, key.condition)} "
+        f"{s.rel(exp_dir, key.condition)}/"
+    )
+    if not (exp_dir / checkpoint.name).is_file() and not (exp_dir / TRAINED_MARKER).is_file():
         shutil.copyfile(checkpoint, exp_dir / checkpoint.name)
-    train_once(s, key.condition, resume_in(s, key, exp_dir, checkpoint, arm, end), exp_dir, end, what)
+    for control, end in segments:
+        cmd = segment_command(s, key, exp_dir, control, start, end)
+        commands.append(shown(s, key.condition, cmd))
+        marker = TRAINED_MARKER if end == segments[-1][1] else f"ablation-trained-{end}.json"
+        train_once(s, key.condition, cmd, exp_dir, end, f"{what}: {control} to step {end}", marker)
+        start = end
 
 
-def start_checkpoint(s: Settings, key: ReplayKey) -> Path:
+def start_checkpoint(s: Settings, key: ReplayKey, commands: List[str]) -> Path:
     """``checkpoint-<start>.pt`` of the ``none`` run: its own, or made in ``<replay>/prefix`` by training on
     without control from the checkpoint before it."""
-    base = base_checkpoint(s, key)
+    base = run_checkpoint(s, key.condition, key.seed, key.start // s.save_every_n * s.save_every_n)
     if base.name == f"checkpoint-{key.start}.pt":
         return base
     prefix = s.replay_dir(key) / "prefix"
-    continue_from(s, key, prefix, base, OBSERVING_ARM, key.start, f"{key.relpath}/prefix: to step {key.start}")
+    train_segments(s, key, prefix, base, [(OBSERVING_ARM, key.start)], f"{key.relpath}/prefix", commands)
     return prefix / f"checkpoint-{key.start}.pt"
 
 
-def run_replay(s: Settings, key: ReplayKey, event: Event) -> ReplayResult:
-    """Both branches of one replay, decoded; its summary written."""
+def _reference(s: Settings, key: ReplayKey, matched: Matched, commands: List[str]) -> Branch:
+    """The run itself over the matched window: its losses and batch digests from its summary, its checkpoint at
+    the window's end decoded and its second moments."""
+    end = matched.start + s.args.replay_steps
+    ref_dir = s.replay_dir(key) / MATCHED_REFERENCE
+    ref_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = run_checkpoint(s, key.condition, key.seed, end)
+    commands.append(
+        f"mkdir -p {s.rel(ref_dir, key.condition)} && cp {s.rel(checkpoint, key.condition)} "
+        f"{s.rel(ref_dir, key.condition)}/"
+    )
+    if not (ref_dir / checkpoint.name).is_file():
+        shutil.copyfile(checkpoint, ref_dir / checkpoint.name)
+    decode_all(s, key.condition, ref_dir, (end, 1, False), f"{key.relpath}/{MATCHED_REFERENCE}: decoding", commands)
+    original = read_summary(s.summaries, RunKey(key.condition, OBSERVING_ARM, key.seed))
+    window = lambda series: [(st, v) for st, v in series if matched.start < st <= end]  # noqa: E731
+    return Branch(
+        window(original.objective()),
+        window(original.series("batch_digest")),
+        read_wers(ref_dir, s.methods, at=(end, 1, False)),
+        float("nan"),
+        float("nan"),
+        second_moment_sums(ref_dir / checkpoint.name),
+    )
+
+
+def run_replay(s: Settings, key: ReplayKey, event: Event, matched: Optional[Matched]) -> ReplayResult:
+    """Every branch of one replay (replay.py's module doc), decoded at the window's end; its summary written,
+    then its checkpoints removed."""
     replay_dir = s.replay_dir(key)
-    end = key.start + s.args.replay_steps
-    checkpoint = start_checkpoint(s, key)
-    for branch in BRANCHES:
-        branch_dir = replay_dir / branch
-        what = f"{key.relpath}/{branch}"
-        continue_from(s, key, branch_dir, checkpoint, branch, end, f"{what}: training")
-        decode_all(s, key.condition, branch_dir, end, f"{what}: decoding")
-    result = collect_replay(replay_dir, key, event, s.args.replay_steps, s.methods, TB_TAGS)
+    steps = s.args.replay_steps
+    end = key.start + steps
+    commands: List[str] = []
+    checkpoint = start_checkpoint(s, key, commands)
+    branches: Dict[str, Branch] = {}
+    for name, (first, rest) in FROM_EVENT.items():
+        branch_dir = replay_dir / name
+        train_segments(
+            s, key, branch_dir, checkpoint, [(first, key.start + 1), (rest, end)], f"{key.relpath}/{name}", commands
+        )
+        decode_all(s, key.condition, branch_dir, (end, 1, False), f"{key.relpath}/{name}: decoding", commands)
+        as_run = RunKey(key.condition, name, key.seed)
+        branches[name] = collect_branch(branch_dir, as_run, end, s.methods, TB_TAGS, event_step=key.start + 1)
+    if matched is not None:
+        branch_dir = replay_dir / MATCHED
+        start = run_checkpoint(s, key.condition, key.seed, matched.start)
+        m_end = matched.start + steps
+        train_segments(s, key, branch_dir, start, [(FILTER_ARM, m_end)], f"{key.relpath}/{MATCHED}", commands)
+        decode_all(s, key.condition, branch_dir, (m_end, 1, False), f"{key.relpath}/{MATCHED}: decoding", commands)
+        branches[MATCHED] = collect_branch(
+            branch_dir, RunKey(key.condition, MATCHED, key.seed), m_end, s.methods, TB_TAGS
+        )
+        branches[MATCHED_REFERENCE] = _reference(s, key, matched, commands)
+    c = s.conditions[key.condition]
+    result = ReplayResult(
+        key,
+        event,
+        steps,
+        branches,
+        parameter_layout([*c.model_flags, *s.model_args]),
+        matched,
+        machine_of(replay_dir / FILTER),
+        commands,
+    )
     write_summary(s.summaries, result)
     if not result.identical_batches:
         raise StudyError(f"{key.relpath}: the branches saw different batches (see their tensorboard/)")
+    for path in replay_dir.rglob("*.pt"):
+        path.unlink()
     return result
-
-
-def prune_checkpoints(s: Settings, condition: str, seed: int) -> None:
-    """Once a seed's replays are done, drop the ``none`` run's intermediate checkpoints (about 100 MB each)."""
-    run_dir = s.run_dir(RunKey(condition, OBSERVING_ARM, seed))
-    final = s.conditions[condition].steps
-    for path in run_dir.glob("checkpoint-*.pt"):
-        if path.name != f"checkpoint-{final}.pt":
-            path.unlink()
 
 
 # --------------------------------------------------------------------------
@@ -403,38 +632,12 @@ def finished_results(s: Settings) -> List[RunResult]:
     out = []
     for condition in s.conditions:
         for arm in s.arms:
-            for path in sorted((s.summaries / condition / arm).glob("seed-*.json")):
-                result = read_summary(s.summaries, RunKey(condition, arm, int(path.stem.split("-", 1)[1])))
+            paths = (s.summaries / condition / arm).glob("seed-*.json")
+            for seed in sorted(int(p.stem.split("-", 1)[1]) for p in paths):
+                result = read_summary(s.summaries, RunKey(condition, arm, seed))
                 if result is not None:
                     out.append(result)
     return out
-
-
-def commands_run(s: Settings, results: Sequence[RunResult], replays: Sequence[ReplayResult]) -> List[str]:
-    """Every command of the finished runs and replays, as typed from the recipe folder."""
-    commands = []
-    for r in results:
-        c = r.key.condition
-        if c not in s.conditions:
-            continue
-        commands.append(shown(s, c, train_command(s, r.key)))
-        commands += [shown(s, c, decode_command(s, c, s.run_dir(r.key), m, s.conditions[c].steps)) for m in s.methods]
-    for rep in replays:
-        c, end = rep.key.condition, rep.key.start + rep.steps
-        base = rep.key.start // s.args.save_every_n * s.args.save_every_n
-        base_ckpt = s.run_dir(RunKey(c, OBSERVING_ARM, rep.key.seed)) / f"checkpoint-{base}.pt"
-        start_ckpt = base_ckpt
-        if base != rep.key.start:
-            prefix = s.replay_dir(rep.key) / "prefix"
-            commands.append(f"mkdir -p {s.rel(prefix, c)} && cp {s.rel(base_ckpt, c)} {s.rel(prefix, c)}/")
-            commands.append(shown(s, c, resume_in(s, rep.key, prefix, base_ckpt, OBSERVING_ARM, rep.key.start)))
-            start_ckpt = prefix / f"checkpoint-{rep.key.start}.pt"
-        for branch in BRANCHES:
-            branch_dir = s.replay_dir(rep.key) / branch
-            commands.append(f"mkdir -p {s.rel(branch_dir, c)} && cp {s.rel(start_ckpt, c)} {s.rel(branch_dir, c)}/")
-            commands.append(shown(s, c, resume_in(s, rep.key, branch_dir, start_ckpt, branch, end)))
-            commands += [shown(s, c, decode_command(s, c, branch_dir, m, end)) for m in s.methods]
-    return commands
 
 
 def write_report(
@@ -446,21 +649,22 @@ def write_report(
     if not results:
         return None
     replays = [r for c in s.conditions for r in read_replay_summaries(s.summaries, c)]
+    pilot = read_summary(s.summaries / PILOT, RunKey(s.config.condition, OBSERVING_ARM, s.config.pilot.seed))
     sweep = sorted({s.thresholds.grad_filter_threshold, *s.thresholds.filter_sweep})
     plots = write_plots(results, s.arms, s.results_dir, sweep, replays)
     setup = ReportSetup(
         command=command,
-        conditions=dict(s.conditions),
+        config=s.config,
+        summaries=os.path.relpath(s.summaries, s.results_dir),
+        stored=read_json(s.summaries / CONFIG_FILE) or {},
         thresholds=s.thresholds,
-        commands=commands_run(s, results, replays),
         methods=s.methods,
-        replay_steps=s.args.replay_steps,
-        model_args=s.model_args,
+        planned_replays=s.replay_events if any(s.replays_on(c) for c in s.conditions) else 0,
         date=date or today(),
         machine=machine or machine_summary(),
     )
     results_md = s.results_dir / "RESULTS.md"
-    SECTION.write(results_md, render_section(results, replays, s.arms, plots, setup, OBSERVING_ARM))
+    SECTION.write(results_md, render_section(results, replays, s.arms, plots, setup, pilot, OBSERVING_ARM))
     logging.info(f"wrote {results_md} and {len(plots)} plots ({len(results)} runs, {len(replays)} replays)")
     print(format_table(results, s.arms, s.methods))
     return results_md
@@ -472,19 +676,30 @@ def write_report(
 
 
 def run_plan(s: Settings, command: str) -> int:
-    """Every run of the plan, seed by seed, each seed's replays after its runs; progress, an estimate of the
-    time left, and the report after each. Returns the number of runs and replays made."""
+    """Every run of the plan, seed by seed, each seed's replays after its runs (then its ``none`` run's
+    checkpoints pruned); progress, an estimate of the time left, and the report after each. Returns the
+    number of runs and replays made."""
     runs = s.plan.runs
-    replays_total = sum(s.replays_per_seed for c in s.plan.conditions if s.replays_on(c)) * len(s.plan.seeds)
-    fraction = 2 * s.args.replay_steps / max(c.steps for c in s.conditions.values())
+    replays_total = s.replay_events if any(s.replays_on(c) for c in s.plan.conditions) else 0
+    fraction = 5 * s.args.replay_steps / max(c.steps for c in s.conditions.values())
     # Runs finished earlier (a resumed plan) give the first estimate.
     earlier = [read_summary(s.summaries, k) for k in runs if run_done(s, k)]
     progress = Progress({"run": [sum(r.wall_s.values()) for r in earlier if r.wall_s]})
-    made, replays_done = 0, 0
+    made, replays_done = (
+        0,
+        len(
+            [
+                r
+                for c in s.plan.conditions
+                for r in read_replay_summaries(s.summaries, c)
+                if r.key.seed in s.plan.all_seeds
+            ]
+        ),
+    )
 
     def log_left(i: int) -> None:
         runs_left = sum(1 for k in runs[i:] if not run_done(s, k))
-        replays_left = replays_total - replays_done
+        replays_left = max(0, replays_total - replays_done)
         per_run = progress.mean("run")
         left = runs_left * per_run + replays_left * progress.mean("replay", per_run * fraction)
         logging.info(f"{progress.eta(left)} for {runs_left} run(s) and {replays_left} replay(s)")
@@ -505,19 +720,34 @@ def run_plan(s: Settings, command: str) -> int:
         for condition in s.plan.conditions:
             if not s.replays_on(condition) or not run_done(s, RunKey(condition, OBSERVING_ARM, key.seed)):
                 continue
-            for rkey, event in replay_plan(s, condition, key.seed):
+            for rkey, event, matched in replay_plan(s, condition, key.seed):
                 if summary_path(s.summaries, rkey).is_file():
                     logging.info(f"{rkey.relpath}: done earlier - skipped")
-                else:
-                    logging.info(
-                        f"{rkey.relpath}: replaying the event at step {event.step} (layer {event.layer}, "
-                        f"{event.ratio:.1f}x the median)"
-                    )
-                    with progress.timing("replay"):
-                        run_replay(s, rkey, event)
-                    made += 1
-                    write_report(s, command)
+                    continue
+                logging.info(
+                    f"{rkey.relpath}: replaying the event at step {event.step} (layer {event.layer}, "
+                    f"{event.ratio:.1f}x the median); matched start {matched.start if matched else 'none found'}"
+                )
+                with progress.timing("replay"):
+                    run_replay(s, rkey, event, matched)
+                made += 1
                 replays_done += 1
+                write_report(s, command)
                 log_left(i)
-            prune_checkpoints(s, condition, key.seed)
+            steps = s.conditions[condition].steps
+            none_dir = s.run_dir(RunKey(condition, OBSERVING_ARM, key.seed))
+            prune_run(none_dir, kept_checkpoints(s, steps))
+            retrained = none_dir.parent / f"seed-{key.seed}-retrained"
+            if retrained.is_dir():
+                prune_run(retrained, [])
     return made
+
+
+def with_budget(c: Condition, steps: Optional[int], max_duration: Optional[float], warm: Optional[int]) -> Condition:
+    """The condition with any of its budget, batch size and warm-up overridden."""
+    return replace(
+        c,
+        steps=c.steps if steps is None else steps,
+        max_duration=c.max_duration if max_duration is None else max_duration,
+        model_warm_step=c.model_warm_step if warm is None else warm,
+    )

@@ -1,0 +1,294 @@
+"""The study's configuration, fixed before the runs of a round (``family.json`` beside this file): the budget
+and how runs are decoded, the primary metric, the family of comparisons and its test, the seeds per arm and
+the power they were chosen for, the time the plan takes, the guard's threshold, the replays, the plateau
+measure. Every number in it that comes from an earlier round is recomputed by
+``tests/test_ablation_family.py``.
+
+Also here: the family's comparisons computed from the runs (paired by seed, on one CPU model; paired t with
+Holm's adjustment, the exact signed-rank test beside it) and their table, whose verdicts are written from
+their numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+
+from studies.ablation.markdown import markdown_table
+from studies.ablation.paired import (
+    PairedDifference,
+    SignedRank,
+    holm_adjust,
+    paired_difference,
+    signed_rank_test,
+    smallest_signed_rank_p,
+)
+from studies.ablation.pairing import Pairing, pair_runs
+from studies.ablation.power import paired_t_power
+
+if TYPE_CHECKING:  # runs imports arms, which reads this configuration
+    from studies.ablation.runs import RunResult
+
+CONFIG_PATH = Path(__file__).with_name("family.json")
+
+
+@dataclass(frozen=True)
+class FamilyComparison:
+    """``arm - baseline`` of the primary metric, paired by seed."""
+
+    arm: str
+    baseline: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm} - {self.baseline}"
+
+
+@dataclass(frozen=True)
+class Pilot:
+    seed: int
+    steps: int
+    decode_at: Tuple[int, ...]
+    max_late_change: float
+    min_clean_wer: float
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """``family.json``, read and checked (see the file for the reasons of every value)."""
+
+    round: str
+    fixed: str
+    summaries: str
+    condition: str
+    steps: int
+    decode_at: Tuple[int, ...]
+    save_every_n: int
+    average_period: int
+    avg: int
+    use_averaged_model: bool
+    pilot: Pilot
+    metric: Tuple[str, str]
+    alpha: float
+    confidence: float
+    family: Tuple[FamilyComparison, ...]
+    first_seed: int
+    seeds_per_arm: Dict[str, int]
+    planned_effect: float  # the standardised effect of the first comparison the seed counts were chosen for
+    power_target: float
+    guard_clip_grad_norm: float
+    clip_grad_norm_relative: Tuple[float, ...]
+    replay_events: int
+    replays_per_seed: int
+    replay_min_seeds: int
+    replay_window: int
+    matched_max_ratio: float
+    plateau_loss: float
+    plateau_window: int
+    raw: Dict
+
+    @property
+    def average_window(self) -> int:
+        """Steps the averaged model of a decoding spans: ``avg`` checkpoints of ``save_every_n`` steps."""
+        return self.avg * self.save_every_n
+
+    def decode_points(self, steps: int) -> Tuple[int, ...]:
+        """Where a run of ``steps`` is decoded: this round's points scaled to ``steps`` (a third, two thirds
+        and the whole budget), on checkpoint steps."""
+        if steps == self.steps:
+            return self.decode_at
+        return tuple(
+            max(self.average_window, round(steps * p / self.steps / self.save_every_n) * self.save_every_n)
+            for p in self.decode_at
+        )
+
+
+def _check(config: StudyConfig) -> None:
+    problems = []
+    if config.decode_at[-1] != config.steps:
+        problems.append(f"the last decoding point ({config.decode_at[-1]}) is not the budget ({config.steps})")
+    for point in (*config.decode_at, *config.pilot.decode_at):
+        start = point - config.average_window
+        if start < 0 or point % config.save_every_n or start % config.average_period:
+            problems.append(
+                f"decoding at {point} averages from step {start}: both must be checkpoint steps (multiples of "
+                f"{config.save_every_n}) and the start a multiple of the average period {config.average_period}"
+            )
+    if config.replay_window % config.save_every_n:
+        problems.append(
+            f"the replay window ({config.replay_window}) must be a multiple of save_every_n "
+            f"({config.save_every_n}): branch (d) ends on a checkpoint of the run"
+        )
+    arms = set(config.seeds_per_arm)
+    for c in config.family:
+        if not {c.arm, c.baseline} <= arms:
+            problems.append(f"family comparison {c.name}: an arm without seeds")
+    if problems:
+        raise ValueError("studies/ablation/family.json: " + "; ".join(problems))
+
+
+def load_config(path: Path = CONFIG_PATH) -> StudyConfig:
+    """Read ``family.json``; ValueError naming what does not fit together."""
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    budget, test, seeds, replays = raw["budget"], raw["test"], raw["seeds"], raw["replays"]
+    metric = tuple(raw["metric"])
+    power = seeds["power"][metric[1]]
+    pilot = budget["pilot"]
+    config = StudyConfig(
+        round=raw["round"],
+        fixed=raw["fixed"],
+        summaries=raw["summaries"],
+        condition=raw["condition"],
+        steps=int(budget["steps"]),
+        decode_at=tuple(int(x) for x in budget["decode_at"]),
+        save_every_n=int(budget["save_every_n"]),
+        average_period=int(budget["average_period"]),
+        avg=int(budget["avg"]),
+        use_averaged_model=bool(budget["use_averaged_model"]),
+        pilot=Pilot(
+            int(pilot["seed"]),
+            int(pilot["steps"]),
+            tuple(int(x) for x in pilot["decode_at"]),
+            float(pilot["max_late_change"]),
+            float(pilot["min_clean_wer"]),
+        ),
+        metric=metric,
+        alpha=float(test["alpha"]),
+        confidence=float(test["confidence"]),
+        family=tuple(FamilyComparison(a, b) for a, b in raw["family"]),
+        first_seed=int(seeds["first"]),
+        seeds_per_arm={arm: int(n) for arm, n in seeds["per_arm"].items()},
+        planned_effect=float(power["standardised"]),
+        power_target=float(seeds["power"]["target"]),
+        guard_clip_grad_norm=float(raw["arms"]["guard_clip_grad_norm"]),
+        clip_grad_norm_relative=tuple(float(x) for x in raw["arms"]["clip_grad_norm_relative"]),
+        replay_events=int(replays["events"]),
+        replays_per_seed=int(replays["per_seed"]),
+        replay_min_seeds=int(replays["min_seeds"]),
+        replay_window=int(replays["window"]),
+        matched_max_ratio=float(replays["matched_max_ratio"]),
+        plateau_loss=float(raw["plateau"]["loss"]),
+        plateau_window=int(raw["plateau"]["window"]),
+        raw=raw,
+    )
+    _check(config)
+    return config
+
+
+# --------------------------------------------------------------------------
+# The family's comparisons
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class FamilyRow:
+    """One comparison of the family, computed: the pairs used (and those left out), the paired t statistics,
+    Holm's p over the family, the signed-rank check."""
+
+    comparison: FamilyComparison
+    pairing: Pairing
+    difference: PairedDifference
+    signed_rank: SignedRank
+    holm_p: float = math.nan
+
+    @property
+    def per_seed(self) -> Dict[int, float]:
+        return self.pairing.differences
+
+
+def family_rows(results: Sequence[RunResult], config: StudyConfig, condition: str) -> List[FamilyRow]:
+    """Every comparison of the family in ``condition`` (those without runs too: 0 pairs), Holm over the
+    comparisons with at least 2 pairs."""
+    rows = []
+    for c in config.family:
+        arm = [r for r in results if r.key.condition == condition and r.key.arm == c.arm]
+        base = [r for r in results if r.key.condition == condition and r.key.arm == c.baseline]
+        pairing = pair_runs(arm, base, lambda r: r.wer.get(config.metric, math.nan))
+        diffs = list(pairing.differences.values())
+        rows.append(
+            FamilyRow(
+                c,
+                pairing,
+                paired_difference(pairing.arm_values, pairing.baseline_values, config.confidence),
+                signed_rank_test(diffs),
+            )
+        )
+    for row, p in zip(rows, holm_adjust([r.difference.p for r in rows])):
+        row.holm_p = p
+    return rows
+
+
+def _p(x: float) -> str:
+    return "-" if math.isnan(x) else (f"{x:.3f}" if x >= 0.001 else "<0.001")
+
+
+def verdict(row: FamilyRow, alpha: float) -> str:
+    """The comparison in words, from its numbers: whether it holds after Holm, its direction and size, the
+    range the interval allows, and whether the signed-rank check agrees (or cannot, with so few pairs)."""
+    d, n = row.difference, row.difference.n
+    if n < 2:
+        return f"not tested: {n} pair(s)"
+    if row.holm_p <= alpha:
+        direction = "lower" if d.mean < 0 else "higher"
+        words = f"{row.comparison.arm} {direction} by {abs(d.mean):.2f} points, holds after Holm (p {_p(row.holm_p)})"
+    else:
+        words = (
+            f"no difference shown at family-wise {alpha:g} (Holm p {_p(row.holm_p)}); "
+            f"the interval allows {d.low:+.2f} to {d.high:+.2f}"
+        )
+    smallest = smallest_signed_rank_p(row.signed_rank.n)
+    if smallest > alpha:
+        words += f"; the signed-rank test cannot reach {alpha:g} with {row.signed_rank.n} non-zero pairs"
+        words += f" (its smallest p is {smallest:.3f})"
+    elif (row.signed_rank.p <= alpha) != (row.holm_p <= alpha):
+        agree = "reaches" if row.signed_rank.p <= alpha else "does not reach"
+        words += f"; the signed-rank check {agree} {alpha:g} (p {_p(row.signed_rank.p)}, unadjusted)"
+    else:
+        words += f"; the signed-rank check agrees (p {_p(row.signed_rank.p)}, unadjusted)"
+    return words
+
+
+def format_family_table(
+    rows: Sequence[FamilyRow], labels: Dict[str, str], config: StudyConfig, fixed_before: bool = True
+) -> str:
+    """One row per comparison of the family; ``fixed_before``: whether the runs are of the round whose family
+    was fixed before them (else the verdicts are marked as computed after the runs)."""
+    header = [
+        "comparison",
+        "pairs",
+        "per-seed differences",
+        "mean difference",
+        f"{100 * config.confidence:g}% interval",
+        "Holm p",
+        "signed-rank p",
+        "verdict" if fixed_before else "verdict (computed after the runs: a description)",
+    ]
+    out = []
+    for row in rows:
+        c, d = row.comparison, row.difference
+        name = f"{labels.get(c.arm, c.arm)} − {labels.get(c.baseline, c.baseline)}"
+        out.append(
+            [
+                name,
+                str(d.n),
+                ", ".join(f"{v:+.2f}" for _, v in sorted(row.per_seed.items())) or "-",
+                "-" if math.isnan(d.mean) else f"{d.mean:+.2f}",
+                d.interval(2),
+                _p(row.holm_p),
+                _p(row.signed_rank.p),
+                verdict(row, config.alpha),
+            ]
+        )
+    return markdown_table(header, out)
+
+
+def power_now(rows: Sequence[FamilyRow], config: StudyConfig) -> Optional[Tuple[int, float]]:
+    """The first comparison's pairs and the power they have at the effect the seed counts were planned for
+    (Holm's first step, alpha / m); None without pairs."""
+    n = rows[0].difference.n if rows else 0
+    if n < 2:
+        return None
+    return n, paired_t_power(abs(config.planned_effect), n, config.alpha / len(config.family))

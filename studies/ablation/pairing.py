@@ -1,0 +1,63 @@
+"""Runs paired by seed, on one CPU model.
+
+A seed fixes the initialisation and the batch order in every arm, but not the rounding: the same command on
+two CPU models (with and without AVX512-BF16, say) parts after a few steps, and by as much as an arm's effect.
+A pair whose two runs were made on different CPU models is therefore left out of every comparison; a run
+whose summary does not record its CPU model (those written before the field existed) cannot be checked, and
+is counted as such.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
+
+if TYPE_CHECKING:  # runs imports arms, which reads the study's configuration (family), which imports this
+    from studies.ablation.runs import RunResult
+
+NOT_RECORDED = "CPU model not recorded"
+
+
+def cpu_of(result: RunResult) -> Optional[str]:
+    """The CPU model a run was made on, None when its summary does not say."""
+    return result.machine.get("cpu_model") or None
+
+
+@dataclass
+class Pairing:
+    """The seeds two arms share with a finite value each and runs from one CPU model: the values and
+    ``arm - baseline`` per seed; the seeds left out because their runs straddle two CPU models; the seeds
+    kept whose CPU models are not recorded (so not checked)."""
+
+    arm_values: Dict[int, float] = field(default_factory=dict)
+    baseline_values: Dict[int, float] = field(default_factory=dict)
+    straddling: List[int] = field(default_factory=list)
+    unchecked: List[int] = field(default_factory=list)
+
+    @property
+    def differences(self) -> Dict[int, float]:
+        return {s: self.arm_values[s] - self.baseline_values[s] for s in sorted(self.arm_values)}
+
+
+def pair_runs(arm: Sequence[RunResult], baseline: Sequence[RunResult], value: Callable[[RunResult], float]) -> Pairing:
+    """Pair ``arm``'s and ``baseline``'s runs by seed (``value`` of each run, finite ones only), leaving out the
+    pairs made on two CPU models."""
+    base = {r.key.seed: r for r in baseline}
+    out = Pairing()
+    for r in sorted(arm, key=lambda r: r.key.seed):
+        other = base.get(r.key.seed)
+        if other is None:
+            continue
+        a, b = value(r), value(other)
+        if not (math.isfinite(a) and math.isfinite(b)):
+            continue
+        cpus = (cpu_of(r), cpu_of(other))
+        if None in cpus:
+            out.unchecked.append(r.key.seed)
+        elif cpus[0] != cpus[1]:
+            out.straddling.append(r.key.seed)
+            continue
+        out.arm_values[r.key.seed] = a
+        out.baseline_values[r.key.seed] = b
+    return out

@@ -1,0 +1,259 @@
+"""The study's configuration (studies/ablation/family.json), fixed before the runs of round 2: every number it
+writes down that comes from round 1 recomputed from the committed summaries (the effect and power behind the
+seed counts, the guard's threshold, the time the plan takes, the plateau measure against the issue's figures);
+the power computation against a Monte Carlo simulation; the checks of the configuration; the family's
+comparisons (Holm, signed-rank, CPU-model pairing) and their verdicts on hand-made runs."""
+
+import dataclasses
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import RECIPE
+from studies.ablation.arms import STUDY, RunKey
+from studies.ablation.family import CONFIG_PATH, family_rows, load_config, power_now, verdict
+from studies.ablation.metrics import plateau_exit, spearman
+from studies.ablation.paired import student_t_cdf, student_t_quantile
+from studies.ablation.planning import (
+    median_pre_clip_norm,
+    observed_effect,
+    power_plan,
+    seconds_per_decoding,
+    seconds_per_step,
+)
+from studies.ablation.power import noncentral_t_sf, paired_t_power, pairs_for_power
+from studies.ablation.runs import RunResult, read_summary
+
+ROUND_1 = RECIPE / "ablation-runs"
+ROUND_1_ARMS = ("none", "filter", "clip", "filter-clip", "clip-relative")
+RAW = json.loads(CONFIG_PATH.read_text())
+
+
+@pytest.fixture(scope="module")
+def round_1():
+    runs = [read_summary(ROUND_1, RunKey("digits", arm, seed)) for arm in ROUND_1_ARMS for seed in range(42, 47)]
+    assert all(r is not None for r in runs)
+    return runs
+
+
+# --------------------------------------------------------------------------
+# family.json's numbers, recomputed
+# --------------------------------------------------------------------------
+
+
+def test_the_seed_counts_come_from_round_1s_effect_and_the_power_computation(round_1):
+    power = RAW["seeds"]["power"]
+    m = len(RAW["family"])
+    assert m == 5 and RAW["family"][0] == ["filter", "none"], "the seed counts are planned for filter - none"
+    for test_set in ("test-other", "test-clean"):
+        effect = observed_effect(round_1, "filter", "none", ("greedy_search", test_set))
+        written = power[test_set]
+        assert effect.n == 5
+        assert (round(effect.mean, 3), round(effect.sd, 3), round(effect.standardised, 3)) == (
+            written["mean"],
+            written["sd"],
+            written["standardised"],
+        )
+        plan = power_plan(effect, m, RAW["test"]["alpha"], power["target"], [5, 15, 17])
+        assert plan == {"pairs_needed": written["pairs_needed"], "power_at": written["power_at"]}
+    # The primary metric is test-other: its pairs needed are the seeds of none and filter.
+    assert RAW["metric"] == ["greedy_search", "test-other"]
+    assert STUDY.seeds_per_arm["none"] == STUDY.seeds_per_arm["filter"] == power["test-other"]["pairs_needed"] == 17
+    assert all(n >= 5 for n in STUDY.seeds_per_arm.values())
+    # The issue's figures (Holm over its 8 WER comparisons): 0.19 / 0.08 with 5 pairs, 0.97 / 0.68 with 15.
+    clean = observed_effect(round_1, "filter", "none", ("greedy_search", "test-clean")).standardised
+    other = observed_effect(round_1, "filter", "none", ("greedy_search", "test-other")).standardised
+    assert [round(paired_t_power(abs(clean), n, 0.05 / 8), 2) for n in (5, 15)] == [0.19, 0.97]
+    assert [round(paired_t_power(abs(other), n, 0.05 / 8), 2) for n in (5, 15)] == [0.08, 0.68]
+
+
+def test_the_guard_is_about_4x_nones_median_pre_clip_norm(round_1):
+    median, steps = median_pre_clip_norm(round_1, "none")
+    assert steps == 2505 and round(median, 1) == 251.6
+    guard = RAW["arms"]["guard_clip_grad_norm"]
+    assert guard == STUDY.guard_clip_grad_norm == 1000 and 3.9 < guard / median < 4.1
+    assert "251.6" in RAW["arms"]["guard_why"] and "2,505" in RAW["arms"]["guard_why"]
+    # The guard acts on rare steps of none: those with a norm above it (3.3%), clip_grad_norm 5 on all.
+    norms = [v for r in round_1 if r.key.arm == "none" for s, v in r.series("grad_norm") if s >= r.warm_end]
+    assert 0.01 < sum(x > guard for x in norms) / len(norms) < 0.05
+    assert min(norms) > 5
+
+
+def test_the_time_the_plan_takes_and_what_8_hours_hold(round_1):
+    t = RAW["time"]
+    per_step, per_decoding = seconds_per_step(round_1), seconds_per_decoding(round_1, "greedy_search")
+    assert (round(per_step, 3), round(per_decoding, 1)) == (t["seconds_per_step"], t["seconds_per_decoding"])
+    per_run = (STUDY.steps * per_step + len(STUDY.decode_at) * per_decoding) / 60
+    replays = (
+        STUDY.replay_events * (5 * STUDY.replay_window + STUDY.save_every_n / 2) * per_step
+        + STUDY.replay_events * 6 * per_decoding
+    ) / 60
+    pilot = (STUDY.pilot.steps * per_step + len(STUDY.pilot.decode_at) * per_decoding) / 60
+    runs = sum(STUDY.seeds_per_arm.values())
+    plan_hours = (runs * per_run + replays + pilot) / 60
+    assert runs == 59
+    assert (round(per_run, 1), round(replays), round(pilot, 1), round(plan_hours, 1)) == (
+        t["per_run_minutes"],
+        t["replay_minutes"],
+        t["pilot_minutes"],
+        t["plan_hours"],
+    )
+    assert plan_hours > t["budget_hours"] and t["fits"] is False
+    # What 8 hours hold: seeds 42-46 of every arm (35 runs), the replays and the pilot.
+    core = (len(STUDY.seeds_per_arm) * 5 * per_run + replays + pilot) / 60
+    assert round(core, 1) == 7.8 and core < t["budget_hours"]
+    rest = 2 * (STUDY.seeds_per_arm["none"] - 5) * per_run / 60
+    assert round(rest, 1) == 4.5
+    for figure in ("7.8 h", "4.5 h", "0.115", "0.266", "seeds 47-58"):
+        assert figure in t["within_budget"]
+
+
+def test_the_plateau_measure_matches_the_issues_figures(round_1):
+    """Trailing 5-step mean of the objective below 0.3: within 3 steps of the issue's means, its Spearman
+    correlations with final WER (0.69 / 0.72), and the means family.json quotes."""
+    issue = {"none": 281, "filter": 281, "clip": 108, "filter-clip": 107, "clip-relative": 224}
+    means = {arm: statistics.mean(plateau_exit(r) for r in round_1 if r.key.arm == arm) for arm in issue}
+    assert all(abs(means[a] - issue[a]) <= 3 for a in issue), means
+    for arm, mean in means.items():
+        assert f"{mean:.1f} ({arm})" in RAW["plateau"]["why"]
+    steps = [plateau_exit(r) for r in round_1]
+    rhos = [spearman(steps, [r.wer[("greedy_search", t)] for r in round_1]) for t in ("test-clean", "test-other")]
+    assert [round(x, 2) for x in rhos] == [0.69, 0.72]
+
+
+def test_the_budgets_reasons_quote_the_issues_pilot():
+    why = RAW["budget"]["why"]
+    for figure in ("3.96 / 14.61", "1.40 / 9.96", "0.85 / 9.44", "-4.65", "-0.52", "0.55"):
+        assert figure in why
+    assert round(14.61 - 9.96, 2) == 4.65 and round(9.96 - 9.44, 2) == 0.52 and round(1.40 - 0.85, 2) == 0.55
+    assert STUDY.steps == 1200 and STUDY.decode_at == (400, 800, 1200)
+    assert "To be confirmed by the pilot" in RAW["budget"]["to_confirm"]
+
+
+# --------------------------------------------------------------------------
+# The power computation
+# --------------------------------------------------------------------------
+
+
+def test_noncentral_t_is_central_t_at_zero_noncentrality():
+    for df in (1, 2, 4, 16):
+        for c in (0.5, 2.0, 4.0):
+            assert noncentral_t_sf(c, df, 0.0) == pytest.approx(1.0 - student_t_cdf(c, df), abs=1e-9), (df, c)
+    assert paired_t_power(0.0, 10, 0.05) == pytest.approx(0.05, abs=1e-9), "power at no effect is alpha"
+
+
+@pytest.mark.parametrize("effect,n,alpha", [(0.9, 8, 0.01), (0.5, 20, 0.05), (1.4, 5, 0.01), (-0.7, 12, 0.05)])
+def test_power_against_a_monte_carlo_paired_t_test(effect, n, alpha):
+    rng = np.random.default_rng(7)
+    x = rng.normal(effect, 1.0, (200_000, n))
+    t = x.mean(axis=1) / (x.std(axis=1, ddof=1) / math.sqrt(n))
+    simulated = float((np.abs(t) > student_t_quantile(1 - alpha / 2, n - 1)).mean())
+    # 200,000 draws: standard error at most 0.0011.
+    assert paired_t_power(effect, n, alpha) == pytest.approx(simulated, abs=0.005)
+
+
+def test_pairs_for_power_is_the_first_count_that_reaches_the_target():
+    n = pairs_for_power(0.952, 0.01, 0.8)
+    assert paired_t_power(0.952, n, 0.01) >= 0.8 > paired_t_power(0.952, n - 1, 0.01)
+    with pytest.raises(ValueError, match="needs more than 30 pairs"):
+        pairs_for_power(0.0, 0.05, 0.8, most=30)
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        paired_t_power(1.0, 1, 0.05)
+
+
+# --------------------------------------------------------------------------
+# The configuration's checks
+# --------------------------------------------------------------------------
+
+
+def _write(tmp_path: Path, change) -> Path:
+    raw = json.loads(CONFIG_PATH.read_text())
+    change(raw)
+    path = tmp_path / "family.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def test_a_configuration_that_does_not_fit_together_is_refused(tmp_path):
+    assert load_config().family[0].name == "filter - none"
+
+    def last_point(raw):
+        raw["budget"]["decode_at"] = [400, 800, 1100]
+
+    with pytest.raises(ValueError, match=r"the last decoding point \(1100\) is not the budget \(1200\)"):
+        load_config(_write(tmp_path, last_point))
+
+    def uneven(raw):
+        raw["budget"]["decode_at"] = [425, 800, 1200]
+
+    with pytest.raises(ValueError, match="decoding at 425 averages from step 325"):
+        load_config(_write(tmp_path, uneven))
+
+    def window(raw):
+        raw["replays"]["window"] = 120
+
+    with pytest.raises(ValueError, match=r"replay window \(120\) must be a multiple of save_every_n"):
+        load_config(_write(tmp_path, window))
+
+    def unknown(raw):
+        raw["family"].append(["agc", "none"])
+
+    with pytest.raises(ValueError, match="family comparison agc - none: an arm without seeds"):
+        load_config(_write(tmp_path, unknown))
+
+
+# --------------------------------------------------------------------------
+# The family's comparisons
+# --------------------------------------------------------------------------
+
+
+def _run(arm, seed, other, cpu="Xeon"):
+    wer = {("greedy_search", "test-clean"): other / 3, ("greedy_search", "test-other"): other}
+    machine = {} if cpu is None else {"cpu_model": cpu, "torch": "2.13.0"}
+    return RunResult(RunKey("digits", arm, seed), wer, {}, machine=machine)
+
+
+def test_family_rows_holm_signed_rank_and_verdicts_by_hand():
+    config = dataclasses.replace(STUDY)
+    runs = []
+    # filter - none: -1, -2, -3, -4, -5, -6 (six pairs, all negative).
+    for seed, (base, diff) in enumerate([(20, -1), (21, -2), (19, -3), (22, -4), (20, -5), (18, -6)], 42):
+        runs += [_run("none", seed, base), _run("filter", seed, base + diff)]
+    # filter-clip - clip: +1, -1, +0.5 (three pairs); seed 45's clip ran on another CPU model: left out.
+    for seed, diff in zip((42, 43, 44), (1.0, -1.0, 0.5)):
+        runs += [_run("clip", seed, 10), _run("filter-clip", seed, 10 + diff)]
+    runs += [_run("clip", 45, 10, cpu="EPYC"), _run("filter-clip", 45, 30)]
+    rows = {r.comparison.name: r for r in family_rows(runs, config, "digits")}
+    f = rows["filter - none"]
+    diffs = [-1, -2, -3, -4, -5, -6]
+    mean, sem = statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(6)
+    assert f.difference.mean == pytest.approx(mean) and f.difference.n == 6
+    assert f.difference.high == pytest.approx(mean + student_t_quantile(0.975, 5) * sem)
+    assert f.signed_rank.p == pytest.approx(2 / 64), "all six of one sign: 2 of the 2^6 sign patterns"
+    fc = rows["filter-clip - clip"]
+    assert fc.per_seed == {42: 1.0, 43: -1.0, 44: 0.5} and fc.pairing.straddling == [45]
+    # Holm over the two comparisons with pairs (guard, clip-relative and filter - clip-relative have none).
+    p1, p2 = f.difference.p, fc.difference.p
+    assert p1 < p2
+    assert f.holm_p == pytest.approx(2 * p1) and fc.holm_p == pytest.approx(max(2 * p1, p2))
+    assert math.isnan(rows["guard - none"].holm_p)
+    assert verdict(rows["guard - none"], 0.05) == "not tested: 0 pair(s)"
+    words = verdict(f, 0.05)
+    assert words.startswith(f"filter lower by {abs(mean):.2f} points, holds after Holm (p {f.holm_p:.3f})")
+    assert "the signed-rank check agrees (p 0.031, unadjusted)" in words
+    words = verdict(fc, 0.05)
+    assert words.startswith(f"no difference shown at family-wise 0.05 (Holm p {fc.holm_p:.3f}); the interval allows")
+    assert f"{fc.difference.low:+.2f} to {fc.difference.high:+.2f}" in words
+    assert "the signed-rank test cannot reach 0.05 with 3 non-zero pairs (its smallest p is 0.250)" in words
+    n, power = power_now(list(rows.values()), config)
+    assert n == 6 and power == pytest.approx(paired_t_power(abs(config.planned_effect), 6, 0.05 / 5))
+
+
+def test_pairs_without_a_recorded_cpu_model_are_kept_and_counted():
+    runs = [_run("none", 42, 20, cpu=None), _run("filter", 42, 19), _run("none", 43, 20), _run("filter", 43, 18)]
+    row = family_rows(runs, STUDY, "digits")[0]
+    assert row.per_seed == {42: -1.0, 43: -2.0} and row.pairing.unchecked == [42] and row.pairing.straddling == []

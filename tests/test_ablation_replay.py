@@ -1,0 +1,255 @@
+"""Replays with controls, without training: which events are replayed (the largest, windows inside the run and
+not overlapping), the matched start of branch (d), branch (a)'s check against the run at every step, the
+per-layer second moments over multi-element tensors, events of a seed averaged before the interval, and the
+uniform filter of branch (e) against icefall's GradientFilter it is derived from."""
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from icefall_lite.nn.clip import GradientFilter
+from icefall_lite.nn.model import build_transducer
+from studies.ablation.arms import RunKey
+from studies.ablation.paired import student_t_quantile
+from studies.ablation.replay import (
+    FILTER,
+    NO_CONTROL,
+    Branch,
+    Event,
+    Matched,
+    ReplayKey,
+    ReplayResult,
+    choose_replays,
+    control_measures,
+    layer_of,
+    layer_ratios,
+    matched_start,
+    over_seeds,
+    parameter_layout,
+    reproduction,
+)
+from studies.ablation.runs import RunResult
+from studies.ablation.uniform_filter import UniformGradientFilter, make_uniform
+
+
+def _run(ratios, steps, warm_end=10, loss=None):
+    """A none run: per step the largest max/median (one layer), and an objective."""
+    loss = loss or {s: 1.0 + 0.001 * s for s in range(1, steps + 1)}
+    filters = {(0, "max_over_median"): [(s, ratios.get(s, 2.0)) for s in range(1, steps + 1)]}
+    scalars = {
+        "simple_loss": [(s, 0.0) for s in range(1, steps + 1)],
+        "pruned_loss": sorted(loss.items()),
+        "grad_norm": [(s, 1.0) for s in range(1, steps + 1)],
+    }
+    return RunResult(RunKey("digits", "none", 42), {}, scalars, filters, warm_end=warm_end)
+
+
+def test_the_largest_events_with_windows_inside_the_run_and_apart():
+    # Events over 25 in a 260-step run: 12 (30x), 40 (90x), 60 (50x), 150 (80x), 195 (99x); step 5 (500x) is
+    # before warm-up. With 100-step windows 195's would end at 294, past the run; 60's (59, 159] and 12's
+    # (11, 111] overlap 40's (39, 139].
+    run = _run({12: 30.0, 40: 90.0, 60: 50.0, 150: 80.0, 195: 99.0, 5: 500.0}, 260)
+    assert choose_replays(run, 25.0, 100, 5) == [(39, Event(40, 0, 90.0)), (149, Event(150, 0, 80.0))]
+    assert choose_replays(run, 25.0, 100, 1) == [(39, Event(40, 0, 90.0))], "the largest first"
+    # With 20-step windows none overlaps; four of them: the largest four, in step order.
+    assert [e.step for _, e in choose_replays(run, 25.0, 20, 4)] == [40, 60, 150, 195]
+    assert choose_replays(run, 100.0, 20, 5) == [], "the 500x step is before warm-up"
+
+
+def test_the_matched_start_is_the_nearest_checkpoint_without_an_outlier():
+    # Checkpoints every 50; event window (139, 239]. Candidates after warm-up (100) whose window (c, c + 100]
+    # does not overlap it and fits in 400 steps: 100? no, |100 - 139| < 100; 50 is before warm-up; 250, 300.
+    # Step 251 has 7x (over 5): 250 is out, 300 is next.
+    run = _run({140: 80.0, 251: 7.0, 301: 3.0}, 400, warm_end=100)
+    assert matched_start(run, 139, 100, 50, 5.0) == Matched(300, 3.0)
+    assert matched_start(run, 139, 100, 50, 10.0) == Matched(250, 7.0)
+    assert matched_start(_run({}, 150, warm_end=100), 100, 100, 50, 5.0) is None
+
+
+def test_branch_a_is_checked_at_every_step_of_the_window():
+    run = _run({}, 200)
+    objective = run.objective()
+
+    def replay(series, start=100, steps=50):
+        branches = {NO_CONTROL: Branch(series, [], {}, 0.0, 1.0)}
+        return ReplayResult(ReplayKey("digits", 42, start), Event(start + 1, 0, 30.0), steps, branches)
+
+    window = [(s, v) for s, v in objective if 100 < s <= 150]
+    assert reproduction(replay(window), run).every_step
+    changed = [(s, v * (1.001 if s == 120 else 1.0)) for s, v in window]
+    assert reproduction(replay(changed), run).describe() == "NO: differs at 1 of 50 steps"
+    past = [(s, v) for s, v in objective if 180 < s] + [(s, 1.0) for s in range(201, 231)]
+    r = reproduction(replay(past, start=180), run)
+    assert not r.every_step and r.describe() == "not checked at every step: the run has 20 of the 50 (all equal)"
+
+
+def test_layer_ratios_leave_out_one_element_tensors():
+    tensors = [
+        ("encoder.encoder.layers.0.lstm.weight_ih_l0", 1024),
+        ("encoder.encoder.layers.0.lstm.weight_ih_l0_scale", 1),
+        ("encoder.encoder.layers.0.feed_forward.0.weight", 512),
+        ("encoder.encoder.layers.1.lstm.weight_ih_l0", 1024),
+        ("encoder.encoder_embed.out.weight", 100),
+        ("joiner.output_linear.weight", 300),
+    ]
+    none = [4.0, 1000.0, 2.0, 3.0, 1.0, 5.0]
+    filt = [2.0, 1.0, 1.0, 3.0, 2.0, float("nan")]
+    assert layer_ratios(tensors, none, filt) == {
+        "encoder layer 0": (4.0 + 2.0) / (2.0 + 1.0),  # the 1000x log-scale left out
+        "encoder layer 1": 1.0,
+        "encoder embedding": 0.5,
+    }
+    assert layer_ratios(tensors, none[:-1], filt) == {}, "lists that do not match the tensors"
+    assert [layer_of(n) for n, _ in tensors[-3:]] == ["encoder layer 1", "encoder embedding", "joiner"]
+
+
+def test_the_default_models_layout_has_the_one_element_log_scales():
+    layout = parameter_layout([])
+    assert len(layout) == 108
+    singles = [name for name, n in layout if n == 1]
+    # 8 in the embedding, 9 per encoder layer (8 log-scales and BasicNorm's eps) x 4, 2 in the decoder, 6 in
+    # the joiner, 4 in the simple projections.
+    assert len(singles) == 8 + 9 * 4 + 2 + 6 + 4 and all(
+        name.endswith(("_scale", ".scale", ".eps")) for name in singles
+    )
+
+
+def _replay(seed, start, none_loss, filter_loss, none_wer, filter_wer):
+    steps = 20
+    window = range(start + 1, start + steps + 1)
+    key = ("greedy_search", "test-other")
+    branches = {
+        NO_CONTROL: Branch([(s, none_loss) for s in window], [], {key: none_wer}, 0.0, 1.0),
+        FILTER: Branch([(s, filter_loss) for s in window], [], {key: filter_wer}, 0.1, 1.0),
+    }
+    return ReplayResult(ReplayKey("digits", seed, start), Event(start + 1, 0, 30.0), steps, branches)
+
+
+def test_events_of_a_seed_are_averaged_before_the_interval():
+    # Seed 42: two events, loss differences -0.3 and -0.1 (mean -0.2); seed 43: -0.4; seed 44: -0.3.
+    replays = [
+        _replay(42, 20, 1.0, 0.7, 10.0, 9.0),
+        _replay(42, 60, 1.0, 0.9, 10.0, 11.0),
+        _replay(43, 20, 1.0, 0.6, 10.0, 8.0),
+        _replay(44, 20, 1.0, 0.7, 10.0, 10.0),
+    ]
+    originals = {("digits", seed): _run({}, 200, loss={s: 1.0 for s in range(1, 201)}) for seed in (42, 43, 44)}
+    measures = control_measures(replays, originals, ["greedy_search"])[FILTER]
+    assert len(measures.window_loss) == 4
+    d = over_seeds(measures.window_loss)
+    means = [-0.2, -0.4, -0.3]
+    assert d.n == 3 and d.mean == pytest.approx(statistics.mean(means))
+    half = student_t_quantile(0.975, 2) * statistics.stdev(means) / math.sqrt(3)
+    assert d.high == pytest.approx(d.mean + half)
+    wer = over_seeds(measures.wer[("greedy_search", "test-other")])
+    assert wer.mean == pytest.approx(statistics.mean([0.0, -2.0, 0.0]))
+    # A replay whose branch (a) does not reproduce its run is left out.
+    originals[("digits", 43)] = _run({}, 200, loss={s: 2.0 for s in range(1, 201)})
+    assert over_seeds(control_measures(replays, originals, ["greedy_search"])[FILTER].window_loss).n == 2
+
+
+# --------------------------------------------------------------------------
+# Branch (e): the uniform filter
+# --------------------------------------------------------------------------
+
+
+def _grads(module, x, w, upstream_x, upstream_w):
+    x = x.clone().requires_grad_(True)
+    w = w.clone().requires_grad_(True)
+    y, v = module(x, w)
+    ((y * upstream_x).sum() + (v * upstream_w).sum()).backward()
+    return x.grad, w.grad, module.stats.as_dict()
+
+
+def test_the_uniform_filter_applies_the_filters_mean_factor_to_every_sequence():
+    torch.manual_seed(0)
+    x, w = torch.randn(7, 5, 3), torch.randn(4, 3)
+    upstream = torch.randn(7, 5, 3)
+    upstream[:, 2] *= 300.0  # an outlier sequence
+    upstream_w = torch.randn(4, 3)
+    threshold = 4.0
+    filt_x, filt_w, filt_stats = _grads(GradientFilter(1, threshold), x, w, upstream, upstream_w)
+    uni_x, uni_w, uni_stats = _grads(UniformGradientFilter(1, threshold), x, w, upstream, upstream_w)
+    # By hand: n_b, c = threshold x median(n), factors c / (c + n_b).
+    n = upstream.square().mean(dim=(0, 2)).sqrt()
+    c = threshold * n.median()
+    factors = c / (c + n)
+    assert torch.allclose(uni_x, upstream * factors.mean(), rtol=1e-6)
+    assert torch.allclose(uni_w, upstream_w / (1 + n.mean() / c), rtol=1e-6)
+    # Against the library's filter: per sequence it scales by the factors (capping the outlier), its mean is
+    # the uniform scale; the parameter gradients are scaled alike.
+    per_sequence = (filt_x / upstream).mean(dim=(0, 2))
+    assert torch.allclose(per_sequence, factors, rtol=1e-5)
+    assert per_sequence[2] < 0.05 and per_sequence.mean() == pytest.approx(float(factors.mean()), rel=1e-5)
+    assert torch.allclose(uni_w, filt_w, rtol=1e-6)
+    assert uni_stats == pytest.approx(filt_stats)
+    assert uni_stats["fraction_filtered"] == pytest.approx(0.2), (
+        "one sequence of five above the cutoff (not capped here)"
+    )
+
+
+def test_make_uniform_swaps_every_layers_filter_and_refuses_a_model_without_one():
+    def model(threshold):
+        return build_transducer(
+            vocab_size=10,
+            num_features=80,
+            encoder_dim=16,
+            rnn_hidden_size=32,
+            dim_feedforward=32,
+            num_encoder_layers=2,
+            decoder_dim=16,
+            joiner_dim=16,
+            context_size=2,
+            blank_id=0,
+            grad_filter_threshold=threshold,
+            dropout=0.0,
+            layer_dropout=0.0,
+            use_ctc=False,
+        )
+
+    m = model(25.0)
+    assert make_uniform(m) == [0, 1]
+    assert all(isinstance(layer.lstm.grad_filter, UniformGradientFilter) for layer in m.encoder.encoder.layers)
+    assert m.encoder.encoder.layers[0].lstm.grad_filter.threshold == 25.0
+    with pytest.raises(ValueError, match="no GradientFilter with a finite threshold"):
+        make_uniform(model(math.inf))
+
+
+def test_replays_are_planned_seed_by_seed_up_to_the_total(tmp_path):
+    """At most --replays-per-seed events per seed, in seed order, until --replay-events are planned; each with
+    its matched start."""
+    from test_ablation import _load_ablation_script
+
+    from studies.ablation import study
+    from studies.ablation.runs import write_summary
+    from studies.runner import write_json_atomic
+
+    summaries = tmp_path / "summaries"
+    write_json_atomic(summaries / study.CONFIG_FILE, {"conditions": {"digits": {"bpe_model": "bpe.model"}}})
+    events = {42: {150: 40.0, 400: 30.0, 700: 50.0}, 43: {300: 80.0}, 44: {500: 60.0}}
+    for seed, ratios in events.items():
+        run = _run(ratios, 1200, warm_end=100)
+        run.key = RunKey("digits", "none", seed)
+        write_summary(summaries, run)
+    module = _load_ablation_script()
+    parser = module.get_parser()
+    args = [
+        "--results-dir",
+        str(tmp_path),
+        "--summaries",
+        "summaries",
+        "--replay-events",
+        "3",
+        "--work-dir",
+        str(tmp_path),
+    ]
+    s = module.resolve_settings(parser, parser.parse_args(args), need_data=False)
+    plan = {seed: study.replay_plan(s, "digits", seed) for seed in (42, 43, 44)}
+    # Seed 42: its two largest (700: 50x, 150: 40x); seed 43: the one left; seed 44: none (3 planned).
+    assert [(k.start, e.step) for k, e, _ in plan[42]] == [(149, 150), (699, 700)]
+    assert [(k.start, e.step) for k, e, _ in plan[43]] == [(299, 300)] and plan[44] == []
+    # Branch (d): the nearest checkpoint (every 50) whose window does not overlap the event's and whose first
+    # step has no outlier: for the event window (149, 249], 250.
+    assert plan[42][0][2] == Matched(250, 2.0)
