@@ -598,6 +598,41 @@ def test_recurrent_grad_clip_installs_in_every_lstm_and_off_is_the_kernel(monkey
 
 
 # --------------------------------------------------------------------------
+# Through train.py
+# --------------------------------------------------------------------------
+
+ALL_RULES = (
+    *("--clip-grad-norm", "0", "--zclip-z-threshold", "2.5", "--autoclip-percentile", "10"),
+    *("--scaled-adam-clipping-scale", "2", "--grad-filter-mode", "hard-mask", "--recurrent-grad-clip", "30"),
+)
+
+
+def test_train_py_with_every_new_rule_resumes_exactly(tiny_data, tmp_path):
+    """train.py with ZClip, AutoClip, ScaledAdam's rule, the hard-mask filter and the recurrent cap: 3 batches,
+    then resumed from checkpoint-3.pt to 6, equals 6 uninterrupted batches (losses, weights, rule states)."""
+    from conftest import batch_losses, run_train
+
+    whole = run_train(tiny_data, tmp_path / "whole", "--max-batches", "6", "--save-every-n", "3", *ALL_RULES)
+    assert whole.returncode == 0, whole.stderr
+    assert "Recurrent derivative cap 30 in 2 LSTM layers" in whole.stderr
+    first = run_train(tiny_data, tmp_path / "resumed", "--max-batches", "3", "--save-every-n", "3", *ALL_RULES)
+    assert first.returncode == 0, first.stderr
+    second = run_train(tiny_data, tmp_path / "resumed", "--max-batches", "6", "--save-every-n", "3", *ALL_RULES)
+    assert second.returncode == 0, second.stderr
+    assert "Loading checkpoint" in second.stderr
+    full, resumed = batch_losses(tmp_path / "whole"), batch_losses(tmp_path / "resumed")
+    assert all(resumed[b] == full[b] for b in (4, 5, 6))
+    a = torch.load(tmp_path / "whole" / "checkpoint-6.pt", weights_only=False)
+    b = torch.load(tmp_path / "resumed" / "checkpoint-6.pt", weights_only=False)
+    assert set(a["grad_control"]) == {"zclip", "autoclip", "scaled_adam"}
+    assert len(a["grad_control"]["autoclip"]["history"]) == 6 and a["grad_control"]["scaled_adam"]["step"] == 6
+    assert a["grad_control"]["zclip"] == b["grad_control"]["zclip"]
+    assert a["grad_control"]["autoclip"] == b["grad_control"]["autoclip"]
+    for name, value in a["model"].items():
+        assert torch.equal(value, b["model"][name]), name
+
+
+# --------------------------------------------------------------------------
 # The flags
 # --------------------------------------------------------------------------
 
