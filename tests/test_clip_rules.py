@@ -643,6 +643,13 @@ def test_every_rule_has_one_flag_in_the_gradient_control_group():
         assert "--" + name.replace("_", "-") in flags
 
 
+def test_parameters_of_an_earlier_run_build_a_control_with_the_new_rules_off():
+    earlier = dict(clip_grad_norm=5.0, clip_grad_value=0.0, agc_clipping=0.0, error_clip=0.0, clip_grad_norm_relative=0)
+    control = GradientControl.from_params(earlier)
+    assert control.clip_grad_norm == 5.0 and control.state_dict() == {}
+    assert (control.zclip, control.autoclip, control.scaled_adam, control.recurrent_grad_clip) == (None, None, None, 0)
+
+
 @pytest.mark.parametrize("name", FLAGS)
 def test_negative_thresholds_are_refused_naming_the_flag(name, capsys):
     parser = _parser()

@@ -246,7 +246,9 @@ class GradientControl:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "GradientControl":
-        return cls(**{name: float(params[name]) for name in FLAGS})
+        """The control of train.py's flags in ``params``; a flag they lack (the parameters of a run from
+        before it existed) is off."""
+        return cls(**{name: float(params.get(name, 0.0)) for name in FLAGS})
 
     def install(self, model: nn.Module) -> None:
         """The in-backward kinds (when on): the error clip on every encoder layer's output, the recurrent
