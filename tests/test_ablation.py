@@ -951,3 +951,34 @@ def test_the_pilot_trains_decodes_and_judges_the_budget(ablation, tiny_data, iso
     assert stands is False and "does not stand: change budget.steps in studies/ablation/family.json" in text
     assert pilot_section(pilot, s.config)[0] == "### Pilot: the budget"
     assert study.run_pilot(s).wer_at == pilot.wer_at, "done earlier: read back"
+
+
+def test_the_plan_replays_each_seeds_events_then_prunes_its_none_run(ablation, tiny_data, tmp_path, monkeypatch):
+    """run_plan with replays on (a copy of the tiny study; every step after warm-up counts as an event at
+    threshold 1.0001): the runs are done earlier and skipped, each seed's replay follows its runs, one per seed
+    until the total, each summarised; the none runs end pruned to their last averaging pair."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = ablation["out"]
+    shutil.copytree(out / "exp", tmp_path / "exp")
+    shutil.copytree(out / "results", tmp_path / "results")
+    for retrained in (tmp_path / "exp").rglob("seed-*-retrained"):
+        shutil.rmtree(retrained)
+    for replays in [*(tmp_path / "exp").rglob("replays"), *(tmp_path / "results").rglob("replays")]:
+        shutil.rmtree(replays)
+    module = _load_ablation_script()
+    parser = module.get_parser()
+    args = ablation_args(tiny_data, tmp_path)[2:]
+    args[args.index("--replay-events") + 1] = "2"
+    args += ["--replays-per-seed", "1", "--replay-steps", "2", "--grad-filter-threshold", "1.0001"]
+    s = module.resolve_settings(parser, parser.parse_args(args))
+    made = study.run_plan(s, "test")
+    assert made == 2, "every run done earlier; one replay for each of the two seeds"
+    summaries = tmp_path / "results" / SUMMARIES / "digits" / "replays"
+    replays = sorted(p.name for p in summaries.glob("*.json"))
+    assert len(replays) == 2 and replays[0].startswith("seed-42-from-") and replays[1].startswith("seed-43-from-")
+    for seed in SEEDS:
+        none_dir = tmp_path / "exp" / "digits" / "none" / f"seed-{seed}"
+        assert sorted(p.name for p in none_dir.glob("*.pt")) == ["checkpoint-4.pt", "checkpoint-6.pt"]
+        assert not list((none_dir.parent / f"seed-{seed}-retrained").glob("*.pt"))
+    text = (tmp_path / "results" / "RESULTS.md").read_text()
+    assert "### Replayed outlier events, with controls" in text and "2 replays of 2 planned" in text
