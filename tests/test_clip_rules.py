@@ -612,9 +612,17 @@ def test_train_py_with_every_new_rule_resumes_exactly(tiny_data, tmp_path):
     then resumed from checkpoint-3.pt to 6, equals 6 uninterrupted batches (losses, weights, rule states)."""
     from conftest import batch_losses, run_train
 
-    whole = run_train(tiny_data, tmp_path / "whole", "--max-batches", "6", "--save-every-n", "3", *ALL_RULES)
+    whole = run_train(
+        tiny_data, tmp_path / "whole", "--max-batches", "6", "--save-every-n", "3", "--tensorboard", "true", *ALL_RULES
+    )
     assert whole.returncode == 0, whole.stderr
     assert "Recurrent derivative cap 30 in 2 LSTM layers" in whole.stderr
+    from studies.tb_reader import read_scalars
+
+    capped = read_scalars(tmp_path / "whole" / "tensorboard", ["recurrent_clip/layer0/fraction_clipped"])
+    fractions = capped["recurrent_clip/layer0/fraction_clipped"]
+    assert [step for step, _ in fractions] == [1, 2, 3, 4, 5, 6]  # logged every step
+    assert all(0.0 <= value <= 1.0 for _, value in fractions)
     first = run_train(tiny_data, tmp_path / "resumed", "--max-batches", "3", "--save-every-n", "3", *ALL_RULES)
     assert first.returncode == 0, first.stderr
     second = run_train(tiny_data, tmp_path / "resumed", "--max-batches", "6", "--save-every-n", "3", *ALL_RULES)

@@ -218,7 +218,8 @@ def log_step(
     stats: List[LayerFilterStats],
 ) -> None:
     """The step's TensorBoard scalars: losses per frame, learning rate, gradient norm and clip scale,
-    skipped steps, the filter statistics and the batch digest (the second moment's come with
+    skipped steps, the filter statistics, the recurrent cap's fraction of rows capped (--recurrent-grad-clip)
+    and the batch digest (the second moment's come with
     :meth:`Training.flush_log`)."""
     if t.tb_writer is None:
         return
@@ -238,6 +239,11 @@ def log_step(
     for layer_stats in stats:
         for stat in LayerFilterStats.STATS:
             t.add_scalar(TB_TAGS.filter_tag(layer_stats.layer, stat), getattr(layer_stats, stat))
+    if t.grad_control.recurrent_grad_clip > 0:
+        for i, layer in enumerate(unwrap(t.model).encoder.encoder.layers):
+            fraction = layer.lstm.recurrent_clip_stats.fraction_clipped
+            if fraction is not None:
+                t.add_scalar(TB_TAGS.recurrent_clip.format(layer=i), fraction)
 
 
 # --------------------------------------------------------------------------

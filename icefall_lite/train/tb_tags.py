@@ -18,6 +18,8 @@ class TrainingScalarTags:
 
     ``grad_filter`` is a format string with ``{layer}`` and ``{stat}``
     (per-layer GradientFilter statistics, e.g. ``stat = "fraction_filtered"``).
+    ``recurrent_clip`` (``{layer}``): the fraction of frame rows whose recurrent derivative
+    ``--recurrent-grad-clip`` capped in the step's backward.
     ``batch_digest``: a 24-bit digest of the batch's cut ids (two runs saw the
     same batches when their digests agree step by step); ``exp_avg_sq_jump``
     and ``exp_avg_sq_recovery``: :mod:`icefall_lite.train.optimizer_state`'s
@@ -37,6 +39,7 @@ class TrainingScalarTags:
     epoch: str
     epoch_train_loss: str
     grad_filter: str
+    recurrent_clip: str
     batch_digest: str
     exp_avg_sq_jump: str
     exp_avg_sq_recovery: str
@@ -68,6 +71,7 @@ TB_TAGS = TrainingScalarTags(
     epoch="train/epoch",
     epoch_train_loss="train/epoch_train_loss",
     grad_filter="grad_filter/layer{layer}/{stat}",
+    recurrent_clip="recurrent_clip/layer{layer}/fraction_clipped",
     batch_digest="train/batch_digest",
     exp_avg_sq_jump="optim/exp_avg_sq_jump",
     exp_avg_sq_recovery="optim/exp_avg_sq_recovery_steps",
