@@ -61,7 +61,7 @@ from icefall_lite.nn.rnnt_loss import (
 )
 from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import load_checkpoint_file
-from icefall_lite.train.loop import Training, filter_stats, log_step, train_step
+from icefall_lite.train.loop import filter_stats, log_step, train_step
 from icefall_lite.train.optimizer_state import SecondMomentMonitor
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,20 +201,6 @@ def batches(num: int = 2) -> Tuple[TokenTable, list]:
     return tokens, make_batches(args, tokens)
 
 
-def training(trainer: Trainer, tokens: TokenTable, scaler=None, tb_writer=None, monitor=None) -> Training:
-    return Training(
-        params=trainer.params,
-        model=trainer.model,
-        optimizer=trainer.optimizer,
-        scheduler=trainer.scheduler,
-        grad_control=trainer.grad_control,
-        sp=tokens,
-        scaler=scaler,
-        tb_writer=tb_writer,
-        second_moment=monitor,
-    )
-
-
 def lstm_dtypes(device: torch.device) -> str:
     tokens, data = batches(1)
     rows = []
@@ -230,7 +216,7 @@ def lstm_dtypes(device: torch.device) -> str:
             if isinstance(m, ScaledLSTM)
         ]
         scaler = torch.amp.GradScaler("cuda") if expected == torch.float16 else None
-        train_step(training(trainer, tokens, scaler), data[0].data)
+        train_step(trainer.training(tokens, scaler=scaler), data[0].data)
         for h in hooks:
             h.remove()
         assert len(seen) == 12, f"{name}: {len(seen)} LSTM calls, expected 12"
@@ -243,7 +229,7 @@ def injected_overflow(device: torch.device) -> str:
     tokens, data = batches(2)
     trainer = icefall_trainer(["--use-fp16", "true"], device)
     scaler = torch.amp.GradScaler("cuda")
-    t = training(trainer, tokens, scaler)
+    t = trainer.training(tokens, scaler=scaler)
     # Normal steps until one updates (the scaler backs off from its initial 65536 as in any fp16 run).
     for warm_up in range(1, 17):
         trainer.params.batch_idx_train += 1
@@ -360,7 +346,7 @@ def sync_counts(device: torch.device) -> str:
     tokens, data = batches(2)
     trainer = icefall_trainer([], device)
     monitor = SecondMomentMonitor(trainer.model, trainer.optimizer)
-    t = training(trainer, tokens, tb_writer=_NullWriter(), monitor=monitor)
+    t = trainer.training(tokens, tb_writer=_NullWriter(), second_moment=monitor)
     train_step(t, data[0].data)  # warm-up: optimizer state, cuDNN plans
     t.flush_log()
     counts: Counter = Counter()
@@ -416,7 +402,7 @@ def step_times(device: torch.device) -> str:
     ):
         trainer = icefall_trainer(flags, device)
         scaler = torch.amp.GradScaler("cuda") if precision == "float16" else None
-        t = training(trainer, tokens, scaler)
+        t = trainer.training(tokens, scaler=scaler)
         for _ in range(2):
             train_step(t, data[0].data)
         times = []
@@ -485,7 +471,7 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
     batch = data[0].data
     if rank == 1:
         batch = {**batch, "inputs": torch.full_like(batch["inputs"], float("nan"))}
-    t = training(trainer, tokens)
+    t = trainer.training(tokens)
     t.model, t.world_size, t.rank = DistributedDataParallel(trainer.model, device_ids=[0]), 2, rank
     trainer.params.batch_idx_train += 1
     train_step(t, batch)

@@ -144,17 +144,22 @@ class Trainer:
         self.optimizer = make_optimizer(params, self.model)
         self.scheduler = Eden(self.optimizer, params.lr_batches, params.lr_epochs)
 
-    def step(self, batch: Batch, tokens: TokenTable) -> None:
-        """``train_step`` (forward, backward, clipping, optimizer) plus reading the filters' fraction filtered."""
-        training = Training(
+    def training(self, tokens: TokenTable, **extra: Any) -> Training:
+        """The training loop's bundle of this model, optimizer and gradient control (``extra``: the other
+        :class:`Training` fields, e.g. ``scaler``)."""
+        return Training(
             params=self.params,
             model=self.model,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             grad_control=self.grad_control,
             sp=tokens,
+            **extra,
         )
-        train_step(training, batch.data)
+
+    def step(self, batch: Batch, tokens: TokenTable) -> None:
+        """``train_step`` (forward, backward, clipping, optimizer) plus reading the filters' fraction filtered."""
+        train_step(self.training(tokens), batch.data)
         read_scalars([s.fraction_filtered for s in filter_stats(self.model)])
 
 

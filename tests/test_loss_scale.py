@@ -7,7 +7,7 @@ import argparse
 import torch
 
 from benchmarks.train_setup import TokenTable, Trainer, add_batch_arguments, make_batches
-from icefall_lite.train.loop import Training, filter_stats, train_step
+from icefall_lite.train.loop import filter_stats, train_step
 
 SMALL = ["--num-encoder-layers", "2", "--encoder-dim", "32", "--rnn-hidden-size", "64", "--dim-feedforward", "64"]
 
@@ -19,18 +19,6 @@ def _batch(tokens: TokenTable):
     return make_batches(args, tokens)[0].data
 
 
-def _training(trainer: Trainer, tokens: TokenTable, scaler=None) -> Training:
-    return Training(
-        params=trainer.params,
-        model=trainer.model,
-        optimizer=trainer.optimizer,
-        scheduler=trainer.scheduler,
-        grad_control=trainer.grad_control,
-        sp=tokens,
-        scaler=scaler,
-    )
-
-
 def test_filter_statistics_under_a_loss_scale_are_in_unscaled_units() -> None:
     tokens = TokenTable()
     batch = _batch(tokens)
@@ -38,7 +26,7 @@ def test_filter_statistics_under_a_loss_scale_are_in_unscaled_units() -> None:
     for scale in (1.0, 1024.0):
         trainer = Trainer(SMALL, vocab_size=50, seed=0)
         scaler = torch.amp.GradScaler("cpu", init_scale=scale) if scale != 1.0 else None
-        t = _training(trainer, tokens, scaler)
+        t = trainer.training(tokens, scaler=scaler)
         train_step(t, batch)
         stats[scale] = filter_stats(trainer.model, t.loss_scale)
     assert len(stats[1.0]) == 2
@@ -59,7 +47,7 @@ def test_an_overflow_is_a_scaler_back_off_not_a_skipped_step() -> None:
     batch = _batch(tokens)
     trainer = Trainer(SMALL, vocab_size=50, seed=0)
     scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
-    t = _training(trainer, tokens, scaler)
+    t = trainer.training(tokens, scaler=scaler)
     train_step(t, batch)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     handle = trainer.model.joiner.output_linear.weight.register_hook(lambda g: torch.full_like(g, float("inf")))
