@@ -25,6 +25,13 @@ import torch.nn as nn
 
 from icefall_lite.nn.model import Transducer, build_transducer
 
+# One OpenMP thread for the test session and every script it starts, unless OMP_NUM_THREADS is set: the tests'
+# matrices are tiny, and a second thread mostly spins: on a 2-core machine shared with other jobs (an AMD EPYC)
+# the suite took 7 min (6 min of CPU) with one thread, 47 min (10 min 51 s of CPU) with two.
+if not os.environ.get("OMP_NUM_THREADS", "").strip():
+    os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "egs" / "librispeech" / "ASR"
 RECIPE_SCRIPTS = RECIPE / "lstm_transducer_stateless"
@@ -68,10 +75,10 @@ def train_command(exp_dir: Path, *extra: str) -> List[str]:
 
 
 def train_env() -> dict:
-    """The environment of the tests' train.py runs: :func:`recipe_env` with one OpenMP thread. The tiny
-    model's matrices are too small for a second thread, which only spins: 6 batches took 4 s of CPU with
-    one thread and 14-43 s with two on a busy 2-core machine. (A run's weights depend on its thread count:
-    runs that are compared all use this.)"""
+    """The environment of the tests' train.py runs: :func:`recipe_env` with one OpenMP thread whatever
+    OMP_NUM_THREADS says (a run's weights depend on its thread count, and runs that are compared use this).
+    The tiny model's matrices are too small for a second thread, which only spins: 6 batches took 4 s of CPU
+    with one thread and 14-43 s with two on a busy 2-core machine."""
     return {**recipe_env(), "OMP_NUM_THREADS": "1"}
 
 
