@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark 10: float32 against bfloat16 autocast on the corpus's own batches, where a batch's shape seen for
+"""Benchmark 9: float32 against bfloat16 autocast on the corpus's own batches, where a batch's shape seen for
 the first time costs the kernels made for it.
 
 Benchmark 8 times the step on four batch shapes, cycled; a real epoch's
@@ -17,8 +17,8 @@ only adds frames of the same padding). Reported per arm: total and median
 step time, the number of distinct shapes, and the mean time of a step whose
 shape is new against one whose shape was seen before.
 
-Usage (from the repository root, on a corpus made by prepare.sh):
-  python -m benchmarks.bench_real_batches --work-dir egs/librispeech/ASR
+Usage (from the repository root, on a corpus made by prepare.sh; make bench runs it on the recipe's):
+  python -m benchmarks.bench_real_batches --work-dir DIR
 """
 
 from __future__ import annotations
@@ -38,12 +38,18 @@ import torch
 from benchmarks.common import Section, add_common_arguments, fmt_ms, markdown_table, median, setup_threads
 from icefall_lite.utils import script_parser
 
+RECIPE_DIR = Path(__file__).resolve().parents[1] / "egs" / "librispeech" / "ASR"
 ARMS: Dict[str, List[str]] = {"float32": [], "bf16": ["--use-bf16", "true"], "bf16, padded": ["--use-bf16", "true"]}
 
 
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
-    parser.add_argument("--work-dir", type=Path, required=True, help="A folder prepared by prepare.sh (its data/).")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=RECIPE_DIR,
+        help="A folder prepared by prepare.sh (its data/). (default: the recipe's, where make demo prepares)",
+    )
     parser.add_argument("--num-batches", type=int, default=300, help="Batches per arm. (default: 300)")
     parser.add_argument("--pad-multiple", type=int, default=64, help="The padded arm's frame multiple. (default: 64)")
     parser.add_argument(
@@ -152,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     header = ["arm", "total s", "median step (ms)", "distinct shapes", "mean step, new shape (ms)"]
     header += ["mean step, seen shape (ms)"]
     Section(
-        title="10. float32 against bf16 on the corpus's own batches (new shapes, padding)",
+        title="9. float32 against bf16 on the corpus's own batches (new shapes, padding)",
         threads=args.threads,
         tables=[markdown_table(header, rows)],
         notes=[

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run all eight benchmarks and rewrite benchmarks/RESULTS.md.
+"""Run all nine benchmarks and rewrite benchmarks/RESULTS.md.
 
 Each benchmark runs in its own process (so peak-memory accounting and thread
 settings do not leak between them) with ``--markdown-out``; the sections are
@@ -43,6 +43,7 @@ BENCHMARKS: Dict[str, str] = {
     "recursion": "bench_recursion.py",
     "versions": "bench_loss_versions.py",
     "precision": "bench_precision.py",
+    "real-batches": "bench_real_batches.py",
 }
 
 PREAMBLE = """# Benchmarks
