@@ -26,9 +26,8 @@ import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
-from test_train import TINY_MODEL
 
-from conftest import RECIPE, recipe_env
+from conftest import RECIPE, TINY_MODEL, recipe_env
 from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.train.grad_control import FLAGS as GRADIENT_CONTROL_FLAGS

@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import RECIPE, recipe_env
+from conftest import RECIPE, TINY_MODEL, free_port, recipe_env
 from icefall_lite.nn.model import build_transducer
 from icefall_lite.train.distributed import (
     Placement,
@@ -41,8 +40,6 @@ from icefall_lite.utils import AttributeDict
 
 TRAIN = RECIPE / "lstm_transducer_stateless" / "train.py"
 # tests/test_train.py's small model and tiny-corpus flags: a run takes seconds.
-TINY_MODEL = "--encoder-dim 32 --rnn-hidden-size 32 --dim-feedforward 64 --num-encoder-layers 2"
-TINY_MODEL += " --decoder-dim 32 --joiner-dim 32"
 FLAGS = "--bpe-model data/lang_bpe_100/bpe.model --max-duration 30 --num-workers 0 --num-epochs 1"
 FLAGS += " --log-interval 1 --tensorboard false"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -59,12 +56,6 @@ def _load_train_module():
 train = _load_train_module()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env(**extra: str) -> dict:
     """The recipe's environment without any launcher variables, one thread per process (2 ranks on 2 cores;
     torchrun would set OMP_NUM_THREADS=1 for its 2 processes on one node but not for 1 per node, and the
@@ -77,7 +68,7 @@ def _env(**extra: str) -> dict:
 
 
 def _train_args(exp_dir: Path, *extra: str) -> List[str]:
-    return [str(TRAIN), "--exp-dir", str(exp_dir), *FLAGS.split(), *TINY_MODEL.split(), *extra]
+    return [str(TRAIN), "--exp-dir", str(exp_dir), *FLAGS.split(), *TINY_MODEL, *extra]
 
 
 def _run(cmd: List[str], work: Path, env: dict) -> subprocess.CompletedProcess:
@@ -131,7 +122,7 @@ def spawn_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Tupl
     """The exp-dir and the logs by rank of ``train.py --world-size 2 --max-batches 2`` (the spawn path), the
     reference."""
     exp_dir = tmp_path_factory.mktemp("spawn") / "exp"
-    args = _train_args(exp_dir, "--world-size", "2", "--master-port", str(_free_port()), "--max-batches", "2")
+    args = _train_args(exp_dir, "--world-size", "2", "--master-port", str(free_port()), "--max-batches", "2")
     _run([sys.executable, *args], tiny_data, _env())
     logs = _rank_logs(exp_dir)
     assert sorted(logs) == [0, 1]
@@ -167,7 +158,7 @@ def test_torchrun_two_nodes_train_as_world_size(tiny_data, tmp_path, spawn_run):
     """Two torchrun commands of one process each, joined by a c10d rendezvous on 127.0.0.1 (two "nodes"):
     global ranks 0 and 1, local rank 0 on each, trained as --world-size 2."""
     exp_dir = tmp_path / "exp"
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     procs = []
     for node in (0, 1):
         cmd = [*TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1"]
@@ -186,7 +177,7 @@ def test_ranks_resumed_from_different_checkpoints_are_refused(tiny_data, tmp_pat
     """Two "nodes" whose --exp-dir differ (no shared filesystem): one finds a checkpoint, the other none."""
     with_checkpoint, empty = tmp_path / "a", tmp_path / "b"
     shutil.copytree(spawn_run[0], with_checkpoint)
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     procs = []
     for node, exp_dir in enumerate((with_checkpoint, empty)):
         cmd = [*TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1"]
@@ -352,7 +343,7 @@ def _step_worker(rank: int, port: int, bpe_model: str, out: str) -> None:
     the ranks listed have no utterance with a finite loss."""
     torch.set_num_threads(1)
     _join(rank, port)
-    args = train.get_parser().parse_args(["--bpe-model", bpe_model, *TINY_MODEL.split()])
+    args = train.get_parser().parse_args(["--bpe-model", bpe_model, *TINY_MODEL])
     sp = spm.SentencePieceProcessor()
     sp.load(bpe_model)
     results = {}
@@ -385,7 +376,7 @@ def test_step_skip_is_decided_on_all_ranks(tiny_data, tmp_path):
     """Rank 1's batch has no finite loss: with rank 0's finite one, both ranks step (to the same weights);
     with no finite loss on any rank, both skip. (Decided per rank, rank 1 skipped while rank 0 stepped.)"""
     bpe_model = str(tiny_data / "data/lang_bpe_100/bpe.model")
-    mp.spawn(_step_worker, args=(_free_port(), bpe_model, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_step_worker, args=(free_port(), bpe_model, str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
     for case in NAN_RANKS:
         r0, r1 = results[0][case], results[1][case]
@@ -420,7 +411,7 @@ def _budget_worker(rank: int, port: int, out: str) -> None:
 def test_max_minutes_stops_all_ranks_at_the_same_batch(tmp_path):
     """Rank 0 crosses --max-minutes at batch 3, rank 1's own clock would at batch 12: both stop at batch 3 and
     meet in the validation all-reduce. (Each deciding alone, rank 0's validation met rank 1's next step.)"""
-    mp.spawn(_budget_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_budget_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["stopped_at"] for r in results] == [3, 3]
     assert [r["validation"] for r in results] == [[2.0, 2.0], [2.0, 2.0]]
