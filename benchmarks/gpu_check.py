@@ -237,7 +237,7 @@ def injected_overflow(device: torch.device) -> str:
         if math.isfinite(norm):
             break
     assert math.isfinite(norm), "16 steps in a row overflowed"
-    backoffs = trainer.params.get("scaler_backoffs", 0)
+    backoffs = trainer.params.scaler_backoffs
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     scale_before = scaler.get_scale()
     victim = trainer.model.joiner.output_linear.weight
@@ -249,7 +249,7 @@ def injected_overflow(device: torch.device) -> str:
     unchanged = all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
     assert unchanged, "weights changed on an overflow step"
     assert scaler.get_scale() == scale_before / 2, (scaler.get_scale(), scale_before)
-    assert trainer.params.get("scaler_backoffs") == backoffs + 1 and trainer.params.skipped_steps == 0
+    assert trainer.params.scaler_backoffs == backoffs + 1 and trainer.params.skipped_steps == 0
     trainer.params.batch_idx_train += 1
     train_step(t, data[1].data)
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters()), "no update after"

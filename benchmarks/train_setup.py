@@ -134,7 +134,9 @@ class Trainer:
         self.args = parser.parse_args(list(extra_flags))
         params = AttributeDict(vars(self.args))
         # Past warm-up: pruned loss on, no layer bypass ramp.
-        params.update(batch_idx_train=3 * params.model_warm_step, skipped_steps=0, skipped_utterances=0)
+        params.update(
+            batch_idx_train=3 * params.model_warm_step, skipped_steps=0, scaler_backoffs=0, skipped_utterances=0
+        )
         self.params = params
         torch.manual_seed(seed)
         self.model: nn.Module = build_transducer(**training_model_config(self.args, vocab_size=vocab_size, blank_id=0))

@@ -61,3 +61,16 @@ def test_an_overflow_is_a_scaler_back_off_not_a_skipped_step() -> None:
     trainer.params.batch_idx_train += 1
     train_step(t, batch)
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+
+
+def test_the_back_off_count_is_training_progress_kept_through_a_resume(tmp_path) -> None:
+    from icefall_lite.train.checkpoint import save_checkpoint
+    from icefall_lite.train.resume import Resumption
+    from icefall_lite.utils import AttributeDict
+
+    trainer = Trainer(SMALL, vocab_size=50, seed=0)
+    trainer.params.update(scaler_backoffs=3, cur_epoch=1, batch_idx_in_epoch=7, batch_idx_train=7)
+    save_checkpoint(tmp_path / "checkpoint-7.pt", trainer.model, params=trainer.params)
+    params = AttributeDict(exp_dir=tmp_path, start_batch=0, start_epoch=1, scaler_backoffs=0, batch_idx_train=0)
+    assert Resumption.load(params, Trainer(SMALL, vocab_size=50, seed=1).model, None, rank=0) is not None
+    assert params.scaler_backoffs == 3 and params.batch_idx_train == 7

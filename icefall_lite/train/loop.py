@@ -147,7 +147,7 @@ def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, floa
     # already the same on every rank after DDP's all-reduce).
     utterances = sum_over_ranks(info["utterances"])
     if scaler is not None and not math.isfinite(grad_norm) and utterances > 0:
-        params.scaler_backoffs = params.get("scaler_backoffs", 0) + 1
+        params.scaler_backoffs += 1
         optimizer.zero_grad(set_to_none=True)
         scaler.update()  # unscale_ recorded the inf/NaN: the scale is halved
     elif not math.isfinite(grad_norm) or utterances == 0:
@@ -348,7 +348,7 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
         if params.batch_idx_train % params.log_interval == 0:
             t.flush_log()
             filtered = read_scalars([s.fraction_filtered for s in stats])
-            backoffs = f", loss-scale back-offs: {params.scaler_backoffs}" if "scaler_backoffs" in params else ""
+            backoffs = f", loss-scale back-offs: {params.scaler_backoffs}" if params.use_fp16 else ""
             logging.info(
                 f"Epoch {params.cur_epoch}, batch {params.batch_idx_in_epoch}, global batch {params.batch_idx_train}, "
                 f"loss[{info.per_frame_str()}], tot_loss[{tot_loss.per_frame_str()}], "

@@ -71,6 +71,7 @@ class Resumption:
         "best_train_epoch",
         "best_valid_epoch",
         "skipped_steps",
+        "scaler_backoffs",
         "skipped_utterances",
         "train_seconds",
     )

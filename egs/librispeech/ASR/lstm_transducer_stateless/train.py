@@ -184,6 +184,7 @@ def get_params() -> AttributeDict:
             "feature_dim": NUM_MEL_BINS,
             "subsampling_factor": SUBSAMPLING_FACTOR,
             "skipped_steps": 0,
+            "scaler_backoffs": 0,
             "skipped_utterances": 0,
             "train_seconds": 0.0,
         }
