@@ -9,8 +9,8 @@ import statistics
 import pytest
 import torch
 
+from conftest import tiny_transducer
 from icefall_lite.nn.clip import GradientFilter
-from icefall_lite.nn.model import build_transducer
 from studies.ablation.arms import RunKey
 from studies.ablation.paired import student_t_quantile
 from studies.ablation.replay import (
@@ -192,21 +192,8 @@ def test_the_uniform_filter_applies_the_filters_mean_factor_to_every_sequence():
 
 def test_make_uniform_swaps_every_layers_filter_and_refuses_a_model_without_one():
     def model(threshold):
-        return build_transducer(
-            vocab_size=10,
-            num_features=80,
-            encoder_dim=16,
-            rnn_hidden_size=32,
-            dim_feedforward=32,
-            num_encoder_layers=2,
-            decoder_dim=16,
-            joiner_dim=16,
-            context_size=2,
-            blank_id=0,
-            grad_filter_threshold=threshold,
-            dropout=0.0,
-            layer_dropout=0.0,
-            use_ctc=False,
+        return tiny_transducer(
+            vocab_size=10, rnn_hidden_size=32, grad_filter_threshold=threshold, dropout=0.0, layer_dropout=0.0
         )
 
     m = model(25.0)
