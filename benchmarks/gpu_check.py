@@ -36,8 +36,10 @@ The checks (those in one process first, then the recipe's scripts):
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -45,13 +47,17 @@ import time
 import traceback
 import warnings
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.common import markdown_table
-from benchmarks.train_setup import TokenTable, Trainer, make_batches
+from benchmarks.train_setup import TokenTable, Trainer, add_batch_arguments, make_batches
 from icefall_lite.nn.rnnt_loss import (
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
@@ -61,8 +67,9 @@ from icefall_lite.nn.rnnt_loss import (
 )
 from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import load_checkpoint_file
-from icefall_lite.train.loop import filter_stats, log_step, train_step
+from icefall_lite.train.loop import budget_spent, filter_stats, log_step, train_step
 from icefall_lite.train.optimizer_state import SecondMomentMonitor
+from icefall_lite.train.setup import model_checksum
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "egs" / "librispeech" / "ASR"
@@ -193,8 +200,6 @@ def icefall_trainer(flags: Sequence[str], device: torch.device) -> Trainer:
 
 def batches(num: int = 2) -> Tuple[TokenTable, list]:
     parser = argparse.ArgumentParser()
-    from benchmarks.train_setup import add_batch_arguments
-
     add_batch_arguments(parser)
     args = parser.parse_args(["--max-duration", "60", "--vocab-size", "500", "--num-batches", str(num)])
     tokens = TokenTable()
@@ -452,15 +457,6 @@ SMALL_MODEL = ["--num-encoder-layers", "2", "--encoder-dim", "64", "--rnn-hidden
 def _ddp_worker(rank: int, port: int, out: str) -> None:
     """Rank ``rank`` of 2 on cuda:0 (gloo: NCCL takes one GPU per rank): one train_step where rank 1's batch
     has no finite loss, then ten --max-minutes steps where rank 0's clock runs 4x as fast as rank 1's."""
-    import json
-    from datetime import timedelta
-
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    from icefall_lite.train.loop import budget_spent
-    from icefall_lite.train.setup import model_checksum
-
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
     )
@@ -490,11 +486,6 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
 
 
 def ddp_decisions(device: torch.device) -> str:
-    import json
-    import socket
-
-    import torch.multiprocessing as mp
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
