@@ -70,3 +70,22 @@ def test_batch_digest_depends_on_the_cut_ids_and_their_order():
     assert a != batch_digest({"supervisions": {"cut": [_Cut("u2"), _Cut("u1")]}})
     assert 0 <= a < 2**24 and float(a) == float(torch.tensor(float(a), dtype=torch.float32)), "exact in float32"
     assert batch_digest({"supervisions": {"text": ["x"]}}) is None
+
+
+def test_queued_steps_read_together_report_as_steps_read_one_by_one():
+    reports = {}
+    for mode in ("update", "record"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, BETA2))
+        monitor = SecondMomentMonitor(model, optimizer, event_jump=2.0, recovered_ratio=1.25)
+        got = []
+        for step, scale in enumerate([1.0] * 30 + [20.0] + [1.0] * 250, start=1):
+            _step(model, optimizer, scale)
+            if mode == "update":
+                got.append((step, monitor.update(step)))
+            else:
+                monitor.record(step)
+        reports[mode] = got if mode == "update" else monitor.reports()
+    assert reports["record"] == reports["update"]
+    assert max(r.jump for _, r in reports["update"]) > 2.0 and any(r.recovery_steps for _, r in reports["update"])

@@ -92,12 +92,11 @@ class SecondMomentMonitor:
         self.pending.append((step, names, sums))
 
     def reports(self) -> List[Tuple[int, StepReport]]:
-        """``(step, report)`` of every queued step, in order."""
+        """``(step, report)`` of every queued step, in order; the sums of all of them read in one transfer."""
         pending, self.pending = self.pending, []
-        return [
-            (step, self._measure(step, dict(zip(names, [] if sums is None else sums.tolist()))))
-            for step, names, sums in pending
-        ]
+        queued = [sums for _, _, sums in pending if sums is not None]
+        values = iter(torch.cat(queued).tolist() if queued else [])
+        return [(step, self._measure(step, {name: next(values) for name in names})) for step, names, _ in pending]
 
     def update(self, step: int) -> StepReport:
         """Measure the step just taken at once (``step``: its global batch index)."""
