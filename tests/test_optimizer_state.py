@@ -80,7 +80,7 @@ def test_queued_steps_read_together_report_as_steps_read_one_by_one():
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, BETA2))
         monitor = SecondMomentMonitor(model, optimizer, event_jump=2.0, recovered_ratio=1.25)
         got = []
-        for step, scale in enumerate([1.0] * 30 + [20.0] + [1.0] * 250, start=1):
+        for step, scale in enumerate([1.0] * 400 + [20.0] + [1.0] * 200, start=1):
             _step(model, optimizer, scale)
             if mode == "update":
                 got.append((step, monitor.update(step)))
