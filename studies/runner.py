@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import logging
 import math
@@ -217,9 +218,30 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_flags_digest(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """12 hex digits of the SHA-256 of the CPU's sorted ``flags`` (Linux; "unknown" elsewhere). A virtual
+    machine may report only "AMD EPYC" for several generations; their instruction sets (AVX512-BF16 or not)
+    differ, and with them the rounding."""
+    try:
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "flags":
+                return hashlib.sha256(" ".join(sorted(value.split())).encode()).hexdigest()[:12]
+    except OSError:
+        pass
+    return "unknown"
+
+
 def machine_record() -> Dict[str, str]:
-    """What a run's numbers depend on besides its flags: the CPU model and the torch version."""
-    return {"cpu_model": cpu_model(), "torch": torch.__version__}
+    """What a run's numbers depend on besides its flags: the CPU model, its instruction set (as a digest of
+    its flags), the CPU threads a process uses (a reduction split over 2 threads rounds otherwise than over
+    1) and the torch version."""
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags_digest(),
+        "threads": str(torch.get_num_threads()),
+        "torch": torch.__version__,
+    }
 
 
 def machine_summary() -> str:

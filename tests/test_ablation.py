@@ -7,6 +7,7 @@ runs and resumes a cut-off one; a rerun with other settings refused; a replayed 
 the same batches, branch (a) reproducing the run exactly)."""
 
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import math
@@ -76,7 +77,8 @@ from studies.ablation.replay import (
 )
 from studies.ablation.runs import RunResult, read_summary, write_summary
 from studies.ablation.section import SECTION
-from studies.runner import cpu_model
+from studies.ablation.pairing import cpu_of, pair_runs
+from studies.runner import cpu_flags_digest, cpu_model, machine_record
 
 ABLATION = RECIPE / "lstm_transducer_stateless" / "ablation.py"
 ARMS = ["none", "filter", "value"]  # the tiny run's arms, in table order
@@ -206,6 +208,30 @@ def test_paired_comparisons_are_per_seed_and_on_one_cpu_model():
     table = format_comparisons(list(cs.values()), arms)
     assert "| stress | clip_grad_norm 5 | greedy test-other | 2 | -1.00, +1.00 | +0.00 |" in table
     assert "Holm" not in table, "descriptions only: the tests are the family's"
+
+
+def test_pairs_need_one_instruction_set_and_one_thread_count():
+    # A virtual machine may name two CPU generations "AMD EPYC"; their flags (and a run's threads) tell them apart.
+    none = [_run("none", s, 60.0 + s, {0: [1.0] * 4}) for s in (1, 2, 3)]
+    guard = [_run("guard", s, 59.0 + s, {0: [1.0] * 4}) for s in (1, 2, 3)]
+    same = {"cpu_model": "AMD EPYC", "cpu_flags": "0123456789ab", "threads": "2", "torch": "2.13.0"}
+    for r in none + guard:
+        r.machine = dict(same)
+    guard[1].machine["cpu_flags"] = "ba9876543210"
+    guard[2].machine["threads"] = "1"
+    pairing = pair_runs(guard, none, lambda r: r.wer[("greedy_search", "test-clean")])
+    assert pairing.differences == {1: -1.0} and pairing.straddling == [2, 3]
+    assert cpu_of(none[0]) == "AMD EPYC (flags 0123456789ab, 2 threads)"
+
+
+def test_machine_record_digests_the_flags_order_free(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text("model name\t: AMD EPYC\nflags\t\t: fpu sse avx512_bf16\n")
+    b.write_text("model name\t: AMD EPYC\nflags\t\t: avx512_bf16 fpu  sse\n")
+    expected = hashlib.sha256(b"avx512_bf16 fpu sse").hexdigest()[:12]
+    assert cpu_flags_digest(a) == cpu_flags_digest(b) == expected
+    assert cpu_flags_digest(tmp_path / "absent") == "unknown"
+    assert set(machine_record()) == {"cpu_model", "cpu_flags", "threads", "torch"}
 
 
 def test_runs_survive_their_summaries(tmp_path):

@@ -20,8 +20,14 @@ NOT_RECORDED = "CPU model not recorded"
 
 
 def cpu_of(result: RunResult) -> Optional[str]:
-    """The CPU model a run was made on, None when its summary does not say."""
-    return result.machine.get("cpu_model") or None
+    """The CPU a run was made on: its model, with its instruction-set digest and thread count where the
+    summary records them (round 2 on); None when the summary does not say."""
+    machine = result.machine
+    if not machine.get("cpu_model"):
+        return None
+    extras = [f"flags {machine['cpu_flags']}"] if machine.get("cpu_flags") else []
+    extras += [f"{machine['threads']} threads"] if machine.get("threads") else []
+    return machine["cpu_model"] + (f" ({', '.join(extras)})" if extras else "")
 
 
 @dataclass

@@ -34,7 +34,7 @@ from studies.ablation.metrics import (
     spearman,
     steps_clipped,
 )
-from studies.ablation.pairing import NOT_RECORDED
+from studies.ablation.pairing import NOT_RECORDED, cpu_of
 from studies.ablation.replay import (
     CONTROLS,
     EARLY_STEPS,
@@ -95,7 +95,7 @@ def _wer_name(method: str, test_set: str) -> str:
 def _cpu_line(results: Sequence[RunResult], replays: Sequence[ReplayResult]) -> str:
     counts: Dict[str, int] = {}
     for r in [*results, *replays]:
-        name = r.machine.get("cpu_model") or NOT_RECORDED
+        name = cpu_of(r) or NOT_RECORDED
         counts[name] = counts.get(name, 0) + 1
     return "; ".join(f"{name}: {n} run(s)/replay(s)" for name, n in sorted(counts.items()))
 

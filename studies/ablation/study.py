@@ -363,7 +363,9 @@ def machine_of(exp_dir: Path) -> Dict[str, str]:
     if not machines:
         return {}
     out = {}
-    for field_name in ("cpu_model", "torch"):
+    for field_name in ("cpu_model", "cpu_flags", "threads", "torch"):
+        if not any(field_name in m for m in machines):  # recorded before the field existed
+            continue
         seen = list(dict.fromkeys(m.get(field_name, "unknown") for m in machines))
         out[field_name] = seen[0] if len(seen) == 1 else "mixed: " + " + ".join(seen)
     return out
