@@ -745,11 +745,20 @@ def run_plan(s: Settings, command: str) -> int:
     return made
 
 
-def with_budget(c: Condition, steps: Optional[int], max_duration: Optional[float], warm: Optional[int]) -> Condition:
-    """The condition with any of its budget, batch size and warm-up overridden."""
+def with_budget(
+    c: Condition, steps: Optional[int], max_duration: Optional[float], warm: Optional[int], base_lr: Optional[float]
+) -> Condition:
+    """The condition with any of its budget, batch size, warm-up and learning rate overridden."""
+    train_flags = list(c.train_flags)
+    if base_lr is not None:
+        if "--base-lr" in train_flags:
+            at = train_flags.index("--base-lr")
+            del train_flags[at : at + 2]
+        train_flags += ["--base-lr", f"{base_lr:g}"]
     return replace(
         c,
         steps=c.steps if steps is None else steps,
         max_duration=c.max_duration if max_duration is None else max_duration,
         model_warm_step=c.model_warm_step if warm is None else warm,
+        train_flags=tuple(train_flags),
     )

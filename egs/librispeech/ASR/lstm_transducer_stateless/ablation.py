@@ -123,6 +123,7 @@ def get_parser() -> argparse.ArgumentParser:
     add("--steps", type=int, default=None, help="training steps of every run (default: the condition's)")
     add("--max-duration", type=float, default=None, help="seconds of audio per batch (default: the condition's)")
     add("--model-warm-step", type=int, default=None, help="train.py's --model-warm-step (default: the condition's)")
+    add("--base-lr", type=float, default=None, help="train.py's --base-lr (default: the condition's)")
     add("--work-dir", type=Path, default=None, help="folder with data/ (prepare.sh --work-dir) for every condition")
     add(
         "--exp-root",
@@ -173,8 +174,8 @@ def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         )
     if args.num_seeds is not None and args.num_seeds < 1:
         parser.error("--num-seeds must be >= 1")
-    if any(x is not None and x <= 0 for x in (args.steps, args.max_duration, args.model_warm_step)):
-        parser.error("--steps, --max-duration and --model-warm-step must be positive")
+    if any(x is not None and x <= 0 for x in (args.steps, args.max_duration, args.model_warm_step, args.base_lr)):
+        parser.error("--steps, --max-duration, --model-warm-step and --base-lr must be positive")
     positive = {f"--{c.replace('_', '-')}": getattr(args, c) for c in THRESHOLD_FLAGS}
     positive["--guard-clip-grad-norm"] = args.guard_clip_grad_norm
     positive.update({f"--filter-sweep {x:g}": x for x in args.filter_sweep})
@@ -202,7 +203,7 @@ def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     summaries = results_dir / args.summaries
     conditions, work_dirs, bpe_models = {}, {}, {}
     for name in dict.fromkeys(args.conditions or run_set.conditions):
-        c = with_budget(CONDITIONS[name], args.steps, args.max_duration, args.model_warm_step)
+        c = with_budget(CONDITIONS[name], args.steps, args.max_duration, args.model_warm_step, args.base_lr)
         work_dir = (args.work_dir or RECIPE_DIR / c.corpus_dir).resolve()
         if need_data and not (work_dir / "data" / "fbank").is_dir():
             parser.error(

@@ -1,0 +1,136 @@
+"""Where gradient outliers arise as the LSTM stack deepens: a report over runs of the ablation's `none` arm
+(the filter observes only) made at several depths, one summaries folder per model.
+
+icefall saw its explosion in a 12-layer stack (hidden 1024, projection 512), starting at layer 10, about
+1000x the batch median for a few sequences, at epoch 18. This report puts the same questions to each depth:
+which layer goes over the threshold first and when, how large the largest ratio is and at which step, how
+often each layer is over it, and whether the model learns (greedy WER at every decoding point).
+
+  python -m studies.depth --threshold 25 "L12 d256=path/to/summaries" "L4 d256=other/summaries"
+
+Each folder is an ablation.py ``--summaries`` folder (``<summaries>/<condition>/none/seed-<n>.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from studies.ablation.markdown import markdown_table
+from studies.ablation.metrics import percentile, plateau_exit
+from studies.ablation.runs import RunResult
+from studies.runner import read_json
+
+
+@dataclass
+class LayerOutliers:
+    """One layer's per-sequence gradient ratios (largest over the batch median) after warm-up."""
+
+    layer: int
+    median: float
+    p99: float
+    largest: float
+    largest_step: int
+    percent_over: float
+    first_over: Optional[int]  # the first step after warm-up over the threshold; None: never
+
+
+def layer_outliers(run: RunResult, threshold: float) -> List[LayerOutliers]:
+    """Per layer, top layer first (gradients flow down), over the steps from ``run.warm_end`` on."""
+    rows = []
+    for layer in sorted(run.layers(), reverse=True):
+        series = [(s, v) for s, v in run.filter_series(layer, "max_over_median") if s >= run.warm_end and math.isfinite(v)]
+        if not series:
+            continue
+        values = [v for _, v in series]
+        largest_step, largest = max(series, key=lambda sv: sv[1])
+        over = [s for s, v in series if v > threshold]
+        rows.append(
+            LayerOutliers(
+                layer,
+                percentile(values, 50),
+                percentile(values, 99),
+                largest,
+                largest_step,
+                100 * len(over) / len(series),
+                over[0] if over else None,
+            )
+        )
+    return rows
+
+
+def load_runs(folder: Path) -> List[RunResult]:
+    """Every run summary under an ablation ``--summaries`` folder (its configuration file excluded)."""
+    runs = []
+    for path in sorted(folder.rglob("seed-*.json")):
+        data = read_json(path)
+        if data is not None and "key" in data and "filters" in data:
+            runs.append(RunResult.from_json(data))
+    if not runs:
+        raise FileNotFoundError(f"no run summaries (seed-*.json) under {folder}: pass an ablation.py --summaries folder")
+    return runs
+
+
+def _fmt(x: float, digits: int) -> str:
+    return "-" if not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _wer_cells(run: RunResult, test_sets: Sequence[str]) -> List[str]:
+    cells = []
+    for step in sorted(run.wer_at):
+        wers = run.wer_at[step]
+        cells.append(f"{step}: " + " / ".join(_fmt(wers.get(("greedy_search", t), math.nan), 2) for t in test_sets))
+    return ["; ".join(cells) or "-"]
+
+
+def format_report(labelled: Sequence[Tuple[str, List[RunResult]]], threshold: float) -> str:
+    """The learning table (one row per run) and, per run, its layer table."""
+    test_sets = ("test-clean", "test-other")
+    header = ["model", "seed", "steps", "greedy WER at step: test-clean / test-other", "plateau exit step",
+              f"layer first over {threshold:g}x (step)", "largest ratio (layer, step)", "wall min"]
+    rows = []
+    layer_tables = []
+    for label, runs in labelled:
+        for run in runs:
+            layers = layer_outliers(run, threshold)
+            firsts = [(r.first_over, r.layer) for r in layers if r.first_over is not None]
+            first = "never" if not firsts else "{1} ({0})".format(*min(firsts))
+            top = max(layers, key=lambda r: r.largest) if layers else None
+            largest = "-" if top is None else f"{top.largest:.1f} ({top.layer}, {top.largest_step})"
+            exit_step = plateau_exit(run)
+            rows.append(
+                [label, str(run.key.seed), str(run.steps), *_wer_cells(run, test_sets),
+                 "-" if not math.isfinite(exit_step) else str(int(exit_step)), first, largest,
+                 _fmt(sum(run.wall_s.values()) / 60, 1)]
+            )
+            cells = [
+                [str(r.layer), _fmt(r.median, 2), _fmt(r.p99, 1), _fmt(r.largest, 1), str(r.largest_step),
+                 f"{r.percent_over:.2f}", "never" if r.first_over is None else str(r.first_over)]
+                for r in layers
+            ]
+            layer_header = ["layer", "max/median: median", "99th percentile", "largest", "at step",
+                            f"% steps over {threshold:g}", "first step over"]
+            layer_tables.append(f"#### {label}, seed {run.key.seed} (steps {run.warm_end} on)\n\n"
+                                + markdown_table(layer_header, cells, "r" * len(layer_header)))
+    return "\n\n".join([markdown_table(header, rows, "l" + "r" * (len(header) - 1)), *layer_tables]) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", help="LABEL=SUMMARIES_FOLDER, one per model")
+    parser.add_argument("--threshold", type=float, default=25.0, help="max/median counted as an outlier")
+    args = parser.parse_args(argv)
+    labelled: List[Tuple[str, List[RunResult]]] = []
+    for item in args.folders:
+        label, sep, folder = item.partition("=")
+        if not sep or not folder:
+            parser.error(f"{item!r}: write LABEL=SUMMARIES_FOLDER, e.g. 'L12 d256=depth/L12-d256/runs'")
+        labelled.append((label, load_runs(Path(folder))))
+    print(format_report(labelled, args.threshold), end="")
+
+
+if __name__ == "__main__":
+    main()
