@@ -17,7 +17,7 @@ import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from studies.ablation.markdown import markdown_table
 from studies.ablation.metrics import percentile, plateau_exit
@@ -42,7 +42,9 @@ def layer_outliers(run: RunResult, threshold: float) -> List[LayerOutliers]:
     """Per layer, top layer first (gradients flow down), over the steps from ``run.warm_end`` on."""
     rows = []
     for layer in sorted(run.layers(), reverse=True):
-        series = [(s, v) for s, v in run.filter_series(layer, "max_over_median") if s >= run.warm_end and math.isfinite(v)]
+        series = [
+            (s, v) for s, v in run.filter_series(layer, "max_over_median") if s >= run.warm_end and math.isfinite(v)
+        ]
         if not series:
             continue
         values = [v for _, v in series]
@@ -70,7 +72,9 @@ def load_runs(folder: Path) -> List[RunResult]:
         if data is not None and "key" in data and "filters" in data:
             runs.append(RunResult.from_json(data))
     if not runs:
-        raise FileNotFoundError(f"no run summaries (seed-*.json) under {folder}: pass an ablation.py --summaries folder")
+        raise FileNotFoundError(
+            f"no run summaries (seed-*.json) under {folder}: pass an ablation.py --summaries folder"
+        )
     return runs
 
 
@@ -89,8 +93,16 @@ def _wer_cells(run: RunResult, test_sets: Sequence[str]) -> List[str]:
 def format_report(labelled: Sequence[Tuple[str, List[RunResult]]], threshold: float) -> str:
     """The learning table (one row per run) and, per run, its layer table."""
     test_sets = ("test-clean", "test-other")
-    header = ["model", "seed", "steps", "greedy WER at step: test-clean / test-other", "plateau exit step",
-              f"layer first over {threshold:g}x (step)", "largest ratio (layer, step)", "wall min"]
+    header = [
+        "model",
+        "seed",
+        "steps",
+        "greedy WER at step: test-clean / test-other",
+        "plateau exit step",
+        f"layer first over {threshold:g}x (step)",
+        "largest ratio (layer, step)",
+        "wall min",
+    ]
     rows = []
     layer_tables = []
     for label, runs in labelled:
@@ -102,19 +114,42 @@ def format_report(labelled: Sequence[Tuple[str, List[RunResult]]], threshold: fl
             largest = "-" if top is None else f"{top.largest:.1f} ({top.layer}, {top.largest_step})"
             exit_step = plateau_exit(run)
             rows.append(
-                [label, str(run.key.seed), str(run.steps), *_wer_cells(run, test_sets),
-                 "-" if not math.isfinite(exit_step) else str(int(exit_step)), first, largest,
-                 _fmt(sum(run.wall_s.values()) / 60, 1)]
+                [
+                    label,
+                    str(run.key.seed),
+                    str(run.steps),
+                    *_wer_cells(run, test_sets),
+                    "-" if not math.isfinite(exit_step) else str(int(exit_step)),
+                    first,
+                    largest,
+                    _fmt(sum(run.wall_s.values()) / 60, 1),
+                ]
             )
             cells = [
-                [str(r.layer), _fmt(r.median, 2), _fmt(r.p99, 1), _fmt(r.largest, 1), str(r.largest_step),
-                 f"{r.percent_over:.2f}", "never" if r.first_over is None else str(r.first_over)]
+                [
+                    str(r.layer),
+                    _fmt(r.median, 2),
+                    _fmt(r.p99, 1),
+                    _fmt(r.largest, 1),
+                    str(r.largest_step),
+                    f"{r.percent_over:.2f}",
+                    "never" if r.first_over is None else str(r.first_over),
+                ]
                 for r in layers
             ]
-            layer_header = ["layer", "max/median: median", "99th percentile", "largest", "at step",
-                            f"% steps over {threshold:g}", "first step over"]
-            layer_tables.append(f"#### {label}, seed {run.key.seed} (steps {run.warm_end} on)\n\n"
-                                + markdown_table(layer_header, cells, "r" * len(layer_header)))
+            layer_header = [
+                "layer",
+                "max/median: median",
+                "99th percentile",
+                "largest",
+                "at step",
+                f"% steps over {threshold:g}",
+                "first step over",
+            ]
+            layer_tables.append(
+                f"#### {label}, seed {run.key.seed} (steps {run.warm_end} on)\n\n"
+                + markdown_table(layer_header, cells, "r" * len(layer_header))
+            )
     return "\n\n".join([markdown_table(header, rows, "l" + "r" * (len(header) - 1)), *layer_tables]) + "\n"
 
 

@@ -62,6 +62,7 @@ from studies.ablation.metrics import (
     plateau_exit,
     steps_filtered,
 )
+from studies.ablation.pairing import cpu_of, pair_runs
 from studies.ablation.replay import (
     EVENT_ONLY,
     FILTER,
@@ -77,7 +78,6 @@ from studies.ablation.replay import (
 )
 from studies.ablation.runs import RunResult, read_summary, write_summary
 from studies.ablation.section import SECTION
-from studies.ablation.pairing import cpu_of, pair_runs
 from studies.runner import cpu_flags_digest, cpu_model, machine_record
 
 ABLATION = RECIPE / "lstm_transducer_stateless" / "ablation.py"

@@ -21,10 +21,20 @@ def _run(ratios, warm_end=2, seed=42):
         "simple_loss": [(s, 0.2) for s in range(1, steps + 1)],
         "pruned_loss": [(s, 0.1 if s >= 4 else 1.0) for s in range(1, steps + 1)],
     }
-    wer_at = {3: {("greedy_search", "test-clean"): 40.0, ("greedy_search", "test-other"): 55.5},
-              6: {("greedy_search", "test-clean"): 9.25, ("greedy_search", "test-other"): 20.0}}
-    return RunResult(RunKey("digits", "none", seed), wer_at[6], scalars, filters, {"train": 90.0, "decode": 30.0},
-                     warm_end, {}, wer_at)
+    wer_at = {
+        3: {("greedy_search", "test-clean"): 40.0, ("greedy_search", "test-other"): 55.5},
+        6: {("greedy_search", "test-clean"): 9.25, ("greedy_search", "test-other"): 20.0},
+    }
+    return RunResult(
+        RunKey("digits", "none", seed),
+        wer_at[6],
+        scalars,
+        filters,
+        {"train": 90.0, "decode": 30.0},
+        warm_end,
+        {},
+        wer_at,
+    )
 
 
 def test_layer_outliers_counts_from_the_warm_up_end_top_layer_first():

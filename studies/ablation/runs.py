@@ -54,9 +54,9 @@ class RunResult:
     written before runs were decoded at several points: then the end only, ``--avg 1``). ``scalars``:
     ``{TrainingScalarTags field: series}`` (:data:`KEPT_SCALARS`); ``filters``: ``{(layer, stat): series}`` of
     the per-layer GradientFilter statistics (the observing filter's too); ``warm_end``: the first step at the
-    full loss weights; ``machine``: the CPU model, flags digest, threads and torch version it ran on (empty in summaries written
-    before they were recorded); ``commands``: the commands that made it, as typed from the recipe folder
-    (empty in older summaries).
+    full loss weights; ``machine``: the CPU model, flags digest, threads and torch version it ran on (empty in
+    summaries written before they were recorded); ``commands``: the commands that made it, as typed from the
+    recipe folder (empty in older summaries).
     """
 
     key: RunKey
