@@ -42,7 +42,7 @@ for item in "$@"; do
   fi
   slug=$(echo "$label" | tr -c 'A-Za-z0-9.\n' '-')
   echo "$label: $out/$slug.log (model flags: ${flags:-none}; ${lr_flag[*]:-default --base-lr}; $threads thread(s))"
-  OMP_NUM_THREADS=$threads python lstm_transducer_stateless/ablation.py --pilot skip --arms none --num-seeds 1 \
+  OMP_NUM_THREADS=$threads python3 lstm_transducer_stateless/ablation.py --pilot skip --arms none --num-seeds 1 \
     --seed "${SEED:-42}" "${steps_flag[@]}" "${lr_flag[@]}" --replay-events 0 --work-dir "$work_dir" --exp-root "$out/exp/$slug" \
     --results-dir "$out/$slug" --summaries runs --model-args "$flags" >"$out/$slug.log" 2>&1 &
   pids+=($!)
@@ -56,6 +56,6 @@ for i in "${!pids[@]}"; do
     failed=1
   fi
 done
-PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}" python -m studies.depth "${reports[@]}" >"$out/depth.md"
+PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}" python3 -m studies.depth "${reports[@]}" >"$out/depth.md"
 echo "wrote $out/depth.md"
 exit $failed
