@@ -1007,3 +1007,22 @@ def test_the_plan_replays_each_seeds_events_then_prunes_its_none_run(ablation, t
         assert not list((none_dir.parent / f"seed-{seed}-retrained").glob("*.pt"))
     text = (tmp_path / "results" / "RESULTS.md").read_text()
     assert "### Replayed outlier events, with controls" in text and "2 replays of 2 planned" in text
+
+
+def test_a_budget_that_grew_trains_on_and_is_not_done(tmp_path, monkeypatch):
+    """A run (the pilot) trained to 1,800 steps, then asked for 2,700: train.py runs again (it resumes from its
+    newest checkpoint) and the summary of 1,800 steps does not count as done."""
+    calls = []
+    monkeypatch.setattr(study, "run", lambda s, condition, cmd, what, log_dir: calls.append(cmd))
+    exp_dir = tmp_path / "exp"
+    exp_dir.mkdir()
+    (exp_dir / study.TRAINED_MARKER).write_text('{"steps": 1800}')
+    assert study.train_once(None, "digits", ["python", "train.py"], exp_dir, 1800, "pilot") is False and not calls
+    assert study.train_once(None, "digits", ["python", "train.py"], exp_dir, 2700, "pilot") is True and len(calls) == 1
+    assert json.loads((exp_dir / study.TRAINED_MARKER).read_text()) == {"steps": 2700}
+
+    run = _run("none", 42, 1.0, {0: [1.0] * 1800})
+    run.key = RunKey("digits", "none", 42)
+    write_summary(tmp_path / "runs", run)
+    s = dataclasses.make_dataclass("S", ["methods", "summaries"])(["greedy_search"], tmp_path / "runs")
+    assert study.run_done(s, run.key, steps=1800) and not study.run_done(s, run.key, steps=2700)

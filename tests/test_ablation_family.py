@@ -103,12 +103,20 @@ def test_the_time_the_plan_takes_and_what_8_hours_hold(round_1):
         t["plan_hours"],
     )
     assert plan_hours > t["budget_hours"] and t["fits"] is False
-    # What 8 hours hold: seeds 42-46 of every arm (35 runs), the replays and the pilot.
-    core = (len(STUDY.seeds_per_arm) * 5 * per_run + replays + pilot) / 60
-    assert round(core, 1) == 7.8 and core < t["budget_hours"]
+    # What 8 hours hold: seeds 42-44 of every arm (21 runs), the replays and the pilot; not seeds 42-46.
+    arms = len(STUDY.seeds_per_arm)
+    core = (arms * 3 * per_run + replays + pilot) / 60
+    assert round(core, 1) == 7.2 and core < t["budget_hours"] < (core + arms * per_run / 60)
+    five = (arms * 5 * per_run + replays + pilot) / 60
+    assert round(five, 1) == 11.1
+    then = arms * 2 * per_run / 60
     rest = 2 * (STUDY.seeds_per_arm["none"] - 5) * per_run / 60
-    assert round(rest, 1) == 4.5
-    for figure in ("7.8 h", "4.5 h", "0.115", "0.266", "seeds 47-58"):
+    assert (round(then, 1), round(rest, 1)) == (3.9, 6.6)
+    # The power of 3 pairs at round 1's effect, at Holm's first step (alpha / 5).
+    effects = RAW["seeds"]["power"]
+    other, clean = (paired_t_power(effects[t]["standardised"], 3, 0.01) for t in ("test-other", "test-clean"))
+    assert (round(other, 3), round(clean, 3)) == (0.036, 0.066)
+    for figure in ("7.2 h", "11.1 h", "3.9 h", "6.6 h", "0.036", "0.066", "seeds 45-46", "seeds 47-58"):
         assert figure in t["within_budget"]
 
 
@@ -130,8 +138,25 @@ def test_the_budgets_reasons_quote_the_issues_pilot():
     for figure in ("3.96 / 14.61", "1.40 / 9.96", "0.85 / 9.44", "-4.65", "-0.52", "0.55"):
         assert figure in why
     assert round(14.61 - 9.96, 2) == 4.65 and round(9.96 - 9.44, 2) == 0.52 and round(1.40 - 0.85, 2) == 0.55
-    assert STUDY.steps == 1200 and STUDY.decode_at == (400, 800, 1200)
     assert "To be confirmed by the pilot" in RAW["budget"]["to_confirm"]
+
+
+def test_the_budget_moved_by_the_pilot_quotes_its_summary():
+    """The first pilot (to 1,800 steps) moved the budget from 1,200 to 1,800: the figures family.json quotes
+    are those of its committed summary, and they fail the first budget by the rule."""
+    assert STUDY.steps == 1800 and STUDY.decode_at == (600, 1200, 1800)
+    assert STUDY.pilot.steps == 2700 and STUDY.pilot.decode_at == (600, 1200, 1800, 2700)
+    pilot = read_summary(RECIPE / STUDY.summaries / "pilot", RunKey("digits", "none", 42))
+    clean, other = ("greedy_search", "test-clean"), ("greedy_search", "test-other")
+    wers = {step: (w[clean], w[other]) for step, w in pilot.wer_at.items()}
+    text = RAW["budget"]["pilot_2026_11_26"]
+    for step, quoted in ((600, "3.31 / 13.09"), (1200, "1.09 / 9.60"), (1800, "0.90 / 7.59")):
+        assert f"{wers[step][0]:.2f} / {wers[step][1]:.2f}" == quoted and f"{quoted} at {step:,}" in text
+    late = wers[1800][1] - wers[1200][1]
+    assert f"{late:+.2f}" == "-2.01" and abs(late) > STUDY.pilot.max_late_change
+    assert pilot.machine["cpu_model"] == "AMD EPYC" and pilot.machine["threads"] == "2"
+    valid = dict(pilot.series("valid_loss"))
+    assert (valid[1088], valid[1800]) == (0.1345749, 0.1124115)
 
 
 # --------------------------------------------------------------------------
@@ -182,15 +207,15 @@ def test_a_configuration_that_does_not_fit_together_is_refused(tmp_path):
     assert load_config().family[0].name == "filter - none"
 
     def last_point(raw):
-        raw["budget"]["decode_at"] = [400, 800, 1100]
+        raw["budget"]["decode_at"] = [600, 1200, 1700]
 
-    with pytest.raises(ValueError, match=r"the last decoding point \(1100\) is not the budget \(1200\)"):
+    with pytest.raises(ValueError, match=r"the last decoding point \(1700\) is not the budget \(1800\)"):
         load_config(_write(tmp_path, last_point))
 
     def uneven(raw):
-        raw["budget"]["decode_at"] = [425, 800, 1200]
+        raw["budget"]["decode_at"] = [625, 1200, 1800]
 
-    with pytest.raises(ValueError, match="decoding at 425 averages from step 325"):
+    with pytest.raises(ValueError, match="decoding at 625 averages from step 525"):
         load_config(_write(tmp_path, uneven))
 
     def window(raw):

@@ -191,7 +191,7 @@ class Condition:
 
 # The learnable condition (RESULTS.md, "Ablation"): connected digit strings, the default model at its
 # default learning rate, a short warm-up (the pruned loss at full weight from step 100); its budget is the
-# round's (family.json: 1,200 steps in round 2, 600 in round 1).
+# round's (family.json: 1,800 steps in round 2, 600 in round 1).
 # The stress condition was found by the exploration in RESULTS.md ("Stress conditions"): a deeper, narrower
 # stack with a projection LSTM at 6.7x the working learning rate; it grows per-sequence outliers from the
 # start, but no arm learns in it (97-100% WER): a from-scratch instability, not the regime icefall saw.

@@ -53,7 +53,7 @@ class Pilot:
     steps: int
     decode_at: Tuple[int, ...]
     max_late_change: float
-    min_clean_wer: float
+    min_metric_wer: float
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def load_config(path: Path = CONFIG_PATH) -> StudyConfig:
             int(pilot["steps"]),
             tuple(int(x) for x in pilot["decode_at"]),
             float(pilot["max_late_change"]),
-            float(pilot["min_clean_wer"]),
+            float(pilot["min_metric_wer"]),
         ),
         metric=metric,
         alpha=float(test["alpha"]),

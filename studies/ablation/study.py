@@ -314,9 +314,12 @@ def run(s: Settings, condition: str, cmd: List[str], what: str, log_hint: Path) 
 # --------------------------------------------------------------------------
 
 
-def run_done(s: Settings, key: RunKey, summaries: Optional[Path] = None) -> bool:
+def run_done(s: Settings, key: RunKey, summaries: Optional[Path] = None, steps: int = 0) -> bool:
+    """Whether ``key`` has a summary decoded with every method on every test set, trained to ``steps`` at least."""
     result = read_summary(summaries or s.summaries, key)
-    return result is not None and all((m, t) in result.wer for m in s.methods for t in TEST_SETS)
+    return (
+        result is not None and result.steps >= steps and all((m, t) in result.wer for m in s.methods for t in TEST_SETS)
+    )
 
 
 def decode_all(
@@ -339,11 +342,12 @@ def decode_all(
 def train_once(
     s: Settings, condition: str, cmd: List[str], exp_dir: Path, steps: int, what: str, marker: str = TRAINED_MARKER
 ) -> bool:
-    """Run the train.py command ``cmd`` into ``exp_dir`` unless it finished there before (its marker file);
-    its wall time is added to the folder's, its machine (CPU model, torch) to the folder's list. Returns
-    whether it ran."""
-    if (exp_dir / marker).is_file():
-        return False
+    """Run the train.py command ``cmd`` into ``exp_dir`` unless it finished there before (its marker file)
+    to ``steps`` or more; its wall time is added to the folder's, its machine (CPU model, torch) to the folder's
+    list. Returns whether it ran."""
+    finished = read_json(exp_dir / marker)
+    if finished is not None and finished.get("steps", 0) >= steps:
+        return False  # a marker of fewer steps (the budget grew): train.py resumes from its newest checkpoint
     exp_dir.mkdir(parents=True, exist_ok=True)
     machines = (read_json(exp_dir / MACHINE_FILE) or {}).get("train", [])
     write_json_atomic(exp_dir / MACHINE_FILE, {"train": machines + [machine_record()]})
@@ -448,7 +452,7 @@ def run_pilot(s: Settings) -> RunResult:
     key = RunKey(condition, OBSERVING_ARM, pilot.seed)
     run_dir = s.exp_root / PILOT / key.relpath
     summaries = s.summaries / PILOT
-    if run_done(s, key, summaries):
+    if run_done(s, key, summaries, pilot.steps):
         logging.info(f"pilot {key.relpath}: done earlier - skipped")
         return read_summary(summaries, key)
     result = train_and_decode(s, key, run_dir, pilot.steps, list(pilot.decode_at), summaries)
