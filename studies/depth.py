@@ -4,7 +4,8 @@
 icefall saw its explosion in a 12-layer stack (hidden 1024, projection 512), starting at layer 10, about
 1000x the batch median for a few sequences, at epoch 18. This report puts the same questions to each depth:
 which layer goes over the threshold first and when, how large the largest ratio is and at which step, how
-often each layer is over it, and whether the model learns (greedy WER at every decoding point).
+often each layer is over it, and whether the model learns (greedy WER at every decoding point): one table
+of the runs, then two of layers (rows, top first) by runs (columns).
 
   python -m studies.depth --threshold 25 "L12 d256=path/to/summaries" "L4 d256=other/summaries"
 
@@ -91,66 +92,69 @@ def _wer_cells(run: RunResult, test_sets: Sequence[str]) -> List[str]:
 
 
 def format_report(labelled: Sequence[Tuple[str, List[RunResult]]], threshold: float) -> str:
-    """The learning table (one row per run) and, per run, its layer table."""
+    """Three tables: how each run learned and where its outliers arose first and largest; per layer (rows, top
+    first) and run (columns), the % of steps over ``threshold`` with the first such step; and the largest
+    ratio with its step."""
     test_sets = ("test-clean", "test-other")
+    runs = [
+        (f"{label}" + (f" s{run.key.seed}" if len(runs) > 1 else ""), run) for label, runs in labelled for run in runs
+    ]
     header = [
         "model",
         "seed",
         "steps",
         "greedy WER at step: test-clean / test-other",
         "plateau exit step",
-        f"layer first over {threshold:g}x (step)",
-        "largest ratio (layer, step)",
+        f"first over {threshold:g}x: layer (step)",
+        "largest ratio: layer (step)",
         "wall min",
     ]
     rows = []
-    layer_tables = []
-    for label, runs in labelled:
-        for run in runs:
-            layers = layer_outliers(run, threshold)
-            firsts = [(r.first_over, r.layer) for r in layers if r.first_over is not None]
-            first = "never" if not firsts else "{1} ({0})".format(*min(firsts))
-            top = max(layers, key=lambda r: r.largest) if layers else None
-            largest = "-" if top is None else f"{top.largest:.1f} ({top.layer}, {top.largest_step})"
-            exit_step = plateau_exit(run)
-            rows.append(
-                [
-                    label,
-                    str(run.key.seed),
-                    str(run.steps),
-                    *_wer_cells(run, test_sets),
-                    "-" if not math.isfinite(exit_step) else str(int(exit_step)),
-                    first,
-                    largest,
-                    _fmt(sum(run.wall_s.values()) / 60, 1),
-                ]
-            )
-            cells = [
-                [
-                    str(r.layer),
-                    _fmt(r.median, 2),
-                    _fmt(r.p99, 1),
-                    _fmt(r.largest, 1),
-                    str(r.largest_step),
-                    f"{r.percent_over:.2f}",
-                    "never" if r.first_over is None else str(r.first_over),
-                ]
-                for r in layers
+    per_run = {}
+    for name, run in runs:
+        layers = {r.layer: r for r in layer_outliers(run, threshold)}
+        per_run[name] = layers
+        firsts = [(r.first_over, r.layer) for r in layers.values() if r.first_over is not None]
+        first = "never" if not firsts else "{1} ({0})".format(*min(firsts))
+        top = max(layers.values(), key=lambda r: r.largest) if layers else None
+        exit_step = plateau_exit(run)
+        rows.append(
+            [
+                name,
+                str(run.key.seed),
+                str(run.steps),
+                *_wer_cells(run, test_sets),
+                "-" if not math.isfinite(exit_step) else str(int(exit_step)),
+                first,
+                "-" if top is None else f"{top.largest:.1f}: {top.layer} ({top.largest_step})",
+                _fmt(sum(run.wall_s.values()) / 60, 1),
             ]
-            layer_header = [
-                "layer",
-                "max/median: median",
-                "99th percentile",
-                "largest",
-                "at step",
-                f"% steps over {threshold:g}",
-                "first step over",
+        )
+    names = [name for name, _ in runs]
+    depth = max((max(layers) + 1 for layers in per_run.values() if layers), default=0)
+
+    def matrix(cell) -> str:
+        cells = [
+            [str(layer)] + [cell(per_run[n][layer]) if layer in per_run[n] else "" for n in names]
+            for layer in range(depth - 1, -1, -1)
+        ]
+        return markdown_table(["layer", *names], cells, "r" * (len(names) + 1))
+
+    over = matrix(lambda r: f"{r.percent_over:.2f}" + ("" if r.first_over is None else f" ({r.first_over})"))
+    largest = matrix(lambda r: f"{r.largest:.1f} ({r.largest_step})")
+    return (
+        "\n\n".join(
+            [
+                markdown_table(header, rows, "l" + "r" * (len(header) - 1)),
+                f"% of steps (from the end of warm-up) with the layer's largest per-sequence gradient over "
+                f"{threshold:g}x the batch median (the first such step):",
+                over,
+                "The largest ratio after warm-up (its step):",
+                largest,
             ]
-            layer_tables.append(
-                f"#### {label}, seed {run.key.seed} (steps {run.warm_end} on)\n\n"
-                + markdown_table(layer_header, cells, "r" * len(layer_header))
-            )
-    return "\n\n".join([markdown_table(header, rows, "l" + "r" * (len(header) - 1)), *layer_tables]) + "\n"
+        )
+        + "\n"
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

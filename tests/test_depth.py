@@ -54,12 +54,17 @@ def test_layer_outliers_counts_from_the_warm_up_end_top_layer_first():
 
 def test_report_names_the_first_layer_over_and_the_largest_ratio():
     run = _run({0: [500.0, 2.0, 30.0, 3.0, 40.0, 1.0], 1: [1.0, 1.5, 2.5, 26.0, 2.0, 3.0]})
-    text = format_report([("L2 d8", [run])], threshold=25)
+    shallow = [_run({0: [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]}, seed=s) for s in (7, 8)]
+    text = format_report([("L2 d8", [run]), ("L1 d8", shallow)], threshold=25)
     # Layer 0 goes over first (step 3); its 40x at step 5 is the largest after warm-up; the loss
     # (0.5 x 0.2 + pruned) falls below 0.3 from step 4, so the 5-step trailing mean first does at step 8 -> never
     # in 6 steps ("-"); wall time (90 + 30) s = 2.0 min.
-    assert "| L2 d8 | 42 | 6 | 3: 40.00 / 55.50; 6: 9.25 / 20.00 | - | 0 (3) | 40.0 (0, 5) | 2.0 |" in text
-    assert "| 0 | 3.00 | 40.0 | 40.0 | 5 | 40.00 | 3 |" in text
+    assert "| L2 d8 | 42 | 6 | 3: 40.00 / 55.50; 6: 9.25 / 20.00 | - | 0 (3) | 40.0: 0 (5) | 2.0 |" in text
+    # Two seeds of one model: a column each; its missing layer 1 is left blank.
+    assert "| layer | L2 d8 | L1 d8 s7 | L1 d8 s8 |" in text
+    assert "| 1 | 20.00 (4) |  |  |" in text and "| 0 | 40.00 (3) | 0.00 | 0.00 |" in text
+    assert "| 1 | 26.0 (4) |  |  |" in text and "| 0 | 40.0 (5) | 6.0 (6) | 6.0 (6) |" in text
+    assert "| L1 d8 s7 | 7 | 6 |" in text and "| never | 6.0: 0 (6) |" in text
     for _, rows in tables(text):
         assert len({cell_count(line) for _, line in rows}) == 1
 
