@@ -337,6 +337,11 @@ def test_arms_set_every_control_and_switch_the_others_off():
         "agc",
         "value",
         "error-clip",
+        "filter-hard",
+        "zclip",
+        "autoclip",
+        "scaled-adam",
+        "recurrent-clip",
     ]
 
     def flags(name):
@@ -355,7 +360,13 @@ def test_arms_set_every_control_and_switch_the_others_off():
     assert flags("agc") == {**off, "--agc-clipping": "0.08"}
     assert flags("value") == {**off, "--clip-grad-value": "0.1"}
     assert flags("error-clip") == {**off, "--error-clip": "0.0001"}
-    assert [a.name for a in arms.values() if a.filter_on] == ["filter", "filter-clip", "filter-10", "filter-5"]
+    assert flags("filter-hard") == {**off, "--grad-filter-threshold": "25", "--grad-filter-mode": "hard-mask"}
+    assert flags("zclip") == {**off, "--zclip-z-threshold": "2.5"}
+    assert flags("autoclip") == {**off, "--autoclip-percentile": "10"}
+    assert flags("scaled-adam") == {**off, "--scaled-adam-clipping-scale": "2"}
+    assert flags("recurrent-clip") == {**off, "--recurrent-grad-clip": "30"}
+    filtering = ["filter", "filter-clip", "filter-10", "filter-5", "filter-hard"]
+    assert [a.name for a in arms.values() if a.filter_on] == filtering
     with pytest.raises(ValueError, match="unknown control"):
         Arm("x", "x", (("clip_norm", 1.0),))
     # Flags recorded before a control existed mean it off; a different value is a different arm.
@@ -385,7 +396,17 @@ def test_one_name_per_gradient_control():
     t = Thresholds()
     parser = _load_ablation_script().get_parser()
     args = parser.parse_args([])
-    used = ("grad_filter_threshold", "clip_grad_norm", "clip_grad_value", "agc_clipping", "error_clip")
+    used = (
+        "grad_filter_threshold",
+        "clip_grad_norm",
+        "clip_grad_value",
+        "agc_clipping",
+        "error_clip",
+        "zclip_z_threshold",
+        "autoclip_percentile",
+        "scaled_adam_clipping_scale",
+        "recurrent_grad_clip",
+    )
     assert {c: getattr(args, c) for c in used} == {c: getattr(t, c) for c in used}
     assert args.clip_grad_norm_relative == [t.clip_grad_norm_relative, *t.relative_sweep] == [2.0, 5.0]
     assert args.guard_clip_grad_norm == t.guard == STUDY.guard_clip_grad_norm
@@ -853,6 +874,8 @@ def test_bad_thresholds_and_arms_are_refused(tiny_data, tmp_path):
     for extra, message in (
         (["--error-clip", "0"], "--error-clip: thresholds must be positive and finite"),
         (["--filter-sweep", "inf"], "--filter-sweep inf: thresholds must be positive"),
+        (["--autoclip-percentile", "150"], "--autoclip-percentile 150: a percentile is at most 100"),
+        (["--zclip-z-threshold", "-1"], "--zclip-z-threshold: thresholds must be positive"),
         (["--arms", "nope"], "unknown arm(s) nope"),
     ):
         args = ablation_args(tiny_data, tmp_path)

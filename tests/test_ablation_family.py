@@ -282,3 +282,63 @@ def test_pairs_without_a_recorded_cpu_model_are_kept_and_counted():
     runs = [_run("none", 42, 20, cpu=None), _run("filter", 42, 19), _run("none", 43, 20), _run("filter", 43, 18)]
     row = family_rows(runs, STUDY, "digits")[0]
     assert row.per_seed == {42: -1.0, 43: -2.0} and row.pairing.unchecked == [42] and row.pairing.straddling == []
+
+
+# --------------------------------------------------------------------------
+# The landscape (issue 39): its own family, fixed before its runs
+# --------------------------------------------------------------------------
+
+
+def test_the_landscape_is_every_other_rule_against_none_with_its_reasons_and_time():
+    from studies.ablation.arms import RUN_SETS, Thresholds, make_arms
+
+    arms = {a.name: a for a in make_arms(Thresholds())}
+    landscape = RAW["landscape"]
+    names = [c.arm for c in STUDY.landscape_family]
+    assert len(names) == 10 and {c.baseline for c in STUDY.landscape_family} == {"none"}
+    assert set(names) <= set(arms) and set(names) == set(landscape["arms"])
+    assert not set(names) & {a for c in STUDY.family for a in (c.arm, c.baseline)}, "no arm of the round's family"
+    assert dict(RUN_SETS["landscape"].seeds_per_arm) == {"none": 5, **{n: 5 for n in names}}
+    # Each threshold as its reason states it.
+    for name, flag, value, phrase in [
+        ("zclip", "--zclip-z-threshold", "2.5", "z-score threshold 2.5"),
+        ("autoclip", "--autoclip-percentile", "10", "the 10th percentile"),
+        ("scaled-adam", "--scaled-adam-clipping-scale", "2", "clipping_scale 2.0"),
+        ("recurrent-clip", "--recurrent-grad-clip", "30", "recurrent layers at 30"),
+        ("agc", "--agc-clipping", "0.08", "lambda 0.08"),
+        ("value", "--clip-grad-value", "1", "clip by value 1 "),
+        ("error-clip", "--error-clip", "0.0002", "ErrorClipByValue at 0.0002"),
+        ("filter-10", "--grad-filter-threshold", "10", "GradientFilter 10 "),
+        ("filter-5", "--grad-filter-threshold", "5", "GradientFilter 5,"),
+        ("filter-hard", "--grad-filter-threshold", "25", "GradientFilter 25 with a hard mask"),
+    ]:
+        flags = arms[name].train_flags()
+        assert flags[flags.index(flag) + 1] == value and phrase in landscape["arms"][name], name
+    # The time: 10 arms x 5 seeds at round 2's per-run estimate, and what 3 seeds take.
+    per_run = RAW["time"]["per_run_minutes"]
+    assert (
+        f"{10 * 5 * per_run / 60:.1f} h" in landscape["time"]
+        and f"({10 * 3 * per_run / 60:.1f} h)" in landscape["time"]
+    )
+
+
+def test_the_hard_mask_filter_is_its_own_arm_and_older_arm_files_stay_soft():
+    from studies.ablation.arms import Thresholds, make_arms, same_controls
+
+    arms = {a.name: a for a in make_arms(Thresholds())}
+    hard, soft = arms["filter-hard"].train_flags(), arms["filter"].train_flags()
+    assert hard[-2:] == ["--grad-filter-mode", "hard-mask"] and hard[:-2] == soft
+    assert "--grad-filter-mode" not in soft, "arms made before the mode existed keep their flags"
+    assert not same_controls(hard, soft) and same_controls(soft + ["--grad-filter-mode", "soft"], soft)
+
+
+def test_the_landscape_family_is_adjusted_apart_from_the_rounds():
+    runs = []
+    for seed, (base, diff) in enumerate([(20, -1.0), (21, -2.0), (19, -1.5)], 42):
+        runs += [_run("none", seed, base), _run("zclip", seed, base + diff), _run("filter", seed, base + 2 * diff)]
+    rows = {r.comparison.name: r for r in family_rows(runs, STUDY, "digits", STUDY.landscape_family)}
+    assert len(rows) == 10 and rows["zclip - none"].per_seed == {42: -1.0, 43: -2.0, 44: -1.5}
+    # The only landscape comparison with pairs: Holm leaves its p as it is (one test in the family).
+    assert rows["zclip - none"].holm_p == pytest.approx(rows["zclip - none"].difference.p)
+    primary = {r.comparison.name: r for r in family_rows(runs, STUDY, "digits")}
+    assert "zclip - none" not in primary and primary["filter - none"].per_seed == {42: -2.0, 43: -4.0, 44: -3.0}

@@ -24,6 +24,13 @@ Arms (thresholds from :class:`Thresholds`; the primary set's from ``family.json`
   agc            adaptive gradient clipping (Brock et al. 2021) with lambda
   value          clipping every gradient element to [-v, v]
   error-clip     Paddle's ErrorClipByValue on every encoder layer's output gradient
+  filter-hard    the GradientFilter's hard-mask variant: sequences over the threshold zeroed, the others kept
+  zclip          ZClip (2025): clip when the global norm's z-score against its moving mean and variance
+                 exceeds z
+  autoclip       AutoClip (Seetharaman et al. 2020): clip at a percentile of every past global norm
+  scaled-adam    ScaledAdam's rule (icefall's zipformer): the RMS-scaled norm clipped at clipping_scale x the
+                 median of the last 100
+  recurrent-clip Kaldi nnet3's per-frame derivative cap inside the recurrent layers
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ STUDY = load_config()  # the round's configuration, fixed before its runs (studi
 # Every gradient control of train.py, by its flag's argparse dest (``--grad-filter-threshold`` and
 # icefall_lite.train.grad_control.FLAGS): an arm sets every one, those it does not use to off.
 CONTROLS = ("grad_filter_threshold", *FLAGS)
+MODE_FLAG = "--grad-filter-mode"
 
 
 def off_value(control: str) -> float:
@@ -72,6 +80,7 @@ class Arm:
     name: str
     label: str
     settings: Tuple[Tuple[str, float], ...] = ()
+    mode: str = "soft"  # the GradientFilter's mode (train.py's --grad-filter-mode)
 
     def __post_init__(self) -> None:
         unknown = [c for c, _ in self.settings if c not in CONTROLS]
@@ -86,22 +95,27 @@ class Arm:
         return math.isfinite(self.value("grad_filter_threshold"))
 
     def train_flags(self) -> List[str]:
-        """train.py flags that set this arm's controls (and switch every other off)."""
-        return [item for c in CONTROLS for item in (flag_of(c), flag_value(self.value(c)))]
+        """train.py flags that set this arm's controls (and switch every other off); the filter's mode only
+        when it is not train.py's default, soft (the runs made before the mode existed keep their flags)."""
+        flags = [item for c in CONTROLS for item in (flag_of(c), flag_value(self.value(c)))]
+        return flags + ([MODE_FLAG, self.mode] if self.mode != "soft" else [])
 
 
-def arm(name: str, label: str, **settings: float) -> Arm:
-    """An arm with the controls ``settings`` on (by train.py's argparse dests)."""
-    return Arm(name, label, tuple(settings.items()))
+def arm(name: str, label: str, mode: str = "soft", **settings: float) -> Arm:
+    """An arm with the controls ``settings`` on (by train.py's argparse dests) and the filter in ``mode``."""
+    return Arm(name, label, tuple(settings.items()), mode)
 
 
 def same_controls(flags_a: Sequence[str], flags_b: Sequence[str]) -> bool:
     """Whether two lists of train.py control flags set every control alike (a control a list does not name
     is off: train.py had no such flag when it was written)."""
 
-    def values(flags: Sequence[str]) -> Dict[str, float]:
+    def values(flags: Sequence[str]) -> Dict[str, object]:
         pairs = dict(zip(flags[::2], flags[1::2]))
-        return {c: float(pairs.get(flag_of(c), off_value(c))) for c in CONTROLS}
+        return {
+            **{c: float(pairs.get(flag_of(c), off_value(c))) for c in CONTROLS},
+            "mode": pairs.get(MODE_FLAG, "soft"),
+        }
 
     return values(flags_a) == values(flags_b)
 
@@ -122,6 +136,10 @@ class Thresholds:
     clip_grad_norm_relative: float = STUDY.clip_grad_norm_relative[0]
     relative_sweep: Tuple[float, ...] = STUDY.clip_grad_norm_relative[1:]
     guard: float = STUDY.guard_clip_grad_norm
+    zclip_z_threshold: float = 2.5
+    autoclip_percentile: float = 10.0
+    scaled_adam_clipping_scale: float = 2.0
+    recurrent_grad_clip: float = 30.0
 
 
 def make_arms(t: Thresholds) -> List[Arm]:
@@ -153,6 +171,19 @@ def make_arms(t: Thresholds) -> List[Arm]:
         arm("agc", f"adaptive clipping (AGC), lambda {t.agc_clipping:g}", agc_clipping=t.agc_clipping),
         arm("value", f"clip by value {t.clip_grad_value:g}", clip_grad_value=t.clip_grad_value),
         arm("error-clip", f"error clip {t.error_clip:g} on layer outputs", error_clip=t.error_clip),
+        arm("filter-hard", f"GradientFilter {f:g}, hard mask", mode="hard-mask", grad_filter_threshold=f),
+        arm("zclip", f"ZClip, z-score {t.zclip_z_threshold:g}", zclip_z_threshold=t.zclip_z_threshold),
+        arm("autoclip", f"AutoClip, percentile {t.autoclip_percentile:g}", autoclip_percentile=t.autoclip_percentile),
+        arm(
+            "scaled-adam",
+            f"ScaledAdam's clipping, scale {t.scaled_adam_clipping_scale:g}",
+            scaled_adam_clipping_scale=t.scaled_adam_clipping_scale,
+        ),
+        arm(
+            "recurrent-clip",
+            f"per-frame recurrent gradient cap {t.recurrent_grad_clip:g}",
+            recurrent_grad_clip=t.recurrent_grad_clip,
+        ),
     ]
     return arms
 
@@ -243,7 +274,8 @@ class RunSet:
 
 # primary: the question, as family.json fixes it for the round (seeds per arm chosen for the power of filter -
 # none; see its "time" for what 8 hours hold); secondary: the other thresholds and clipping designs with fewer
-# seeds, and the from-scratch instability.
+# seeds, and the from-scratch instability; landscape: every other rule against none on the round's condition
+# and seeds (family.json's "landscape", a family of its own), its none runs the round's.
 RUN_SETS: Dict[str, RunSet] = {
     "primary": RunSet(
         "primary",
@@ -258,6 +290,18 @@ RUN_SETS: Dict[str, RunSet] = {
         tuple(
             (a, 2)
             for a in ("none", "filter", "clip", "filter-clip", "filter-10", "filter-5", "agc", "value", "error-clip")
+        ),
+        0,
+        0,
+    ),
+    "landscape": RunSet(
+        "landscape",
+        (STUDY.condition,),
+        tuple(
+            (a, STUDY.landscape_seeds)
+            for a in dict.fromkeys(
+                [*(c.baseline for c in STUDY.landscape_family), *(c.arm for c in STUDY.landscape_family)]
+            )
         ),
         0,
         0,

@@ -88,6 +88,8 @@ class StudyConfig:
     matched_max_ratio: float
     plateau_loss: float
     plateau_window: int
+    landscape_family: Tuple[FamilyComparison, ...]  # issue 39's arms against none: a family of its own
+    landscape_seeds: int
     raw: Dict
 
     @property
@@ -126,6 +128,12 @@ def _check(config: StudyConfig) -> None:
     for c in config.family:
         if not {c.arm, c.baseline} <= arms:
             problems.append(f"family comparison {c.name}: an arm without seeds")
+    reasons = config.raw["landscape"]["arms"]
+    for c in config.landscape_family:
+        if c.arm not in reasons:
+            problems.append(
+                f"landscape comparison {c.name}: its arm's threshold is not given a reason in landscape.arms"
+            )
     if problems:
         raise ValueError("studies/ablation/family.json: " + "; ".join(problems))
 
@@ -172,6 +180,8 @@ def load_config(path: Path = CONFIG_PATH) -> StudyConfig:
         matched_max_ratio=float(replays["matched_max_ratio"]),
         plateau_loss=float(raw["plateau"]["loss"]),
         plateau_window=int(raw["plateau"]["window"]),
+        landscape_family=tuple(FamilyComparison(a, b) for a, b in raw["landscape"]["family"]),
+        landscape_seeds=int(raw["landscape"]["seeds_per_arm"]),
         raw=raw,
     )
     _check(config)
@@ -199,11 +209,16 @@ class FamilyRow:
         return self.pairing.differences
 
 
-def family_rows(results: Sequence[RunResult], config: StudyConfig, condition: str) -> List[FamilyRow]:
-    """Every comparison of the family in ``condition`` (those without runs too: 0 pairs), Holm over the
-    comparisons with at least 2 pairs."""
+def family_rows(
+    results: Sequence[RunResult],
+    config: StudyConfig,
+    condition: str,
+    family: Optional[Sequence[FamilyComparison]] = None,
+) -> List[FamilyRow]:
+    """Every comparison of ``family`` (default: the round's) in ``condition`` (those without runs too: 0 pairs),
+    Holm over the comparisons with at least 2 pairs."""
     rows = []
-    for c in config.family:
+    for c in config.family if family is None else family:
         arm = [r for r in results if r.key.condition == condition and r.key.arm == c.arm]
         base = [r for r in results if r.key.condition == condition and r.key.arm == c.baseline]
         pairing = pair_runs(arm, base, lambda r: r.wer.get(config.metric, math.nan))

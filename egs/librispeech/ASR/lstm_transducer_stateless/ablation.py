@@ -31,6 +31,13 @@ Sets (--set; flags below override its conditions, arms, seeds and replays):
              value, error-clip) with 2 seeds on `digits`, and every arm on
              the from-scratch instability `stress` (8 narrow projection
              layers at 6.7x the working learning rate, in which nothing learns).
+  landscape  every other rule against `none` on the primary condition, its
+             budget and seeds (5 each; the `none` runs are the primary set's):
+             value, agc, error-clip, filter-10, filter-5, filter-hard (hard
+             mask), zclip, autoclip, scaled-adam (ScaledAdam's rule) and
+             recurrent-clip (Kaldi's per-frame cap); family.json's
+             "landscape" fixes their thresholds and their family (Holm over
+             its 10 comparisons, apart from the primary family).
 
 Replays: in the `none` runs of the first seeds, the largest outlier events
 (a layer's largest per-sequence gradient over the filter threshold x the
@@ -56,6 +63,7 @@ runs the pilot, then, if the budget stands, the primary set):
   ./lstm_transducer_stateless/ablation.py --pilot only           # the budget check alone (family.json)
   ./lstm_transducer_stateless/ablation.py                        # the pilot, then (if it stands) the primary set
   ./lstm_transducer_stateless/ablation.py --set secondary        # (stress needs: bash prepare.sh)
+  ./lstm_transducer_stateless/ablation.py --set landscape        # after the primary set
   ./lstm_transducer_stateless/ablation.py --arms none filter --num-seeds 2 --list
 
 Resuming: a run with a summary is skipped; a run cut off part-way resumes
@@ -98,7 +106,17 @@ RECIPE_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_THRESHOLDS = Thresholds()
 # The arms' thresholds: train.py's gradient-control flags, under train.py's names (ablation.py's flag ->
 # Thresholds field); the sweeps' first value is the arm of the plain name (clip-relative: 2x).
-THRESHOLD_FLAGS = ("grad_filter_threshold", "clip_grad_norm", "clip_grad_value", "agc_clipping", "error_clip")
+THRESHOLD_FLAGS = (
+    "grad_filter_threshold",
+    "clip_grad_norm",
+    "clip_grad_value",
+    "agc_clipping",
+    "error_clip",
+    "zclip_z_threshold",
+    "autoclip_percentile",
+    "scaled_adam_clipping_scale",
+    "recurrent_grad_clip",
+)
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -148,6 +166,19 @@ def get_parser() -> argparse.ArgumentParser:
     add_threshold("--agc-clipping", type=float, default=t.agc_clipping, help="lambda of the agc arm")
     add_threshold("--clip-grad-value", type=float, default=t.clip_grad_value, help="max |gradient| of the value arm")
     add_threshold("--error-clip", type=float, default=t.error_clip, help="max |layer-output grad| of arm error-clip")
+    add_threshold("--zclip-z-threshold", type=float, default=t.zclip_z_threshold, help="z-score of the zclip arm")
+    add_threshold(
+        "--autoclip-percentile", type=float, default=t.autoclip_percentile, help="percentile of the autoclip arm"
+    )
+    add_threshold(
+        "--scaled-adam-clipping-scale",
+        type=float,
+        default=t.scaled_adam_clipping_scale,
+        help="clipping_scale of the scaled-adam arm",
+    )
+    add_threshold(
+        "--recurrent-grad-clip", type=float, default=t.recurrent_grad_clip, help="per-frame cap of recurrent-clip"
+    )
     add("--model-args", type=str, default="", help="model flags after the condition's (e.g. a tiny model to try)")
     add("--decoding-methods", nargs="+", choices=DECODING_METHODS, default=["greedy_search"], help="decoding")
     add("--num-workers", type=int, default=0, help="DataLoader workers (0: a resumed run reproduces exactly)")
@@ -180,6 +211,8 @@ def resolve_settings(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     positive["--guard-clip-grad-norm"] = args.guard_clip_grad_norm
     positive.update({f"--filter-sweep {x:g}": x for x in args.filter_sweep})
     positive.update({f"--clip-grad-norm-relative {x:g}": x for x in args.clip_grad_norm_relative})
+    if args.autoclip_percentile > 100:
+        parser.error(f"--autoclip-percentile {args.autoclip_percentile:g}: a percentile is at most 100")
     bad = [name for name, x in positive.items() if not 0 < x < float("inf")]
     if bad:
         parser.error(f"{', '.join(bad)}: thresholds must be positive and finite (the arms switch controls off)")
