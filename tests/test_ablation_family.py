@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_markdown_tables import cell_count, tables
 
 from conftest import RECIPE
 from studies.ablation.arms import STUDY, RunKey
@@ -342,3 +343,63 @@ def test_the_landscape_family_is_adjusted_apart_from_the_rounds():
     assert rows["zclip - none"].holm_p == pytest.approx(rows["zclip - none"].difference.p)
     primary = {r.comparison.name: r for r in family_rows(runs, STUDY, "digits")}
     assert "zclip - none" not in primary and primary["filter - none"].per_seed == {42: -2.0, 43: -4.0, 44: -3.0}
+
+
+def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
+    from types import SimpleNamespace
+
+    from icefall_lite.train.tb_tags import TB_TAGS
+    from studies.ablation.arms import Thresholds, make_arms
+    from studies.ablation.metrics import steps_acting
+    from studies.ablation.runs import RECURRENT_CLIP, kept_scalars
+    from studies.ablation.section import landscape_section
+
+    # The recurrent cap's per-layer fractions become one series: the largest over layers at each step.
+    tb = {
+        TB_TAGS.recurrent_clip.format(layer=0): [(1, 0.0), (2, 0.1), (3, 0.0), (4, 0.0)],
+        TB_TAGS.recurrent_clip.format(layer=1): [(1, 0.0), (2, 0.0), (3, 0.0), (4, 0.2)],
+        TB_TAGS.clip_scale: [(1, 1.0), (2, 0.5), (3, 1.0), (4, 1.0)],
+    }
+    kept, _ = kept_scalars(tb, TB_TAGS)
+    assert (
+        kept[RECURRENT_CLIP] == [(1, 0.0), (2, 0.1), (3, 0.0), (4, 0.2)]
+        and kept["clip_scale"] == tb[TB_TAGS.clip_scale]
+    )
+    assert RECURRENT_CLIP not in kept_scalars({TB_TAGS.clip_scale: [(1, 1.0)]}, TB_TAGS)[0]
+
+    arms = {a.name: a for a in make_arms(Thresholds())}
+    scalars = {
+        "zclip": {"clip_scale": [(1, 1.0), (2, 0.5), (3, 1.0), (4, 1.0)]},  # 1 of 4 steps
+        "scaled-adam": {"optimizer_clip_scale": [(1, 0.9), (2, 0.8), (3, 1.0), (4, 1.0)], "clip_scale": [(1, 0.1)]},
+        "recurrent-clip": {RECURRENT_CLIP: kept[RECURRENT_CLIP]},  # 2 of 4
+        "error-clip": {"clip_scale": [(1, 0.5)]},  # logs nothing of its own: not counted
+    }
+    runs = []
+    for seed, (base, diff) in enumerate([(20.0, -1.0), (21.0, -3.0), (19.0, -2.0)], 42):
+        runs.append(_run("none", seed, base))
+        for arm, series in scalars.items():
+            run = _run(arm, seed, base + diff)
+            run.scalars = dict(series)
+            runs.append(run)
+    by_arm = {r.key.arm: r for r in runs if r.key.seed == 42}
+    acting = {arm: steps_acting(by_arm[arm], arms[arm]) for arm in scalars}
+    assert acting["zclip"] == 0.25 and acting["scaled-adam"] == 0.5 and acting["recurrent-clip"] == 0.5
+    assert math.isnan(acting["error-clip"]) and math.isnan(steps_acting(by_arm["none"], arms["none"]))
+
+    lines = landscape_section(runs, arms, SimpleNamespace(config=STUDY))
+    assert lines[0] == "### The clipping landscape"
+    table = "\n".join(lines)
+    diffs = [-1.0, -3.0, -2.0]
+    mean, sem = statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(3)
+    low, high = mean - student_t_quantile(0.975, 2) * sem, mean + student_t_quantile(0.975, 2) * sem
+    assert (
+        f"| ZClip, z-score 2.5 | global | relative in time | 25.0 | 3 | {mean:+.2f} | [{low:+.2f}, {high:+.2f}] |"
+        in table
+    )
+    assert "| per-frame recurrent gradient cap 30 | per frame | absolute | 50.0 | 3 |" in table
+    assert "| ScaledAdam's clipping, scale 2 | global | relative in time | 50.0 | 3 |" in table
+    assert "| error clip 0.0002 on layer outputs | per element of that tensor | absolute | - | 3 |" in table
+    assert "| AutoClip, percentile 10 | global | relative in time | - | 0 |" in table
+    for _, rows in tables(table):
+        assert len({cell_count(line) for _, line in rows}) == 1
+    assert landscape_section([r for r in runs if r.key.arm == "none"], arms, SimpleNamespace(config=STUDY)) == []

@@ -112,7 +112,7 @@ def test_a_full_rounds_section_has_well_formed_tables():
     arms = {a.name: a for a in make_arms(Thresholds())}
     results = [
         _run(arm, seed, 10 + seed % 3 + 0.1 * len(arm) * (seed - 41))
-        for arm in STUDY.seeds_per_arm
+        for arm in [*STUDY.seeds_per_arm, *(c.arm for c in STUDY.landscape_family)]
         for seed in (42, 43, 44)
     ]
     results[0] = _run("none", 42, 10, cpu="AMD EPYC")  # its pairs straddle two CPU models
@@ -167,7 +167,7 @@ def test_a_full_rounds_section_has_well_formed_tables():
         machine="x86_64",
     )
     text = render_section(results, replays, arms, {}, setup, pilot)
-    assert assert_tables_well_formed(text) == 8
+    assert assert_tables_well_formed(text) == 9 and "### The clipping landscape" in text
     # none / seed 42 ran on another CPU model: filter - none, guard - none, clip-relative - none lose a pair each.
     assert "Pairs left out because their two runs ran on different CPU models: 3." in text
     assert "fixed on 2026-11-26 before the runs of round 2" in text

@@ -236,7 +236,7 @@ def family_rows(
     return rows
 
 
-def _p(x: float) -> str:
+def format_p(x: float) -> str:
     return "-" if math.isnan(x) else (f"{x:.3f}" if x >= 0.001 else "<0.001")
 
 
@@ -248,10 +248,11 @@ def verdict(row: FamilyRow, alpha: float) -> str:
         return f"not tested: {n} pair(s)"
     if row.holm_p <= alpha:
         direction = "lower" if d.mean < 0 else "higher"
-        words = f"{row.comparison.arm} {direction} by {abs(d.mean):.2f} points, holds after Holm (p {_p(row.holm_p)})"
+        words = f"{row.comparison.arm} {direction} by {abs(d.mean):.2f} points, holds after Holm"
+        words += f" (p {format_p(row.holm_p)})"
     else:
         words = (
-            f"no difference shown at family-wise {alpha:g} (Holm p {_p(row.holm_p)}); "
+            f"no difference shown at family-wise {alpha:g} (Holm p {format_p(row.holm_p)}); "
             f"the interval allows {d.low:+.2f} to {d.high:+.2f}"
         )
     smallest = smallest_signed_rank_p(row.signed_rank.n)
@@ -260,9 +261,9 @@ def verdict(row: FamilyRow, alpha: float) -> str:
         words += f" (its smallest p is {smallest:.3f})"
     elif (row.signed_rank.p <= alpha) != (row.holm_p <= alpha):
         agree = "reaches" if row.signed_rank.p <= alpha else "does not reach"
-        words += f"; the signed-rank check {agree} {alpha:g} (p {_p(row.signed_rank.p)}, unadjusted)"
+        words += f"; the signed-rank check {agree} {alpha:g} (p {format_p(row.signed_rank.p)}, unadjusted)"
     else:
-        words += f"; the signed-rank check agrees (p {_p(row.signed_rank.p)}, unadjusted)"
+        words += f"; the signed-rank check agrees (p {format_p(row.signed_rank.p)}, unadjusted)"
     return words
 
 
@@ -292,8 +293,8 @@ def format_family_table(
                 ", ".join(f"{v:+.2f}" for _, v in sorted(row.per_seed.items())) or "-",
                 "-" if math.isnan(d.mean) else f"{d.mean:+.2f}",
                 d.interval(2),
-                _p(row.holm_p),
-                _p(row.signed_rank.p),
+                format_p(row.holm_p),
+                format_p(row.signed_rank.p),
                 verdict(row, config.alpha),
             ]
         )

@@ -21,12 +21,15 @@ WALL_FILE = "ablation-wall.json"  # in every run dir: wall seconds per phase, ke
 # The losses of the report are of the transducer objective after warm-up, 0.5 x simple + pruned per frame,
 # whatever weights the warm-up ramp gave them at the step.
 OBJECTIVE_SIMPLE_SCALE = 0.5
+# A summary's per-step largest fraction over layers of the frame rows the recurrent cap clipped.
+RECURRENT_CLIP = "recurrent_clip"
 # The scalars a run summary keeps (TrainingScalarTags fields).
 KEPT_SCALARS = (
     "simple_loss",
     "pruned_loss",
     "grad_norm",
     "clip_scale",
+    "optimizer_clip_scale",
     "skipped_steps",
     "valid_loss",
     "exp_avg_sq_jump",
@@ -186,7 +189,22 @@ def kept_scalars(
         layer_stat = tags.parse_filter_tag(tag)
         if layer_stat is not None and layer_stat[1] in KEPT_FILTER_STATS:
             filters[layer_stat] = series
+    recurrent = recurrent_clip_per_step(scalars, tags)
+    if recurrent:
+        wanted[RECURRENT_CLIP] = recurrent
     return wanted, filters
+
+
+def recurrent_clip_per_step(scalars: Dict[str, Series], tags: TrainingScalarTags) -> Series:
+    """``[(step, the largest fraction of frame rows --recurrent-grad-clip capped in any layer)]``; empty when the
+    cap was off."""
+    prefix, suffix = tags.recurrent_clip.split("{layer}")
+    by_step: Dict[int, float] = {}
+    for tag, series in scalars.items():
+        if tag.startswith(prefix) and tag.endswith(suffix) and tag[len(prefix) : -len(suffix)].isdigit():
+            for step, v in series:
+                by_step[step] = max(by_step.get(step, v), v)
+    return sorted(by_step.items())
 
 
 def collect_run(

@@ -16,7 +16,16 @@ from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.train.optimizer_state import EVENT_JUMP, RECOVERED_RATIO
 from studies.ablation.arms import Arm, Thresholds
 from studies.ablation.compare import format_comparisons, paired_comparisons
-from studies.ablation.family import FamilyRow, StudyConfig, family_rows, format_family_table, power_now, verdict
+from studies.ablation.family import (
+    FamilyRow,
+    StudyConfig,
+    family_rows,
+    format_family_table,
+    format_p,
+    power_now,
+    verdict,
+)
+from studies.ablation.markdown import markdown_table
 from studies.ablation.metrics import (
     DIVERGE_FACTOR,
     DIVERGE_WINDOW,
@@ -32,6 +41,7 @@ from studies.ablation.metrics import (
     outlier_steps,
     plateau_exit,
     spearman,
+    steps_acting,
     steps_clipped,
 )
 from studies.ablation.pairing import NOT_RECORDED, cpu_of
@@ -145,6 +155,63 @@ def family_section(rows: Sequence[FamilyRow], labels: Dict[str, str], setup: Rep
             f"{now[1]:.3f} (planned: {c.seeds_per_arm.get(first.arm, 0)} pairs for {c.power_target:g})."
         )
     return lines + [""]
+
+
+def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup: ReportSetup) -> List[str]:
+    """The landscape (family.json's "landscape": every other rule against ``none``, a family of its own), once
+    one of its arms has runs: per rule its granularity and what it reacts to (as family.json states them), %
+    of steps it acted on, and its paired difference from ``none`` with Holm over the landscape's comparisons."""
+    c = setup.config
+    names = {comparison.arm for comparison in c.landscape_family}
+    if not any(r.key.arm in names for r in results):
+        return []
+    reasons = c.raw["landscape"]["arms"]
+    rows = family_rows(results, c, results[0].key.condition, c.landscape_family)
+    header = [
+        "rule",
+        "granularity",
+        "reacts to",
+        "% steps acting",
+        "pairs",
+        "mean difference",
+        f"{100 * c.confidence:g}% interval",
+        "Holm p",
+        "signed-rank p",
+        "verdict",
+    ]
+    cells = []
+    for row in rows:
+        arm = row.comparison.arm
+        granularity, _, reacts = reasons[arm].rsplit(";", 1)[-1].strip().partition(", ")
+        runs = [r for r in results if r.key.arm == arm]
+        acting = [100 * steps_acting(r, arms[arm]) for r in runs]
+        acting = [x for x in acting if math.isfinite(x)]
+        d = row.difference
+        cells.append(
+            [
+                arms[arm].label,
+                granularity,
+                reacts,
+                f"{statistics.mean(acting):.1f}" if acting else "-",
+                str(d.n),
+                "-" if math.isnan(d.mean) else f"{d.mean:+.2f}",
+                d.interval(2),
+                format_p(row.holm_p),
+                format_p(row.signed_rank.p),
+                verdict(row, c.alpha),
+            ]
+        )
+    return [
+        "### The clipping landscape",
+        "",
+        f"Every other rule minus `none`, seed by seed, on {_wer_name(*c.metric)} WER (%) at the end of the budget; "
+        f"Holm over these {len(rows)} comparisons, apart from the family above; each rule's threshold and its "
+        'reason are in `studies/ablation/family.json` ("landscape"). % steps acting: mean over the rule\'s runs '
+        "('-': the error clip logs nothing).",
+        "",
+        markdown_table(header, cells),
+        "",
+    ]
 
 
 def clipping_sentences(results: Sequence[RunResult], arms: Dict[str, Arm]) -> List[str]:
@@ -469,6 +536,7 @@ def render_section(
         "",
         *answer_section(rows, results, replays, checked_replays(replays, originals), measures, arms, labels, setup),
         *family_section(rows, labels, setup),
+        *landscape_section(results, arms, setup),
         "### WER at a third, two thirds and the whole budget",
         "",
         format_wer_curves(results, arms, setup.methods),
