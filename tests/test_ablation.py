@@ -635,7 +635,7 @@ def test_table_rows_are_mean_and_spread_of_their_sources(ablation):
                     key = ("greedy_search", test_set)
                     assert summary.wer_at[point][key] == wer_from_summary(d / "greedy_search", test_set, point)
                 assert summary.decoding == {"avg": 2, "use_averaged_model": True, "save_every_n": 1}
-                assert summary.machine == {"cpu_model": cpu_model(), "torch": torch.__version__}
+                assert summary.machine == machine_record()
                 assert sorted(p.name for p in d.glob("*.pt")) == ["checkpoint-4.pt", "checkpoint-6.pt"]
         valid = []
         for d in dirs:
@@ -684,7 +684,8 @@ def test_results_md_sections_commands_and_plots(ablation):
     results = ablation["out"] / "results"
     text = (results / "RESULTS.md").read_text()
     assert re.search(r"Date: \d{4}-\d{2}-\d{2}\.", text)
-    assert f"CPU models of the summaries: {cpu_model()}: {len(ARMS) * len(SEEDS)} run(s)/replay(s)." in text
+    cpu = f"{cpu_model()} (flags {cpu_flags_digest()}, {machine_record()['threads']} threads)"
+    assert f"CPU models of the summaries: {cpu}: {len(ARMS) * len(SEEDS)} run(s)/replay(s)." in text
     assert "./lstm_transducer_stateless/ablation.py --work-dir" in text
     assert "### Where the outliers arise (digits, arm `none`" in text
     assert (
@@ -727,7 +728,7 @@ def test_results_md_sections_commands_and_plots(ablation):
     from test_ablation_tables import assert_tables_well_formed
 
     # The family, WER at the decoding points, the arms, where the outliers arise, the paired differences.
-    assert assert_tables_well_formed(text) == 5
+    assert assert_tables_well_formed(text) == 6 and "### The clipping landscape" in text  # value: a landscape arm
 
 
 def test_outlier_table_from_the_observing_runs_raw_events(ablation):
@@ -793,15 +794,15 @@ def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
     assert primary.plan.all_seeds == list(range(42, 59)) and len(primary.plan.runs) == 59
     assert [k.arm for k in primary.plan.runs if k.seed == 47] == ["none", "filter"]
     assert (primary.replay_events, primary.replays_per_seed, primary.args.replay_steps) == (10, 2, 100)
-    assert primary.decode_points(1200) == [400, 800, 1200]
+    assert primary.decode_points(1800) == [600, 1200, 1800]
     none = shlex.join(study.train_command(primary, RunKey("digits", "none", 42)))
     assert "--keep-last-k 0" in none and "--save-every-n 50" in none and "--average-period 20" in none
-    assert "--max-batches 1200" in none and "--max-duration 60" in none and "--model-warm-step 50" in none
-    assert "--iter 400 --avg 2 --use-averaged-model true" in shlex.join(
-        study.decode_command(primary, "digits", primary.run_dir(key), "greedy_search", primary.decoding_of(400))
+    assert "--max-batches 1800" in none and "--max-duration 60" in none and "--model-warm-step 50" in none
+    assert "--iter 600 --avg 2 --use-averaged-model true" in shlex.join(
+        study.decode_command(primary, "digits", primary.run_dir(key), "greedy_search", primary.decoding_of(600))
     )
     assert "--clip-grad-norm 1000" in shlex.join(study.train_command(primary, RunKey("digits", "guard", 42)))
-    assert study.kept_checkpoints(primary, 1200) == [1100, 1200]
+    assert study.kept_checkpoints(primary, 1800) == [1700, 1800]
     # Averaging between checkpoints needs the budget and the window on multiples of the average period.
     with pytest.raises(SystemExit):
         module.resolve_settings(parser, parser.parse_args(["--work-dir", str(tiny_data), "--steps", "1250"]))
@@ -937,7 +938,7 @@ def test_a_replay_trains_its_five_branches_on_the_same_batches(ablation, tiny_da
     assert b[UNIFORM].second_moment_event != b[FILTER].second_moment_event
     assert b[UNIFORM].second_moment_event != b[NO_CONTROL].second_moment_event
     assert len(result.tensors) == len(b[NO_CONTROL].second_moment) == len(b[NO_CONTROL].second_moment_event)
-    assert result.machine == {"cpu_model": cpu_model(), "torch": torch.__version__}
+    assert result.machine == machine_record()
     uniform_commands = [c for c in result.commands if "-m studies.ablation.uniform_filter" in c]
     assert len(uniform_commands) == 2 and "--grad-filter-threshold 1.0001" in uniform_commands[0]
     # The summary reads back the same, and the report's replay tables come from it.
