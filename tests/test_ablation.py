@@ -1050,3 +1050,21 @@ def test_a_budget_that_grew_trains_on_and_is_not_done(tmp_path, monkeypatch):
     write_summary(tmp_path / "runs", run)
     s = dataclasses.make_dataclass("S", ["methods", "summaries"])(["greedy_search"], tmp_path / "runs")
     assert study.run_done(s, run.key, steps=1800) and not study.run_done(s, run.key, steps=2700)
+
+
+def test_runs_are_not_added_to_summaries_made_on_another_cpu(tmp_path):
+    """Runs on two CPUs pair with none of each other's: the study refuses to add runs to a round made on
+    another CPU (model, flags digest or threads) rather than spend hours on runs that count for nothing."""
+    s = dataclasses.make_dataclass("S", ["summaries"])(tmp_path / "runs")
+    study.check_machine(s)  # no summaries yet: any machine may start the round
+    run = _run("none", 42, 1.0, {0: [1.0, 2.0]})
+    run.machine = dict(machine_record())
+    write_summary(s.summaries, run)
+    study.check_machine(s)  # this machine's own runs
+    run.key = RunKey("stress", "none", 43)
+    run.machine = {**machine_record(), "threads": "64"}
+    write_summary(s.summaries, run)
+    study.check_machine(s)  # one of the machines seen is this one
+    (s.summaries / "stress" / "none" / "seed-42.json").unlink()  # only the other machine's run is left
+    with pytest.raises(study.StudyError, match=r"64 threads\), this machine is .*: its runs would pair with none"):
+        study.check_machine(s)

@@ -22,7 +22,11 @@ NOT_RECORDED = "CPU model not recorded"
 def cpu_of(result: RunResult) -> Optional[str]:
     """The CPU a run was made on: its model, with its instruction-set digest and thread count where the
     summary records them (round 2 on); None when the summary does not say."""
-    machine = result.machine
+    return cpu_name(result.machine)
+
+
+def cpu_name(machine: Dict[str, str]) -> Optional[str]:
+    """A machine record's CPU (:func:`studies.runner.machine_record`) as :func:`cpu_of` names it."""
     if not machine.get("cpu_model"):
         return None
     extras = [f"flags {machine['cpu_flags']}"] if machine.get("cpu_flags") else []

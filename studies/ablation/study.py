@@ -25,6 +25,7 @@ from icefall_lite.train.tb_tags import TB_TAGS
 from studies.ablation.arms import Arm, Condition, Plan, RunKey, Thresholds, same_controls
 from studies.ablation.family import StudyConfig
 from studies.ablation.metrics import format_table
+from studies.ablation.pairing import cpu_name
 from studies.ablation.plots import write_plots
 from studies.ablation.replay import (
     FILTER,
@@ -188,6 +189,23 @@ def stored_bpe_model(summaries: Path, condition: str, work_dir: Path) -> Path:
     if relpath is None:
         raise StudyError(f"{summaries / CONFIG_FILE} has no BPE model for condition {condition}")
     return work_dir / relpath
+
+
+def check_machine(s: Settings) -> None:
+    """Refuse to add runs to summaries made on another CPU (model, flags digest or threads): runs on two CPUs
+    round differently and pair with none of each other's, so hours of runs would count for nothing."""
+    here = cpu_name(machine_record())
+    seen = set()
+    for path in s.summaries.rglob("*.json"):
+        machine = (read_json(path) or {}).get("machine")
+        if isinstance(machine, dict) and cpu_name(machine):
+            seen.add(cpu_name(machine))
+    if seen and here not in seen:
+        raise StudyError(
+            f"the runs in {s.summaries} were made on {'; '.join(sorted(seen))}, this machine is {here}: its runs "
+            "would pair with none of them. Go on where they were made (OMP_NUM_THREADS sets the threads), or "
+            "start the round over on this machine with another --summaries and --exp-root."
+        )
 
 
 def check_config(s: Settings) -> None:

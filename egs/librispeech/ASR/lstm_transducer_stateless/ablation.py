@@ -92,6 +92,7 @@ from studies.ablation.section import pilot_verdict
 from studies.ablation.study import (
     Settings,
     check_config,
+    check_machine,
     find_bpe_model,
     run_done,
     run_pilot,
@@ -320,6 +321,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"seeds {s.plan.all_seeds}; {s.replay_events} replay(s)"
     )
     try:
+        check_machine(s)
         check_config(s)
         if args.pilot == "only" or (args.pilot == "auto" and args.set == "primary"):
             stands, text = pilot_verdict(run_pilot(s), s.config)
