@@ -403,3 +403,49 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     for _, rows in tables(table):
         assert len({cell_count(line) for _, line in rows}) == 1
     assert landscape_section([r for r in runs if r.key.arm == "none"], arms, SimpleNamespace(config=STUDY)) == []
+
+
+def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
+    from types import SimpleNamespace
+
+    from studies.ablation.arms import CONDITIONS, RUN_SETS
+    from studies.ablation.section import depth_interaction, depth_section
+
+    deep = CONDITIONS[STUDY.depth_condition]
+    flags = dict(zip(deep.model_flags[::2], deep.model_flags[1::2]))
+    assert flags == {
+        "--num-encoder-layers": "12",
+        "--encoder-dim": "128",
+        "--rnn-hidden-size": "128",
+        "--dim-feedforward": "512",
+    }
+    assert deep.steps == STUDY.steps and deep.train_flags == CONDITIONS[STUDY.condition].train_flags
+    assert dict(RUN_SETS["depth"].seeds_per_arm) == {"none": 5, "filter": 5, "guard": 5, "scaled-adam": 5}
+    assert RUN_SETS["depth"].conditions == (STUDY.depth_condition,)
+    # The quoted figures of the reason: 1000 / 251.4 and the minutes a run takes.
+    why, time = RAW["depth"]["why"], RAW["depth"]["time"]
+    assert f"{STUDY.guard_clip_grad_norm / 251.4:.1f}x" in why and "(251.4)" in why
+    minutes = (STUDY.steps * 0.463 + 3 * 14) / 60
+    assert f"about {minutes:.1f} min" in time and f"= {20 * minutes / 60:.1f} h" in time
+
+    def run(condition, arm, seed, other):
+        r = _run(arm, seed, other)
+        r.key = RunKey(condition, arm, seed)
+        return r
+
+    # filter - none per seed: at 4 layers -1, -2, -1.5; at 12 layers -3, -3, -4.5 (seed 45 only deep: left out).
+    runs = []
+    for seed, shallow, deep_effect in ((42, -1.0, -3.0), (43, -2.0, -3.0), (44, -1.5, -4.5)):
+        runs += [run("digits", "none", seed, 10.0), run("digits", "filter", seed, 10.0 + shallow)]
+        runs += [run("digits-12", "none", seed, 20.0), run("digits-12", "filter", seed, 20.0 + deep_effect)]
+    runs += [run("digits-12", "none", 45, 20.0), run("digits-12", "filter", 45, 10.0)]
+    d = depth_interaction(runs, STUDY, "digits")
+    per_seed = [-3.0 - -1.0, -3.0 - -2.0, -4.5 - -1.5]  # -2, -1, -3
+    mean, sem = statistics.mean(per_seed), statistics.stdev(per_seed) / math.sqrt(3)
+    assert d.n == 3 and d.mean == pytest.approx(mean)
+    assert d.high - d.mean == pytest.approx(student_t_quantile(0.975, 2) * sem)
+    lines = depth_section(runs, {}, SimpleNamespace(config=STUDY))
+    text = "\n".join(lines)
+    assert lines[0] == "### Depth: `digits-12`" and f"over the 3 seed(s) both have: {mean:+.2f}" in text
+    assert "| filter − none | 4 |" in text and "| guard − none | 0 |" in text
+    assert depth_section([r for r in runs if r.key.condition == "digits"], {}, SimpleNamespace(config=STUDY)) == []

@@ -238,6 +238,21 @@ CONDITIONS: Dict[str, Condition] = {
         model_warm_step=50,
         train_flags=("--base-lr", "0.003"),
     ),
+    "digits-12": Condition(
+        "digits-12",
+        "connected digits, 12 LSTM layers of 128 (feed-forward 512), --base-lr 0.003, --model-warm-step 50: the "
+        "depth of icefall's stack at a width whose run fits about 15 minutes on 2 cores (RESULTS.md, 'Depth pilot')",
+        corpus="digits",
+        corpus_dir="digits",
+        steps=STUDY.steps,
+        max_duration=60.0,
+        model_warm_step=50,
+        model_flags=(
+            *("--num-encoder-layers", "12", "--encoder-dim", "128"),
+            *("--rnn-hidden-size", "128", "--dim-feedforward", "512"),
+        ),
+        train_flags=("--base-lr", "0.003"),
+    ),
     "stress": Condition(
         "stress",
         "synthetic LibriSpeech; 8 LSTM layers of d_model 128 with projection (LSTM hidden 384, feed-forward 512), "
@@ -275,7 +290,8 @@ class RunSet:
 # primary: the question, as family.json fixes it for the round (seeds per arm chosen for the power of filter -
 # none; see its "time" for what 8 hours hold); secondary: the other thresholds and clipping designs with fewer
 # seeds, and the from-scratch instability; landscape: every other rule against none on the round's condition
-# and seeds (family.json's "landscape", a family of its own), its none runs the round's.
+# and seeds (family.json's "landscape", a family of its own), its none runs the round's; depth: the 12-layer
+# condition's arms against none (family.json's "depth", its own family and the filter's interaction with depth).
 RUN_SETS: Dict[str, RunSet] = {
     "primary": RunSet(
         "primary",
@@ -290,6 +306,16 @@ RUN_SETS: Dict[str, RunSet] = {
         tuple(
             (a, 2)
             for a in ("none", "filter", "clip", "filter-clip", "filter-10", "filter-5", "agc", "value", "error-clip")
+        ),
+        0,
+        0,
+    ),
+    "depth": RunSet(
+        "depth",
+        (STUDY.depth_condition,),
+        tuple(
+            (a, STUDY.depth_seeds)
+            for a in dict.fromkeys([*(c.baseline for c in STUDY.depth_family), *(c.arm for c in STUDY.depth_family)])
         ),
         0,
         0,

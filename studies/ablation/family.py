@@ -90,6 +90,11 @@ class StudyConfig:
     plateau_window: int
     landscape_family: Tuple[FamilyComparison, ...]  # issue 39's arms against none: a family of its own
     landscape_seeds: int
+    depth_condition: (
+        str  # the deep condition (arms.CONDITIONS) whose arms are compared with none (family.json's "depth")
+    )
+    depth_family: Tuple[FamilyComparison, ...]
+    depth_seeds: int
     raw: Dict
 
     @property
@@ -182,6 +187,9 @@ def load_config(path: Path = CONFIG_PATH) -> StudyConfig:
         plateau_window=int(raw["plateau"]["window"]),
         landscape_family=tuple(FamilyComparison(a, b) for a, b in raw["landscape"]["family"]),
         landscape_seeds=int(raw["landscape"]["seeds_per_arm"]),
+        depth_condition=raw["depth"]["condition"],
+        depth_family=tuple(FamilyComparison(a, b) for a, b in raw["depth"]["family"]),
+        depth_seeds=int(raw["depth"]["seeds_per_arm"]),
         raw=raw,
     )
     _check(config)

@@ -44,7 +44,8 @@ from studies.ablation.metrics import (
     steps_acting,
     steps_clipped,
 )
-from studies.ablation.pairing import NOT_RECORDED, cpu_of
+from studies.ablation.paired import PairedDifference, paired_difference
+from studies.ablation.pairing import NOT_RECORDED, cpu_of, pair_runs
 from studies.ablation.replay import (
     CONTROLS,
     EARLY_STEPS,
@@ -166,7 +167,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
     if not any(r.key.arm in names for r in results):
         return []
     reasons = c.raw["landscape"]["arms"]
-    rows = family_rows(results, c, results[0].key.condition, c.landscape_family)
+    rows = family_rows(results, c, c.condition, c.landscape_family)
     header = [
         "rule",
         "granularity",
@@ -210,6 +211,47 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "('-': the error clip logs nothing).",
         "",
         markdown_table(header, cells),
+        "",
+    ]
+
+
+def depth_interaction(results: Sequence[RunResult], config: StudyConfig, shallow: str) -> PairedDifference:
+    """The filter's effect on the metric at the deep condition minus its effect at ``shallow``, per seed both
+    conditions share (each effect: filter - none of that seed, on one CPU): mean and interval."""
+
+    def effects(condition: str) -> Dict[int, float]:
+        runs = [r for r in results if r.key.condition == condition]
+        pairing = pair_runs(
+            [r for r in runs if r.key.arm == "filter"],
+            [r for r in runs if r.key.arm == "none"],
+            lambda r: r.wer.get(config.metric, math.nan),
+        )
+        return pairing.differences
+
+    deep, flat = effects(config.depth_condition), effects(shallow)
+    seeds = sorted(set(deep) & set(flat))
+    return paired_difference({k: deep[k] for k in seeds}, {k: flat[k] for k in seeds}, config.confidence)
+
+
+def depth_section(results: Sequence[RunResult], labels: Dict[str, str], setup: ReportSetup) -> List[str]:
+    """The deep condition's family (family.json's "depth") and the filter's interaction with depth, once the
+    deep condition has runs."""
+    c = setup.config
+    if not any(r.key.condition == c.depth_condition for r in results):
+        return []
+    rows = family_rows(results, c, c.depth_condition, c.depth_family)
+    d = depth_interaction(results, c, c.condition)
+    return [
+        f"### Depth: `{c.depth_condition}`",
+        "",
+        f"Every arm minus `none` on `{c.depth_condition}`, seed by seed, on {_wer_name(*c.metric)} WER (%) at the end "
+        f"of the budget; Holm over these {len(rows)} comparisons, apart from the other families "
+        '(`studies/ablation/family.json`, "depth").',
+        "",
+        format_family_table(rows, labels, c),
+        "",
+        f"The filter's effect at `{c.depth_condition}` minus its effect at `{c.condition}`, over the {d.n} seed(s) "
+        f"both have: " + ("-" if d.n < 2 else f"{d.mean:+.2f}, {100 * c.confidence:g}% interval {d.interval(2)}") + ".",
         "",
     ]
 
@@ -517,7 +559,8 @@ def render_section(
 ) -> str:
     """The ablation section of RESULTS.md."""
     labels = {name: f"`{name}`" for name in arms}
-    condition = results[0].key.condition
+    conditions = [r.key.condition for r in results]
+    condition = setup.config.condition if setup.config.condition in conditions else conditions[0]
     rows = family_rows(results, setup.config, condition)
     originals = {(r.key.condition, r.key.seed): r for r in results if r.key.arm == observing_arm}
     measures = control_measures(replays, originals, setup.methods)
@@ -537,6 +580,7 @@ def render_section(
         *answer_section(rows, results, replays, checked_replays(replays, originals), measures, arms, labels, setup),
         *family_section(rows, labels, setup),
         *landscape_section(results, arms, setup),
+        *depth_section(results, labels, setup),
         "### WER at a third, two thirds and the whole budget",
         "",
         format_wer_curves(results, arms, setup.methods),
