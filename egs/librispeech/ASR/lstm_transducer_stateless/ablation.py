@@ -38,6 +38,10 @@ Sets (--set; flags below override its conditions, arms, seeds and replays):
              recurrent-clip (Kaldi's per-frame cap); family.json's
              "landscape" fixes their thresholds and their family (Holm over
              its 10 comparisons, apart from the primary family).
+  depth      the 12-layer condition `digits-12` (12 x 128 LSTM layers, the
+             primary budget and learning rate): none, filter, guard and
+             scaled-adam with 5 seeds; family.json's "depth" fixes its family
+             and the filter's interaction with depth (12 layers minus 4).
 
 Replays: in the `none` runs of the first seeds, the largest outlier events
 (a layer's largest per-sequence gradient over the filter threshold x the
@@ -64,6 +68,7 @@ runs the pilot, then, if the budget stands, the primary set):
   ./lstm_transducer_stateless/ablation.py                        # the pilot, then (if it stands) the primary set
   ./lstm_transducer_stateless/ablation.py --set secondary        # (stress needs: bash prepare.sh)
   ./lstm_transducer_stateless/ablation.py --set landscape        # after the primary set
+  ./lstm_transducer_stateless/ablation.py --set depth            # after the primary set
   ./lstm_transducer_stateless/ablation.py --arms none filter --num-seeds 2 --list
 
 Resuming: a run with a summary is skipped; a run cut off part-way resumes
