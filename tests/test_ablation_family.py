@@ -351,7 +351,7 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     from icefall_lite.train.tb_tags import TB_TAGS
     from studies.ablation.arms import Thresholds, make_arms
     from studies.ablation.metrics import steps_acting
-    from studies.ablation.runs import RECURRENT_CLIP, kept_scalars
+    from studies.ablation.runs import ERROR_CLIP, RECURRENT_CLIP, kept_scalars
     from studies.ablation.section import landscape_section
 
     # The recurrent cap's per-layer fractions become one series: the largest over layers at each step.
@@ -360,19 +360,24 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
         TB_TAGS.recurrent_clip.format(layer=1): [(1, 0.0), (2, 0.0), (3, 0.0), (4, 0.2)],
         TB_TAGS.clip_scale: [(1, 1.0), (2, 0.5), (3, 1.0), (4, 1.0)],
     }
+    tb[TB_TAGS.error_clip.format(layer=0)] = [(1, 0.0), (2, 0.0), (3, 1e-4), (4, 0.0)]
+    tb[TB_TAGS.error_clip.format(layer=3)] = [(1, 0.0), (2, 0.0), (3, 5e-5), (4, 0.0)]
     kept, _ = kept_scalars(tb, TB_TAGS)
     assert (
         kept[RECURRENT_CLIP] == [(1, 0.0), (2, 0.1), (3, 0.0), (4, 0.2)]
+        and kept[ERROR_CLIP] == [(1, 0.0), (2, 0.0), (3, 1e-4), (4, 0.0)]
         and kept["clip_scale"] == tb[TB_TAGS.clip_scale]
     )
-    assert RECURRENT_CLIP not in kept_scalars({TB_TAGS.clip_scale: [(1, 1.0)]}, TB_TAGS)[0]
+    assert set(kept_scalars({TB_TAGS.clip_scale: [(1, 1.0)]}, TB_TAGS)[0]) == {"clip_scale"}
 
     arms = {a.name: a for a in make_arms(Thresholds())}
     scalars = {
         "zclip": {"clip_scale": [(1, 1.0), (2, 0.5), (3, 1.0), (4, 1.0)]},  # 1 of 4 steps
         "scaled-adam": {"optimizer_clip_scale": [(1, 0.9), (2, 0.8), (3, 1.0), (4, 1.0)], "clip_scale": [(1, 0.1)]},
         "recurrent-clip": {RECURRENT_CLIP: kept[RECURRENT_CLIP]},  # 2 of 4
-        "error-clip": {"clip_scale": [(1, 0.5)]},  # logs nothing of its own: not counted
+        "error-clip": {ERROR_CLIP: [(1, 0.0), (2, 0.0), (3, 1e-4), (4, 0.0)], "clip_scale": [(1, 0.5)]},  # 1 of 4
+        "value": {"clip_scale": [(1, 0.5), (2, 1.0)]},  # 1 of 2
+        "agc": {ERROR_CLIP: [(1, 0.1)]},  # another rule's statistic: not counted
     }
     runs = []
     for seed, (base, diff) in enumerate([(20.0, -1.0), (21.0, -3.0), (19.0, -2.0)], 42):
@@ -384,7 +389,8 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     by_arm = {r.key.arm: r for r in runs if r.key.seed == 42}
     acting = {arm: steps_acting(by_arm[arm], arms[arm]) for arm in scalars}
     assert acting["zclip"] == 0.25 and acting["scaled-adam"] == 0.5 and acting["recurrent-clip"] == 0.5
-    assert math.isnan(acting["error-clip"]) and math.isnan(steps_acting(by_arm["none"], arms["none"]))
+    assert acting["error-clip"] == 0.25 and acting["value"] == 0.5 and math.isnan(acting["agc"])
+    assert math.isnan(steps_acting(by_arm["none"], arms["none"]))
 
     lines = landscape_section(runs, arms, SimpleNamespace(config=STUDY))
     assert lines[0] == "### The clipping landscape"
@@ -398,7 +404,7 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     )
     assert "| per-frame recurrent gradient cap 30 | per frame | absolute | 50.0 | 3 |" in table
     assert "| ScaledAdam's clipping, scale 2 | global | relative in time | 50.0 | 3 |" in table
-    assert "| error clip 0.0002 on layer outputs | per element of that tensor | absolute | - | 3 |" in table
+    assert "| error clip 0.0002 on layer outputs | per element of that tensor | absolute | 25.0 | 3 |" in table
     assert "| AutoClip, percentile 10 | global | relative in time | - | 0 |" in table
     for _, rows in tables(table):
         assert len({cell_count(line) for _, line in rows}) == 1

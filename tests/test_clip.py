@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from icefall_lite.nn.clip import (
+    ClipCounts,
     ErrorClipByValue,
     GradientFilter,
     NonFiniteGradientError,
@@ -161,11 +162,13 @@ def test_error_clip_chain_rule_by_hand():
     w = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
     a = torch.tensor([1.0, 0.1, 5.0], dtype=torch.float64)
     y = w * x
-    z = error_clip(y, ErrorClipByValue(max=3.0, min=-1.0))
+    counts = ClipCounts()
+    z = error_clip(y, ErrorClipByValue(max=3.0, min=-1.0), counts)
     loss = (a * z**2).sum()
     loss.backward()
-    # dL/dz = 2 a z = [4, -0.8, 60] -> clipped to [3, -0.8, 3]
+    # dL/dz = 2 a z = [4, -0.8, 60] -> clipped to [3, -0.8, 3]: 2 of the 3 elements changed
     dz = torch.tensor([3.0, -0.8, 3.0], dtype=torch.float64)
+    assert counts.as_dict() == {"fraction_clipped": pytest.approx(2 / 3)}
     torch.testing.assert_close(x.grad, dz * 2.0, rtol=0, atol=1e-15)
     torch.testing.assert_close(w.grad, (dz * x.detach()).sum(), rtol=0, atol=1e-15)
     assert torch.equal(z, y)
@@ -175,9 +178,16 @@ def test_error_clip_on_module_output():
     torch.manual_seed(0)
     lin = nn.Linear(3, 2)
     x = torch.randn(4, 3, requires_grad=True)
-    handle = add_error_clip(lin, ErrorClipByValue(0.5))
+    counts = ClipCounts()
+    handle = add_error_clip(lin, ErrorClipByValue(0.5), counts)
     out = lin(x)
     (out * 10).sum().backward()
+    assert counts.as_dict() == {"fraction_clipped": 1.0}
+    (lin(x) * 0.1).sum().backward()  # a new forward starts the counts afresh: nothing clipped in its backward
+    assert counts.as_dict() == {"fraction_clipped": 0.0}
+    x.grad = None
+    lin.zero_grad()
+    (lin(x) * 10).sum().backward()
     # dL/dout = 10 everywhere, clipped to 0.5.
     torch.testing.assert_close(x.grad, torch.full((4, 2), 0.5) @ lin.weight.detach())
     torch.testing.assert_close(lin.bias.grad, torch.full((2,), 0.5 * 4))

@@ -604,11 +604,13 @@ def test_recurrent_grad_clip_installs_in_every_lstm_and_off_is_the_kernel(monkey
 ALL_RULES = (
     *("--clip-grad-norm", "0", "--zclip-z-threshold", "2.5", "--autoclip-percentile", "10"),
     *("--scaled-adam-clipping-scale", "2", "--grad-filter-mode", "hard-mask", "--recurrent-grad-clip", "30"),
+    *("--error-clip", "0.001"),
 )
 
 
 def test_train_py_with_every_new_rule_resumes_exactly(tiny_data, tmp_path):
-    """train.py with ZClip, AutoClip, ScaledAdam's rule, the hard-mask filter and the recurrent cap: 3 batches,
+    """train.py with ZClip, AutoClip, ScaledAdam's rule, the hard-mask filter, the recurrent cap and the error
+    clip: 3 batches,
     then resumed from checkpoint-3.pt to 6, equals 6 uninterrupted batches (losses, weights, rule states)."""
     from conftest import batch_losses, run_train
 
@@ -619,10 +621,11 @@ def test_train_py_with_every_new_rule_resumes_exactly(tiny_data, tmp_path):
     assert "Recurrent derivative cap 30 in 2 LSTM layers" in whole.stderr
     from studies.tb_reader import read_scalars
 
-    capped = read_scalars(tmp_path / "whole" / "tensorboard", ["recurrent_clip/layer0/fraction_clipped"])
-    fractions = capped["recurrent_clip/layer0/fraction_clipped"]
-    assert [step for step, _ in fractions] == [1, 2, 3, 4, 5, 6]  # logged every step
-    assert all(0.0 <= value <= 1.0 for _, value in fractions)
+    tags = ["recurrent_clip/layer0/fraction_clipped", "error_clip/layer1/fraction_clipped"]
+    capped = read_scalars(tmp_path / "whole" / "tensorboard", tags)
+    for tag in tags:
+        assert [step for step, _ in capped[tag]] == [1, 2, 3, 4, 5, 6], tag  # logged every step
+        assert all(0.0 <= value <= 1.0 for _, value in capped[tag]), tag
     first = run_train(tiny_data, tmp_path / "resumed", "--max-batches", "3", "--save-every-n", "3", *ALL_RULES)
     assert first.returncode == 0, first.stderr
     second = run_train(tiny_data, tmp_path / "resumed", "--max-batches", "6", "--save-every-n", "3", *ALL_RULES)

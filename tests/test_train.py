@@ -534,18 +534,19 @@ def test_error_clip_clamps_the_gradient_arriving_at_every_encoder_layer():
         inputs.append(h)
         h = layer(h)[0]
         outputs.append(h)
-    grad = weights.clamp(-value, value)
+    arriving = {len(layers) - 1: weights}
     expected = {}
     for i in reversed(range(len(layers))):
         params = list(layers[i].parameters())
-        grads = torch.autograd.grad(outputs[i], [inputs[i], *params], grad)
+        grads = torch.autograd.grad(outputs[i], [inputs[i], *params], arriving[i].clamp(-value, value))
         expected[i] = grads[1:]
-        grad = grads[0].clamp(-value, value)
+        arriving[i - 1] = grads[0]
     expected_input_grad = grads[0]
 
-    GradientControl(
+    control = GradientControl(
         clip_grad_norm=0, clip_grad_value=0, agc_clipping=0, error_clip=value, clip_grad_norm_relative=0
-    ).install(model)
+    )
+    control.install(model)
     x_in = x.clone().requires_grad_()
     h = x_in
     for layer in layers:
@@ -556,3 +557,12 @@ def test_error_clip_clamps_the_gradient_arriving_at_every_encoder_layer():
         for got, want in zip([p.grad for p in layer.parameters()], expected[i]):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert weights.abs().max() > value  # the clip acted
+    # Each layer counts the elements of its arriving gradient that the clip changed.
+    fractions = [float((arriving[i].abs() > value).float().mean()) for i in range(len(layers))]
+    assert [c.as_dict()["fraction_clipped"] for c in control.error_clip_counts] == pytest.approx(fractions, abs=1e-7)
+    assert 0 < min(fractions) and max(fractions) < 1
+    with torch.no_grad():
+        layers[0](x)  # a forward without grad (validation) leaves them
+    assert control.error_clip_counts[0].as_dict() == {"fraction_clipped": pytest.approx(fractions[0], abs=1e-7)}
+    layers[0](x)  # a training forward starts them afresh
+    assert control.error_clip_counts[0].as_dict() == {}

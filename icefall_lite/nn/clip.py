@@ -584,38 +584,49 @@ class ErrorClipByValue:
 
 class _ErrorClipFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, clip: Callable[[Tensor], Tensor]) -> Tensor:
-        ctx.clip = clip
+    def forward(ctx, x: Tensor, clip: Callable[[Tensor], Tensor], counts: Optional[ClipCounts]) -> Tensor:
+        ctx.clip, ctx.counts = clip, counts
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return ctx.clip(grad), None
+        clipped = ctx.clip(grad)
+        if ctx.counts is not None:
+            ctx.counts.add((clipped != grad).sum(), grad.numel())
+        return clipped, None, None
 
 
-def error_clip(tensor: Tensor, clip: Callable[[Tensor], Tensor]) -> Tensor:
+def error_clip(tensor: Tensor, clip: Callable[[Tensor], Tensor], counts: Optional[ClipCounts] = None) -> Tensor:
     """Return ``tensor`` unchanged; in backward, ``clip`` is applied to its gradient.
 
     The gradient arriving at the returned tensor (summed over all its uses) is
     clipped before it flows into the ops that produced ``tensor``, so every
-    upstream gradient is computed from the clipped one.
+    upstream gradient is computed from the clipped one. ``counts`` (optional)
+    adds the elements the clip changed.
     """
     if not (torch.is_grad_enabled() and tensor.requires_grad):
         return tensor
-    return _ErrorClipFunction.apply(tensor, clip)
+    return _ErrorClipFunction.apply(tensor, clip, counts)
 
 
-def add_error_clip(module: nn.Module, clip: Callable[[Tensor], Tensor]) -> torch.utils.hooks.RemovableHandle:
+def add_error_clip(
+    module: nn.Module, clip: Callable[[Tensor], Tensor], counts: Optional[ClipCounts] = None
+) -> torch.utils.hooks.RemovableHandle:
     """Mark a module's output (a tensor, or each tensor of a tuple output) with an error clip.
 
-    Returns the hook handle; ``handle.remove()`` takes the clip off again.
+    With ``counts``, each forward of ``module`` with grad enabled starts them
+    afresh and its backward counts the gradient elements the clip changed (over all the
+    output's tensors). Returns the hook handle; ``handle.remove()`` takes the
+    clip off again.
     """
 
     def hook(_module: nn.Module, _inputs, output):
+        if counts is not None and torch.is_grad_enabled():  # not a forward without backward (validation)
+            counts.start()
         if isinstance(output, Tensor):
-            return error_clip(output, clip)
+            return error_clip(output, clip, counts)
         if isinstance(output, tuple):
-            return tuple(error_clip(o, clip) if isinstance(o, Tensor) else o for o in output)
+            return tuple(error_clip(o, clip, counts) if isinstance(o, Tensor) else o for o in output)
         raise TypeError(f"add_error_clip: unsupported output type {type(output).__name__}")
 
     return module.register_forward_hook(hook)
@@ -742,27 +753,27 @@ class GradientFilterStats:
         }
 
 
-class RecurrentGradClipStats:
-    """How many rows (frame x sequence) a :func:`recurrent_grad_clip` capped in the last backward, as device
-    tensors (read them when logging: ``float(stats.fraction_clipped)``)."""
+class ClipCounts:
+    """How many items a clip in backward changed since the forward that last called :meth:`start` (frame
+    rows for :func:`recurrent_grad_clip`, gradient elements for :func:`error_clip`), as device tensors: read
+    them when logging (``float(counts.fraction_clipped)``), not in backward."""
 
     def __init__(self) -> None:
-        self.rows = 0
+        self.items = 0
         self.clipped: Optional[Tensor] = None
-        self.num_backward = 0
 
     def start(self) -> None:
         """A new forward: the counts of the coming backward start from zero."""
-        self.rows = 0
+        self.items = 0
         self.clipped = None
 
-    def add(self, clipped: Tensor, rows: int) -> None:
+    def add(self, clipped: Tensor, items: int) -> None:
         self.clipped = clipped if self.clipped is None else self.clipped + clipped
-        self.rows += rows
+        self.items += items
 
     @property
     def fraction_clipped(self) -> Optional[Tensor]:
-        return None if self.clipped is None else self.clipped.float() / max(self.rows, 1)
+        return None if self.clipped is None else self.clipped.float() / max(self.items, 1)
 
     def as_dict(self) -> Dict[str, float]:
         """Plain floats for logging; empty before the first backward."""
@@ -771,7 +782,7 @@ class RecurrentGradClipStats:
 
 class _RecurrentGradClipFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, threshold: float, stats: Optional[RecurrentGradClipStats], *states: Tensor):
+    def forward(ctx, threshold: float, stats: Optional[ClipCounts], *states: Tensor):
         ctx.threshold, ctx.stats = threshold, stats
         return tuple(s.view_as(s) for s in states)
 
@@ -785,9 +796,7 @@ class _RecurrentGradClipFunction(torch.autograd.Function):
         return (None, None, *(g * scale.to(g.dtype) for g in grads))
 
 
-def recurrent_grad_clip(
-    threshold: float, *states: Tensor, stats: Optional[RecurrentGradClipStats] = None
-) -> Tuple[Tensor, ...]:
+def recurrent_grad_clip(threshold: float, *states: Tensor, stats: Optional[ClipCounts] = None) -> Tuple[Tensor, ...]:
     """The ``states`` unchanged; in backward, each row of their gradients (the last dim; a frame of one
     sequence) scaled so that its L2 norm over all ``states`` together is at most ``threshold``.
 

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from icefall_lite.nn.clip import GradientFilter, RecurrentGradClipStats, recurrent_grad_clip
+from icefall_lite.nn.clip import ClipCounts, GradientFilter, recurrent_grad_clip
 
 
 def _init_scaled_weight(weight: Tensor, weight_scale: Tensor, fan_in: int, initial_speed: float) -> None:
@@ -187,7 +187,7 @@ class ScaledLSTM(nn.LSTM):
                 else:
                     nn.init.zeros_(param)
         self.recurrent_grad_clip = 0.0
-        self.recurrent_clip_stats = RecurrentGradClipStats()
+        self.recurrent_clip_stats = ClipCounts()
         self.grad_filter: Optional[GradientFilter] = (
             GradientFilter(batch_dim=1, threshold=grad_filter_threshold, mode=grad_filter_mode)
             if grad_filter_threshold > 0

@@ -52,6 +52,7 @@ import torch.nn as nn
 
 from icefall_lite.nn.clip import (
     AutoClipThreshold,
+    ClipCounts,
     ErrorClipByValue,
     RunningMedianThreshold,
     ScaledAdamClipping,
@@ -189,6 +190,7 @@ class GradientControl:
     zclip: Optional[ZClipThreshold] = field(init=False, default=None)
     autoclip: Optional[AutoClipThreshold] = field(init=False, default=None)
     scaled_adam: Optional[ScaledAdamClipping] = field(init=False, default=None)
+    error_clip_counts: List[ClipCounts] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if self.clip_grad_norm_relative > 0:
@@ -251,8 +253,9 @@ class GradientControl:
         return cls(**{name: float(params.get(name, 0.0)) for name in FLAGS})
 
     def install(self, model: nn.Module) -> None:
-        """The in-backward kinds (when on): the error clip on every encoder layer's output, the recurrent
-        derivative cap in every ScaledLSTM."""
+        """The in-backward kinds (when on): the error clip on every encoder layer's output (the elements it
+        changes counted per layer in :attr:`error_clip_counts`), the recurrent derivative cap in every
+        ScaledLSTM."""
         if self.recurrent_grad_clip > 0:
             lstms = [m for m in unwrap(model).modules() if isinstance(m, ScaledLSTM)]
             for lstm in lstms:
@@ -262,8 +265,9 @@ class GradientControl:
             return
         clip = ErrorClipByValue(self.error_clip)
         layers = unwrap(model).encoder.encoder.layers
-        for layer in layers:
-            add_error_clip(layer, clip)
+        self.error_clip_counts = [ClipCounts() for _ in layers]
+        for layer, counts in zip(layers, self.error_clip_counts):
+            add_error_clip(layer, clip, counts)
         logging.info(f"Error clip {clip} on the outputs of {len(layers)} encoder layers")
 
     def clip(self, model: nn.Module) -> Tuple[float, float]:

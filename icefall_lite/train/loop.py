@@ -218,8 +218,8 @@ def log_step(
     stats: List[LayerFilterStats],
 ) -> None:
     """The step's TensorBoard scalars: losses per frame, learning rate, gradient norm and clip scale,
-    skipped steps, the filter statistics, the recurrent cap's fraction of rows capped (--recurrent-grad-clip)
-    and the batch digest (the second moment's come with
+    skipped steps, the filter statistics, the recurrent cap's fraction of rows capped (--recurrent-grad-clip),
+    the error clip's fraction of elements clipped (--error-clip) and the batch digest (the second moment's come with
     :meth:`Training.flush_log`)."""
     if t.tb_writer is None:
         return
@@ -244,6 +244,9 @@ def log_step(
             fraction = layer.lstm.recurrent_clip_stats.fraction_clipped
             if fraction is not None:
                 t.add_scalar(TB_TAGS.recurrent_clip.format(layer=i), fraction)
+    for i, counts in enumerate(t.grad_control.error_clip_counts):
+        if counts.fraction_clipped is not None:
+            t.add_scalar(TB_TAGS.error_clip.format(layer=i), counts.fraction_clipped)
 
 
 # --------------------------------------------------------------------------

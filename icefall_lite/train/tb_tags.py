@@ -19,7 +19,8 @@ class TrainingScalarTags:
     ``grad_filter`` is a format string with ``{layer}`` and ``{stat}``
     (per-layer GradientFilter statistics, e.g. ``stat = "fraction_filtered"``).
     ``recurrent_clip`` (``{layer}``): the fraction of frame rows whose recurrent derivative
-    ``--recurrent-grad-clip`` capped in the step's backward.
+    ``--recurrent-grad-clip`` capped in the step's backward; ``error_clip`` (``{layer}``): the fraction of
+    the layer output's gradient elements ``--error-clip`` clipped.
     ``batch_digest``: a 24-bit digest of the batch's cut ids (two runs saw the
     same batches when their digests agree step by step); ``exp_avg_sq_jump``
     and ``exp_avg_sq_recovery``: :mod:`icefall_lite.train.optimizer_state`'s
@@ -40,6 +41,7 @@ class TrainingScalarTags:
     epoch_train_loss: str
     grad_filter: str
     recurrent_clip: str
+    error_clip: str
     batch_digest: str
     exp_avg_sq_jump: str
     exp_avg_sq_recovery: str
@@ -72,6 +74,7 @@ TB_TAGS = TrainingScalarTags(
     epoch_train_loss="train/epoch_train_loss",
     grad_filter="grad_filter/layer{layer}/{stat}",
     recurrent_clip="recurrent_clip/layer{layer}/fraction_clipped",
+    error_clip="error_clip/layer{layer}/fraction_clipped",
     batch_digest="train/batch_digest",
     exp_avg_sq_jump="optim/exp_avg_sq_jump",
     exp_avg_sq_recovery="optim/exp_avg_sq_recovery_steps",

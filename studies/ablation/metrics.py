@@ -15,7 +15,7 @@ from icefall_lite.train.optimizer_state import EVENT_JUMP
 from studies.ablation.arms import STUDY, Arm
 from studies.ablation.markdown import markdown_table
 from studies.ablation.paired import mid_ranks
-from studies.ablation.runs import RECURRENT_CLIP, RunResult
+from studies.ablation.runs import ERROR_CLIP, RECURRENT_CLIP, RunResult
 from studies.tb_reader import Series, moving_average, values
 
 # Loss spikes: a step after warm-up whose objective is more than SPIKE_FACTOR times the median of the (up to)
@@ -93,15 +93,17 @@ def steps_clipped(result: RunResult) -> float:
 def steps_acting(result: RunResult, arm: Arm) -> float:
     """Fraction of steps at which the arm's control changed a gradient: the filter capped a sequence (arms
     with the filter on), the optimizer's clipping scaled the update (ScaledAdam's rule), the recurrent cap
-    clipped a frame row, or the clipping after backward lowered the norm (every other control). nan for the
-    error clip (it logs nothing) and for an arm without a control."""
+    clipped a frame row, the error clip clipped an element, or the clipping after backward lowered the norm
+    (every other control). nan for an arm without a control, and for an error clip run from before the
+    error clip was logged."""
     if arm.filter_on:
         return steps_filtered(result)
     if arm.value("scaled_adam_clipping_scale") > 0:
         return _fraction([x < 1.0 for x in values(result.series("optimizer_clip_scale"))])
-    if arm.value("recurrent_grad_clip") > 0:
-        return _fraction([x > 0.0 for x in values(result.series(RECURRENT_CLIP))])
-    if arm.value("error_clip") > 0 or not arm.settings:
+    for flag, series in (("recurrent_grad_clip", RECURRENT_CLIP), ("error_clip", ERROR_CLIP)):
+        if arm.value(flag) > 0:
+            return _fraction([x > 0.0 for x in values(result.series(series))])
+    if not arm.settings:
         return float("nan")
     return steps_clipped(result)
 

@@ -21,8 +21,10 @@ WALL_FILE = "ablation-wall.json"  # in every run dir: wall seconds per phase, ke
 # The losses of the report are of the transducer objective after warm-up, 0.5 x simple + pruned per frame,
 # whatever weights the warm-up ramp gave them at the step.
 OBJECTIVE_SIMPLE_SCALE = 0.5
-# A summary's per-step largest fraction over layers of the frame rows the recurrent cap clipped.
+# A summary's per-step largest fraction over layers of the frame rows the recurrent cap clipped, and of the
+# layer output's gradient elements the error clip clipped (TrainingScalarTags fields of per-layer tags).
 RECURRENT_CLIP = "recurrent_clip"
+ERROR_CLIP = "error_clip"
 # The scalars a run summary keeps (TrainingScalarTags fields).
 KEPT_SCALARS = (
     "simple_loss",
@@ -189,16 +191,17 @@ def kept_scalars(
         layer_stat = tags.parse_filter_tag(tag)
         if layer_stat is not None and layer_stat[1] in KEPT_FILTER_STATS:
             filters[layer_stat] = series
-    recurrent = recurrent_clip_per_step(scalars, tags)
-    if recurrent:
-        wanted[RECURRENT_CLIP] = recurrent
+    for name in (RECURRENT_CLIP, ERROR_CLIP):
+        largest = largest_over_layers(scalars, getattr(tags, name))
+        if largest:
+            wanted[name] = largest
     return wanted, filters
 
 
-def recurrent_clip_per_step(scalars: Dict[str, Series], tags: TrainingScalarTags) -> Series:
-    """``[(step, the largest fraction of frame rows --recurrent-grad-clip capped in any layer)]``; empty when the
-    cap was off."""
-    prefix, suffix = tags.recurrent_clip.split("{layer}")
+def largest_over_layers(scalars: Dict[str, Series], layer_tag: str) -> Series:
+    """``[(step, the largest value over layers)]`` of the scalars tagged ``layer_tag`` (a format with
+    ``{layer}``); empty when there are none."""
+    prefix, suffix = layer_tag.split("{layer}")
     by_step: Dict[int, float] = {}
     for tag, series in scalars.items():
         if tag.startswith(prefix) and tag.endswith(suffix) and tag[len(prefix) : -len(suffix)].isdigit():
