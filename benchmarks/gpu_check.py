@@ -31,6 +31,12 @@ The checks (those in one process first, then the recipe's scripts):
 8. Two DDP ranks (gloo, on the one GPU): a step where one rank's batch has
    no finite loss leaves identical weights on both, and --max-minutes stops
    both at the same batch.
+9. Every gradient control (the filter soft and hard-mask, the recurrent
+   cap, the error clip, value, AGC, the norm clip, the relative clip, ZClip,
+   AutoClip, ScaledAdam's rule) on alone for 30 steps of a small model,
+   CUDA against the CPU from the same weights on the same batches: the steps
+   where it acted, the losses, clip scales and final weights, and its CUDA
+   step time and host synchronisations.
 """
 
 from __future__ import annotations
@@ -47,17 +53,19 @@ import time
 import traceback
 import warnings
 from collections import Counter
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.common import markdown_table
-from benchmarks.train_setup import TokenTable, Trainer, add_batch_arguments, make_batches
+from benchmarks.train_setup import Batch, TokenTable, Trainer, add_batch_arguments, make_batches
 from icefall_lite.nn.rnnt_loss import (
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
@@ -70,6 +78,7 @@ from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.train.loop import budget_spent, filter_stats, log_step, train_step
 from icefall_lite.train.optimizer_state import SecondMomentMonitor
 from icefall_lite.train.setup import model_checksum
+from icefall_lite.train.step_log import read_scalars
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "egs" / "librispeech" / "ASR"
@@ -347,14 +356,13 @@ class _NullWriter:
         pass
 
 
-def sync_counts(device: torch.device) -> str:
-    tokens, data = batches(2)
-    trainer = icefall_trainer([], device)
-    monitor = SecondMomentMonitor(trainer.model, trainer.optimizer)
-    t = trainer.training(tokens, tb_writer=_NullWriter(), second_moment=monitor)
-    train_step(t, data[0].data)  # warm-up: optimizer state, cuDNN plans
-    t.flush_log()
-    counts: Counter = Counter()
+@contextmanager
+def _sync_warnings(counts: Counter, phase: Sequence[str] = ("step",), enabled: bool = True) -> Iterator[None]:
+    """Count into ``counts``, by (``phase[0]`` at the time, the icefall_lite function that caused it), the host
+    synchronisations that ``torch.cuda.set_sync_debug_mode("warn")`` reports inside the block."""
+    if not enabled:
+        yield
+        return
 
     def where() -> str:
         frames = [
@@ -368,27 +376,38 @@ def sync_counts(device: torch.device) -> str:
         if "synchroniz" in str(message):
             counts[(phase[0], where())] += 1
 
-    phase = ["step"]
     original = warnings.showwarning
-    warnings.showwarning = show
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             warnings.showwarning = show
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                trainer.params.batch_idx_train += 1
-                info, grad_norm, clip_scale = train_step(t, data[1].data)
-                phase[0] = "per-step logging"
-                stats = filter_stats(t.model, t.loss_scale)
-                t.second_moment.record(trainer.params.batch_idx_train)
-                log_step(t, data[1].data, info, grad_norm, clip_scale, stats)
-                phase[0] = "flush (every --log-interval)"
-                t.flush_log()
+                yield
             finally:
                 torch.cuda.set_sync_debug_mode("default")
     finally:
         warnings.showwarning = original
+
+
+def sync_counts(device: torch.device) -> str:
+    tokens, data = batches(2)
+    trainer = icefall_trainer([], device)
+    monitor = SecondMomentMonitor(trainer.model, trainer.optimizer)
+    t = trainer.training(tokens, tb_writer=_NullWriter(), second_moment=monitor)
+    train_step(t, data[0].data)  # warm-up: optimizer state, cuDNN plans
+    t.flush_log()
+    counts: Counter = Counter()
+    phase = ["step"]
+    with _sync_warnings(counts, phase):
+        trainer.params.batch_idx_train += 1
+        info, grad_norm, clip_scale = train_step(t, data[1].data)
+        phase[0] = "per-step logging"
+        stats = filter_stats(t.model, t.loss_scale)
+        t.second_moment.record(trainer.params.batch_idx_train)
+        log_step(t, data[1].data, info, grad_norm, clip_scale, stats)
+        phase[0] = "flush (every --log-interval)"
+        t.flush_log()
     rows = [[p, w, n] for (p, w), n in sorted(counts.items(), key=lambda kv: (kv[0][0], -kv[1]))]
     totals = Counter()
     for (p, _), n in counts.items():
@@ -452,6 +471,150 @@ def lstm_times(device: torch.device, frames: int, batch: int) -> List[List[str]]
 
 
 SMALL_MODEL = ["--num-encoder-layers", "2", "--encoder-dim", "64", "--rnn-hidden-size", "128"]
+
+
+# Check 9's rules, each at a threshold that makes it act within RULE_STEPS steps of the small model on
+# rule_batches() (not the ablation's thresholds: this checks the CUDA path, not the rule's effect).
+RULES: List[Tuple[str, List[str]]] = [
+    ("none (control)", []),
+    ("GradientFilter 1, soft", ["--grad-filter-threshold", "1"]),
+    ("GradientFilter 1, hard mask", ["--grad-filter-threshold", "1", "--grad-filter-mode", "hard-mask"]),
+    ("recurrent cap 0.01", ["--recurrent-grad-clip", "0.01"]),
+    ("error clip 1e-5", ["--error-clip", "1e-5"]),
+    ("clip by value 1e-3", ["--clip-grad-value", "1e-3"]),
+    ("AGC 0.01", ["--agc-clipping", "0.01"]),
+    ("clip_grad_norm 1", ["--clip-grad-norm", "1"]),
+    ("relative clip 1x", ["--clip-grad-norm-relative", "1"]),
+    ("ZClip z 0.5", ["--zclip-z-threshold", "0.5"]),
+    ("AutoClip percentile 50", ["--autoclip-percentile", "50"]),
+    ("ScaledAdam's rule 1.0", ["--scaled-adam-clipping-scale", "1"]),
+]
+RULE_STEPS = 30  # ZClip acts only after its 25 warm-up norms: on the spike at step 28
+RULE_TOLERANCE = 1e-3  # largest relative CPU-CUDA difference of a step's loss and clip scale that passes
+
+
+def _rule_run(flags: Sequence[str], device: torch.device, tokens: TokenTable, data: list) -> Dict[str, Any]:
+    """RULE_STEPS train_steps of the small model (no dropout) with ``flags`` on ``device``: per step the loss per
+    frame, the pre-clip norm, the clip scale and whether the rule acted by its own statistic; the final weights
+    on the CPU and the CUDA step time and host synchronisations of the last step. ``data``: a batch per step."""
+    off = ["--grad-filter-threshold", "inf", "--clip-grad-norm", "0"]  # the filter observes: its statistics
+    flags = [*SMALL_MODEL, "--dropout", "0", "--layer-dropout", "0", *off, *flags]
+    trainer = Trainer(flags, vocab_size=500, seed=0)
+    trainer.model.to(device)
+    torch.manual_seed(1)  # the balancers draw on the CPU generator on either device
+    t = trainer.training(tokens)
+    control = trainer.grad_control
+    assert control is not None
+    losses, norms, scales, acted, times = [], [], [], [], []
+    syncs: Counter = Counter()
+    for step in range(RULE_STEPS):
+        trainer.params.batch_idx_train += 1
+        last = step == RULE_STEPS - 1
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with _sync_warnings(syncs, enabled=last and device.type == "cuda"):
+            info, grad_norm, clip_scale = train_step(t, data[step].data)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        # ScaledAdam's rule, ZClip and AutoClip act through the clip scale, the in-backward kinds by their counts.
+        fractions = [s.fraction_filtered for s in filter_stats(trainer.model)]
+        fractions += [c.fraction_clipped for c in control.error_clip_counts]
+        fractions += [
+            m.recurrent_clip_stats.fraction_clipped for m in trainer.model.modules() if isinstance(m, ScaledLSTM)
+        ]
+        acting = clip_scale < 1.0 or any(f > 0 for f in read_scalars([f for f in fractions if f is not None]))
+        losses.append(info["loss"] / info["frames"])
+        norms.append(grad_norm)
+        scales.append(clip_scale)
+        acted.append(acting)
+    weights = {n: p.detach().cpu() for n, p in trainer.model.named_parameters()}
+    return {
+        "losses": losses,
+        "norms": norms,
+        "scales": scales,
+        "acted": acted,
+        "weights": weights,
+        "ms": 1000 * sorted(times[1:])[len(times[1:]) // 2],
+        "syncs": sum(syncs.values()),
+    }
+
+
+def _relative(a: Sequence[float], b: Sequence[float]) -> float:
+    return max(abs(x - y) / max(abs(x), abs(y), 1e-12) for x, y in zip(a, b))
+
+
+def rule_batches() -> Tuple[TokenTable, List[Batch]]:
+    """RULE_STEPS batches: 4 batches of 20 s cycled, and at step 28 a spike, the 4 in one batch (a summed loss
+    over 4x the frames: about twice the typical norm here, which the rules that follow the norm's history see)."""
+    parser = argparse.ArgumentParser()
+    add_batch_arguments(parser)
+    args = parser.parse_args(["--max-duration", "20", "--vocab-size", "500", "--num-batches", "4"])
+    tokens = TokenTable()
+    data = make_batches(args, tokens)
+    frames = max(b.data["inputs"].shape[1] for b in data)
+    padded = [F.pad(b.data["inputs"], (0, 0, 0, frames - b.data["inputs"].shape[1]), value=-23.0) for b in data]
+    supervisions = {
+        "num_frames": torch.cat([b.data["supervisions"]["num_frames"] for b in data]),
+        "text": [text for b in data for text in b.data["supervisions"]["text"]],
+    }
+    spike = Batch({"inputs": torch.cat(padded), "supervisions": supervisions}, sum(b.audio_seconds for b in data))
+    return tokens, [spike if step == 27 else data[step % len(data)] for step in range(RULE_STEPS)]
+
+
+def rule_parity(device: torch.device) -> str:
+    tokens, data = rule_batches()
+    rows, problems = [], []
+    for name, flags in RULES:
+        cpu, cuda = (_rule_run(flags, d, tokens, data) for d in (torch.device("cpu"), device))
+        loss_diff = _relative(cpu["losses"], cuda["losses"])
+        scale_diff = _relative(cpu["scales"], cuda["scales"])
+        num = sum(float((cpu["weights"][n] - cuda["weights"][n]).square().sum()) for n in cpu["weights"])
+        den = sum(float(w.square().sum()) for w in cpu["weights"].values())
+        acted_cpu, acted_cuda = sum(cpu["acted"]), sum(cuda["acted"])
+        finite = all(math.isfinite(x) for x in cuda["losses"] + cuda["norms"])
+        rows.append(
+            [
+                name,
+                " ".join(flags) or "-",
+                f"{acted_cpu} / {acted_cuda}",
+                f"{loss_diff:.1e}",
+                f"{scale_diff:.1e}",
+                f"{math.sqrt(num / den):.1e}",
+                f"{cuda['ms']:.1f}",
+                str(cuda["syncs"]),
+            ]
+        )
+        if not finite:
+            problems.append(f"{name}: a non-finite loss or norm on CUDA")
+        if flags and acted_cuda == 0:
+            problems.append(f"{name}: never acted on CUDA in {RULE_STEPS} steps")
+        if abs(acted_cpu - acted_cuda) > 1 or max(loss_diff, scale_diff) > RULE_TOLERANCE:
+            problems.append(f"{name}: CUDA differs from the CPU beyond the tolerance")
+    table = markdown_table(
+        [
+            "rule",
+            "flags",
+            "steps acting, CPU / CUDA",
+            "loss, max rel. diff",
+            "clip scale, max rel. diff",
+            "weights, rel. L2 diff",
+            "CUDA ms per step (median)",
+            "CUDA host syncs in a step",
+        ],
+        rows,
+    )
+    assert not problems, "; ".join(problems) + "\n\n" + table
+    return (
+        f"The small model ({' '.join(SMALL_MODEL)}, dropout 0, float32) trained {RULE_STEPS} steps from the same "
+        f"weights on the same synthetic batches (4 of 20 s cycled, the 4 in one at step 28) on the CPU and on CUDA "
+        f"with each gradient control on "
+        f"alone (--clip-grad-norm 0 otherwise), at thresholds that make it act. Steps acting: by the rule's own "
+        f"statistic (fraction filtered, rows or elements capped, ScaledAdam's scale, else the clip scale); they "
+        f"may differ by one where a decision sits at the threshold. Differences: the largest over the steps, "
+        f"relative; a pass needs loss and clip scale within {RULE_TOLERANCE:g}.\n\n" + table
+    )
 
 
 def _ddp_worker(rank: int, port: int, out: str) -> None:
@@ -529,7 +692,7 @@ def main() -> None:
         "--only",
         type=lambda text: [int(x) for x in text.split(",")],
         default=None,
-        help="Run only these checks, by number (e.g. 3,4); default: all eight.",
+        help="Run only these checks, by number (e.g. 3,4); default: all nine.",
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -564,6 +727,7 @@ def main() -> None:
         ),
         "7. decoding on CUDA (three methods, streaming)": lambda: decoding_runs(work_dir, logs),
         "8. DDP decisions taken on all ranks (2 ranks)": lambda: ddp_decisions(device),
+        "9. every gradient control, CUDA against the CPU": lambda: rule_parity(device),
     }
     for title, check in checks.items():
         if args.only is None or int(title.split(".")[0]) in args.only:
