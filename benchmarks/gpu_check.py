@@ -42,6 +42,7 @@ The checks (those in one process first, then the recipe's scripts):
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import re
@@ -56,7 +57,7 @@ from collections import Counter
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -490,13 +491,22 @@ RULES: List[Tuple[str, List[str]]] = [
     ("ScaledAdam's rule 1.0", ["--scaled-adam-clipping-scale", "1"]),
 ]
 RULE_STEPS = 30  # ZClip acts only after its 25 warm-up norms: on the spike at step 28
-RULE_TOLERANCE = 1e-3  # largest relative CPU-CUDA difference of a step's loss and clip scale that passes
+# The largest relative CPU-CUDA difference of a step's loss, clip scale and weights after it that passes
+# (TF32 off: one float32 step differs by rounding alone).
+RULE_TOLERANCE = 1e-3
 
 
-def _rule_run(flags: Sequence[str], device: torch.device, tokens: TokenTable, data: list) -> Dict[str, Any]:
+def _rule_run(
+    flags: Sequence[str], device: torch.device, tokens: TokenTable, data: list, forced: Optional[List[dict]] = None
+) -> Dict[str, Any]:
     """RULE_STEPS train_steps of the small model (no dropout) with ``flags`` on ``device``: per step the loss per
-    frame, the pre-clip norm, the clip scale and whether the rule acted by its own statistic; the final weights
-    on the CPU and the CUDA step time and host synchronisations of the last step. ``data``: a batch per step."""
+    frame, the pre-clip norm, the clip scale, whether the rule acted by its own statistic, and the weights after
+    it (on the CPU); the CUDA step time and host synchronisations of the last step. ``data``: a batch per step.
+
+    Each step's starting state (weights, optimizer and rule states, the CPU generator) is recorded in
+    ``"states"``; given them as ``forced``, every step starts from them instead (teacher forcing: a step on
+    one device compared with the same step on another, the rounding differences of earlier steps not carried).
+    """
     off = ["--grad-filter-threshold", "inf", "--clip-grad-norm", "0"]  # the filter observes: its statistics
     flags = [*SMALL_MODEL, "--dropout", "0", "--layer-dropout", "0", *off, *flags]
     trainer = Trainer(flags, vocab_size=500, seed=0)
@@ -504,16 +514,29 @@ def _rule_run(flags: Sequence[str], device: torch.device, tokens: TokenTable, da
     torch.manual_seed(1)  # the balancers draw on the CPU generator on either device
     t = trainer.training(tokens)
     control = trainer.grad_control
-    assert control is not None
-    losses, norms, scales, acted, times = [], [], [], [], []
+    out: Dict[str, Any] = {key: [] for key in ("losses", "norms", "scales", "acted", "weights", "states")}
+    times: List[float] = []
     syncs: Counter = Counter()
     for step in range(RULE_STEPS):
+        if forced is None:
+            out["states"].append(
+                {
+                    "model": copy.deepcopy(trainer.model.state_dict()),
+                    "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
+                    "control": copy.deepcopy(control.state_dict()),
+                    "rng": torch.get_rng_state(),
+                }
+            )
+        else:
+            trainer.model.load_state_dict(forced[step]["model"])
+            trainer.optimizer.load_state_dict(forced[step]["optimizer"])
+            control.load_state_dict(copy.deepcopy(forced[step]["control"]))
+            torch.set_rng_state(forced[step]["rng"])
         trainer.params.batch_idx_train += 1
-        last = step == RULE_STEPS - 1
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        with _sync_warnings(syncs, enabled=last and device.type == "cuda"):
+        with _sync_warnings(syncs, enabled=step == RULE_STEPS - 1 and device.type == "cuda"):
             info, grad_norm, clip_scale = train_step(t, data[step].data)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -525,24 +548,24 @@ def _rule_run(flags: Sequence[str], device: torch.device, tokens: TokenTable, da
             m.recurrent_clip_stats.fraction_clipped for m in trainer.model.modules() if isinstance(m, ScaledLSTM)
         ]
         acting = clip_scale < 1.0 or any(f > 0 for f in read_scalars([f for f in fractions if f is not None]))
-        losses.append(info["loss"] / info["frames"])
-        norms.append(grad_norm)
-        scales.append(clip_scale)
-        acted.append(acting)
-    weights = {n: p.detach().cpu() for n, p in trainer.model.named_parameters()}
-    return {
-        "losses": losses,
-        "norms": norms,
-        "scales": scales,
-        "acted": acted,
-        "weights": weights,
-        "ms": 1000 * sorted(times[1:])[len(times[1:]) // 2],
-        "syncs": sum(syncs.values()),
-    }
+        out["losses"].append(info["loss"] / info["frames"])
+        out["norms"].append(grad_norm)
+        out["scales"].append(clip_scale)
+        out["acted"].append(acting)
+        out["weights"].append({n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters()})
+    out["ms"] = 1000 * sorted(times[1:])[len(times[1:]) // 2]
+    out["syncs"] = sum(syncs.values())
+    return out
 
 
 def _relative(a: Sequence[float], b: Sequence[float]) -> float:
     return max(abs(x - y) / max(abs(x), abs(y), 1e-12) for x, y in zip(a, b))
+
+
+def _weights_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
+    """Relative L2 distance of two sets of weights."""
+    num = sum(float((a[n].double() - b[n].double()).square().sum()) for n in a)
+    return math.sqrt(num / sum(float(w.double().square().sum()) for w in a.values()))
 
 
 def rule_batches() -> Tuple[TokenTable, List[Batch]]:
@@ -563,35 +586,47 @@ def rule_batches() -> Tuple[TokenTable, List[Batch]]:
     return tokens, [spike if step == 27 else data[step % len(data)] for step in range(RULE_STEPS)]
 
 
+def _compare_rule(
+    name: str, flags: Sequence[str], device: torch.device, tokens: TokenTable, data: list, rows: list, problems: list
+) -> None:
+    """One rule's row of check 9 (and its problems): the CPU run, then CUDA teacher-forced on its states."""
+    cpu = _rule_run(flags, torch.device("cpu"), tokens, data)
+    cuda = _rule_run(flags, device, tokens, data, forced=cpu["states"])
+    loss_diff = _relative(cpu["losses"], cuda["losses"])
+    scale_diff = _relative(cpu["scales"], cuda["scales"])
+    weights_diff = max(_weights_diff(a, b) for a, b in zip(cpu["weights"], cuda["weights"]))
+    acted_cpu, acted_cuda = sum(cpu["acted"]), sum(cuda["acted"])
+    finite = all(math.isfinite(x) for x in cuda["losses"] + cuda["norms"])
+    rows.append(
+        [
+            name,
+            " ".join(flags) or "-",
+            f"{acted_cpu} / {acted_cuda}",
+            f"{loss_diff:.1e}",
+            f"{scale_diff:.1e}",
+            f"{weights_diff:.1e}",
+            f"{cuda['ms']:.1f}",
+            str(cuda["syncs"]),
+        ]
+    )
+    if not finite:
+        problems.append(f"{name}: a non-finite loss or norm on CUDA")
+    if flags and acted_cuda == 0:
+        problems.append(f"{name}: never acted on CUDA in {RULE_STEPS} steps")
+    if abs(acted_cpu - acted_cuda) > 1 or max(loss_diff, scale_diff, weights_diff) > RULE_TOLERANCE:
+        problems.append(f"{name}: CUDA differs from the CPU beyond the tolerance")
+
+
 def rule_parity(device: torch.device) -> str:
     tokens, data = rule_batches()
     rows, problems = [], []
-    for name, flags in RULES:
-        cpu, cuda = (_rule_run(flags, d, tokens, data) for d in (torch.device("cpu"), device))
-        loss_diff = _relative(cpu["losses"], cuda["losses"])
-        scale_diff = _relative(cpu["scales"], cuda["scales"])
-        num = sum(float((cpu["weights"][n] - cuda["weights"][n]).square().sum()) for n in cpu["weights"])
-        den = sum(float(w.square().sum()) for w in cpu["weights"].values())
-        acted_cpu, acted_cuda = sum(cpu["acted"]), sum(cuda["acted"])
-        finite = all(math.isfinite(x) for x in cuda["losses"] + cuda["norms"])
-        rows.append(
-            [
-                name,
-                " ".join(flags) or "-",
-                f"{acted_cpu} / {acted_cuda}",
-                f"{loss_diff:.1e}",
-                f"{scale_diff:.1e}",
-                f"{math.sqrt(num / den):.1e}",
-                f"{cuda['ms']:.1f}",
-                str(cuda["syncs"]),
-            ]
-        )
-        if not finite:
-            problems.append(f"{name}: a non-finite loss or norm on CUDA")
-        if flags and acted_cuda == 0:
-            problems.append(f"{name}: never acted on CUDA in {RULE_STEPS} steps")
-        if abs(acted_cpu - acted_cuda) > 1 or max(loss_diff, scale_diff) > RULE_TOLERANCE:
-            problems.append(f"{name}: CUDA differs from the CPU beyond the tolerance")
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        for name, flags in RULES:
+            _compare_rule(name, flags, device, tokens, data, rows, problems)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     table = markdown_table(
         [
             "rule",
@@ -607,13 +642,14 @@ def rule_parity(device: torch.device) -> str:
     )
     assert not problems, "; ".join(problems) + "\n\n" + table
     return (
-        f"The small model ({' '.join(SMALL_MODEL)}, dropout 0, float32) trained {RULE_STEPS} steps from the same "
-        f"weights on the same synthetic batches (4 of 20 s cycled, the 4 in one at step 28) on the CPU and on CUDA "
-        f"with each gradient control on "
-        f"alone (--clip-grad-norm 0 otherwise), at thresholds that make it act. Steps acting: by the rule's own "
-        f"statistic (fraction filtered, rows or elements capped, ScaledAdam's scale, else the clip scale); they "
-        f"may differ by one where a decision sits at the threshold. Differences: the largest over the steps, "
-        f"relative; a pass needs loss and clip scale within {RULE_TOLERANCE:g}.\n\n" + table
+        f"The small model ({' '.join(SMALL_MODEL)}, dropout 0, float32, TF32 off) trained {RULE_STEPS} steps on "
+        f"the CPU with each gradient control on alone (--clip-grad-norm 0 otherwise), at thresholds that make it "
+        f"act, on synthetic batches (4 of 20 s cycled, the 4 in one at step 28); then each step again on CUDA from "
+        f"the CPU run's state before it (weights, optimizer and rule states, generator). Steps acting: by the "
+        f"rule's own statistic (fraction filtered, rows or elements capped, else the clip scale, through which "
+        f"ScaledAdam's rule, ZClip and AutoClip act); they may differ by one where a decision sits at the "
+        f"threshold. Differences: the largest over the steps, relative (the weights after the step: L2 over all); "
+        f"a pass needs each within {RULE_TOLERANCE:g}.\n\n" + table
     )
 
 
