@@ -776,7 +776,8 @@ def main() -> None:
         f"# GPU check\n\n{time.strftime('%Y-%m-%d %H:%M')} UTC; {props.name} ({props.total_memory / 2**30:.0f} GiB, "
         f"compute capability {props.major}.{props.minor}); torch {torch.__version__}, CUDA {torch.version.cuda}, "
         f"cuDNN {torch.backends.cudnn.version()}; Python {sys.version.split()[0]}; command: "
-        f"`python -m benchmarks.gpu_check{' --work-dir ' + str(args.work_dir) if args.work_dir else ''}`.\n"
+        f"`python -m benchmarks.gpu_check{' --work-dir ' + str(args.work_dir) if args.work_dir else ''}"
+        f"{' --only ' + ','.join(map(str, args.only)) if args.only else ''}`.\n"
     )
     checks: Dict[str, Callable[[], str]] = {
         "1. LSTM output dtype under autocast": lambda: lstm_dtypes(device),
