@@ -7,7 +7,8 @@ which layer goes over the threshold first and when, how large the largest ratio 
 often each layer is over it, and whether the model learns (greedy WER at every decoding point): one table
 of the runs, then two of layers (rows, top first) by runs (columns).
 
-  python -m studies.depth --threshold 25 "L12 d256=path/to/summaries" "L4 d256=other/summaries"
+  python -m studies.depth --threshold 25 "L12 d256=path/to/summaries" "L4 d256=other/summaries" \
+      --plot depth-outliers.png
 
 Each folder is an ablation.py ``--summaries`` folder (``<summaries>/<condition>/none/seed-<n>.json``).
 """
@@ -21,7 +22,8 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from studies.ablation.markdown import markdown_table
-from studies.ablation.metrics import percentile, plateau_exit
+from studies.ablation.metrics import OUTLIER_RATIO, percentile, plateau_exit
+from studies.ablation.plots import plot_outliers_by_depth
 from studies.ablation.runs import RunResult
 from studies.runner import read_json
 
@@ -160,7 +162,10 @@ def format_report(labelled: Sequence[Tuple[str, List[RunResult]]], threshold: fl
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", help="LABEL=SUMMARIES_FOLDER, one per model")
-    parser.add_argument("--threshold", type=float, default=25.0, help="max/median counted as an outlier")
+    parser.add_argument("--threshold", type=float, default=OUTLIER_RATIO, help="max/median counted as an outlier")
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="also draw the outliers per layer and model into this PNG"
+    )
     args = parser.parse_args(argv)
     labelled: List[Tuple[str, List[RunResult]]] = []
     for item in args.folders:
@@ -169,6 +174,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             parser.error(f"{item!r}: write LABEL=SUMMARIES_FOLDER, e.g. 'L12 d256=depth/L12-d256/runs'")
         labelled.append((label, load_runs(Path(folder))))
     print(format_report(labelled, args.threshold), end="")
+    if args.plot is not None:
+        plot_outliers_by_depth(labelled, args.threshold, args.plot)
 
 
 if __name__ == "__main__":

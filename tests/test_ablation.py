@@ -717,6 +717,7 @@ def test_results_md_sections_commands_and_plots(ablation):
             "wer-per-seed",
             "wer-curve-test-clean",
             "wer-curve-test-other",
+            "steps-acting",  # value is a landscape arm
         )
     ]
     for name in images:

@@ -91,3 +91,53 @@ def test_base_lr_replaces_the_conditions_learning_rate():
     assert with_budget(CONDITIONS["digits"], None, None, None, None).train_flags == ("--base-lr", "0.003")
     stress = with_budget(CONDITIONS["stress"], None, None, None, 0.005)
     assert stress.train_flags.count("--base-lr") == 1 and stress.train_flags[-2:] == ("--base-lr", "0.005")
+
+
+def _blank(path) -> bool:
+    import matplotlib.image
+    import numpy as np
+
+    pixels = matplotlib.image.imread(path)
+    return len(np.unique((pixels * 255).astype(np.uint8))) <= 10
+
+
+def test_the_plots_of_steps_acting_and_of_outliers_by_depth(tmp_path):
+    """write_plots adds the steps-acting plot once a landscape arm has runs, and the outliers-by-depth plot once
+    the observing arm ran in two conditions; the numbers behind the first are each seed's % of steps acting."""
+    from dataclasses import replace
+
+    from studies.ablation.arms import Thresholds, make_arms
+    from studies.ablation.plots import acting_by_arm, write_plots
+
+    arms = {a.name: a for a in make_arms(Thresholds())}
+    shallow = _run({0: [1, 30, 2, 2], 1: [1, 6, 1, 1]})
+    deep = replace(_run({0: [1, 2, 2, 2], 1: [1, 3, 40, 1], 2: [1, 1, 1, 90]}), key=RunKey("digits-12", "none", 42))
+    zclip = [replace(_run({0: [1, 1, 1, 1]}, seed=seed), key=RunKey("digits", "zclip", seed)) for seed in (42, 43)]
+    zclip[0].scalars["clip_scale"] = [(1, 1.0), (2, 0.5), (3, 1.0), (4, 1.0)]  # 1 of 4 steps
+    zclip[1].scalars["clip_scale"] = [(1, 0.9), (2, 0.5), (3, 1.0), (4, 1.0)]  # 2 of 4
+    errors = replace(_run({0: [1, 1, 1, 1]}), key=RunKey("digits", "error-clip", 42))  # logged no statistic
+    groups = {"none": [shallow], "zclip": zclip, "error-clip": [errors]}
+    assert acting_by_arm(groups, arms) == {"zclip": [(42, 25.0), (43, 50.0)], "error-clip": []}
+
+    plots = write_plots([shallow, *zclip, errors], arms, tmp_path / "a", [25], landscape=["zclip", "agc"])
+    assert "digits steps-acting" in plots and "depth outliers" not in plots
+    assert not _blank(plots["digits steps-acting"])
+    assert "digits steps-acting" not in write_plots([shallow, *zclip], arms, tmp_path / "b", [25])
+
+    plots = write_plots([shallow, deep], arms, tmp_path / "c", [25], landscape=["zclip"])
+    assert plots["depth outliers"].name == "ablation-depth-outliers.png" and not _blank(plots["depth outliers"])
+    assert not any(kind.endswith("steps-acting") for kind in plots)
+
+
+def test_depth_report_draws_its_plot(tmp_path, capsys):
+    for label, run in (
+        ("L2", _run({0: [1, 30, 2, 2], 1: [1, 6, 1, 1]})),
+        ("L3", _run({0: [1, 2], 1: [3, 1], 2: [1, 50]})),
+    ):
+        folder = tmp_path / label / "digits" / "none"
+        folder.mkdir(parents=True)
+        (folder / "seed-42.json").write_text(json.dumps(run.to_json()))
+    png = tmp_path / "depth.png"
+    main([f"L2={tmp_path / 'L2'}", f"L3={tmp_path / 'L3'}", "--plot", str(png)])
+    assert "| L3 | 42 |" in capsys.readouterr().out
+    assert png.is_file() and not _blank(png)

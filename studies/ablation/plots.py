@@ -12,11 +12,17 @@ condition, every seed drawn:
 - WER at every decoding point (a third, two thirds, the whole budget), one panel
   per arm, one line per seed;
 - the replayed outlier events: each replay's loss over its window in every
-  branch from the event, the event marked.
+  branch from the event, the event marked;
+- once a condition has a landscape arm: the % of steps each arm's control
+  acted on, a bar per arm and a dot per seed;
+- once several conditions (depths) have runs of the observing arm: per layer
+  and condition, how often and how far the largest sequence gradient rose
+  above the batch median.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -27,7 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 from icefall_lite.utils import atomic_output  # noqa: E402
 from studies.ablation.arms import Arm  # noqa: E402
-from studies.ablation.metrics import group_runs, outlier_rows  # noqa: E402
+from studies.ablation.metrics import OUTLIER_RATIO, group_runs, outlier_rows, steps_acting  # noqa: E402
 from studies.ablation.replay import EVENT_ONLY, FILTER, LABELS, NO_CONTROL, UNIFORM, ReplayResult  # noqa: E402
 from studies.ablation.runs import RunResult  # noqa: E402
 from studies.tb_reader import Series, moving_average  # noqa: E402
@@ -219,6 +225,62 @@ def plot_wer_per_seed(
     return _save(fig, path)
 
 
+def acting_by_arm(groups: Dict[str, List[RunResult]], arms: Dict[str, Arm]) -> Dict[str, List[Tuple[int, float]]]:
+    """Per arm with a control, ``[(seed, % of steps its control acted on)]`` (:func:`metrics.steps_acting`),
+    the runs that logged no statistic left out; arms in ``groups``'s order."""
+    out = {}
+    for arm, runs in groups.items():
+        if not arms[arm].settings:
+            continue
+        points = [(r.key.seed, 100 * steps_acting(r, arms[arm])) for r in runs]
+        out[arm] = [(seed, x) for seed, x in points if math.isfinite(x)]
+    return out
+
+
+def plot_steps_acting(groups: Dict[str, List[RunResult]], arms: Dict[str, Arm], path: Path) -> Path:
+    """A bar per arm with a control: the mean over seeds of the % of steps it acted on, a dot per seed."""
+    acting = acting_by_arm(groups, arms)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(acting) + 2), 3.8))
+    for i, (arm, points) in enumerate(acting.items()):
+        if points:
+            ax.bar(i, sum(x for _, x in points) / len(points), color="0.8", width=0.7)
+        for seed, x in points:
+            ax.plot(i, x, "o", ms=3, color=_seed_color(seed))
+    ax.set_xticks(range(len(acting)))
+    ax.set_xticklabels([arms[a].label for a in acting], rotation=35, ha="right", fontsize=7)
+    ax.set_ylabel("% of steps acting", fontsize=8)
+    ax.set_ylim(0, 100)
+    ax.set_title("How often each control changed a gradient (its own statistic; bar: mean, dot: a seed)", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_outliers_by_depth(
+    labelled: Sequence[Tuple[str, Sequence[RunResult]]], threshold: float, path: Path, observing: str = "none"
+) -> Path:
+    """Per model (a line each, its seeds pooled), per layer (x: 0 = lowest): the % of steps after warm-up with
+    the layer's largest sequence gradient over ``threshold`` x the batch median; and the 99th percentile and
+    the maximum of that ratio."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, (label, runs) in enumerate(labelled):
+        rows = sorted(outlier_rows(runs, [threshold]), key=lambda row: row["layer"])
+        layers = [row["layer"] for row in rows]
+        color = SEED_COLORS[i % len(SEED_COLORS)]
+        left.plot(layers, [row[f"over {threshold:g}"] for row in rows], marker="o", ms=3, color=color, label=label)
+        right.plot(layers, [row["p99"] for row in rows], marker="o", ms=3, color=color, label=f"{label}: 99th pct")
+        right.plot(layers, [row["max"] for row in rows], ls=":", marker="^", ms=3, color=color, label=f"{label}: max")
+    left.set_ylabel(f"% of steps over {threshold:g}x", fontsize=8)
+    right.set_ylabel("max / median sequence gradient RMS", fontsize=8)
+    right.set_yscale("log")
+    right.axhline(threshold, color="k", ls="--", lw=0.7)
+    for ax in (left, right):
+        ax.set_xlabel("encoder layer (0 = lowest)", fontsize=8)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"Where the gradient outliers arise, by depth (arm '{observing}', after warm-up)", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 BRANCH_COLORS = {NO_CONTROL: "tab:red", EVENT_ONLY: "tab:orange", FILTER: "tab:blue", UNIFORM: "tab:green"}
 
 
@@ -270,8 +332,12 @@ def write_plots(
     thresholds: Sequence[float],
     replays: Sequence[ReplayResult] = (),
     observing_arm: str = "none",
+    landscape: Sequence[str] = (),
+    outlier_threshold: float = OUTLIER_RATIO,
 ) -> Dict[str, Path]:
-    """Every plot of every condition into ``out_dir``; ``{"<condition> <kind>": path}``."""
+    """Every plot of every condition into ``out_dir``; ``{"<condition> <kind>": path}``. ``landscape``: the
+    arms whose runs bring the plot of steps acting; with the observing arm run in several conditions, the
+    outliers by depth (over ``outlier_threshold``) as ``"depth outliers"``."""
     out: Dict[str, Path] = {}
     for condition in dict.fromkeys(r.key.condition for r in results):
         groups = {arm: runs for (c, arm), runs in group_runs(results).items() if c == condition}
@@ -299,7 +365,20 @@ def write_plots(
         for k in curves:
             name = f"wer-curve-{k[1]}"
             out[f"{condition} {name}"] = plot_wer_curves(groups, arms, k, plot_path(out_dir, condition, name))
+        if any(arm in groups for arm in landscape):
+            out[f"{condition} steps-acting"] = plot_steps_acting(
+                groups, arms, plot_path(out_dir, condition, "steps-acting")
+            )
         mine = [r for r in replays if r.key.condition == condition]
         if mine:
             out[f"{condition} replays"] = plot_replays(mine, plot_path(out_dir, condition, "replays"))
+    observed = group_runs([r for r in results if r.key.arm == observing_arm])
+    if len(observed) > 1:
+        labelled = [
+            (f"{condition}, {1 + max((layer for r in runs for layer in r.layers()), default=-1)} layers", runs)
+            for (condition, _), runs in observed.items()
+        ]
+        out["depth outliers"] = plot_outliers_by_depth(
+            labelled, outlier_threshold, plot_path(out_dir, "depth", "outliers"), observing_arm
+        )
     return out

@@ -675,7 +675,8 @@ def write_report(
     replays = [r for c in s.conditions for r in read_replay_summaries(s.summaries, c)]
     pilot = read_summary(s.summaries / PILOT, RunKey(s.config.condition, OBSERVING_ARM, s.config.pilot.seed))
     sweep = sorted({s.thresholds.grad_filter_threshold, *s.thresholds.filter_sweep})
-    plots = write_plots(results, s.arms, s.results_dir, sweep, replays)
+    landscape = [comparison.arm for comparison in s.config.landscape_family]
+    plots = write_plots(results, s.arms, s.results_dir, sweep, replays, landscape=landscape)
     setup = ReportSetup(
         command=command,
         config=s.config,
