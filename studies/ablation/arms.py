@@ -41,7 +41,7 @@ from typing import Dict, List, Mapping, Sequence, Tuple
 
 from icefall_lite.nn.model import DEFAULT_GRAD_FILTER_THRESHOLD
 from icefall_lite.train.grad_control import FLAGS
-from studies.ablation.family import load_config
+from studies.ablation.family import FamilyComparison, load_config
 
 OBSERVE = math.inf  # --grad-filter-threshold inf: the filter observes only
 STUDY = load_config()  # the round's configuration, fixed before its runs (studies/ablation/family.json)
@@ -287,6 +287,12 @@ class RunSet:
         return tuple(a for a, _ in self.seeds_per_arm)
 
 
+def family_run_set(name: str, condition: str, family: Sequence[FamilyComparison], seeds: int) -> RunSet:
+    """The arms of ``family`` (its baselines first, each once) on ``condition``, ``seeds`` each, no replays."""
+    arms = dict.fromkeys([*(c.baseline for c in family), *(c.arm for c in family)])
+    return RunSet(name, (condition,), tuple((a, seeds) for a in arms), 0, 0)
+
+
 # primary: the question, as family.json fixes it for the round (seeds per arm chosen for the power of filter -
 # none; see its "time" for what 8 hours hold); secondary: the other thresholds and clipping designs with fewer
 # seeds, and the from-scratch instability; landscape: every other rule against none on the round's condition
@@ -310,28 +316,8 @@ RUN_SETS: Dict[str, RunSet] = {
         0,
         0,
     ),
-    "depth": RunSet(
-        "depth",
-        (STUDY.depth_condition,),
-        tuple(
-            (a, STUDY.depth_seeds)
-            for a in dict.fromkeys([*(c.baseline for c in STUDY.depth_family), *(c.arm for c in STUDY.depth_family)])
-        ),
-        0,
-        0,
-    ),
-    "landscape": RunSet(
-        "landscape",
-        (STUDY.condition,),
-        tuple(
-            (a, STUDY.landscape_seeds)
-            for a in dict.fromkeys(
-                [*(c.baseline for c in STUDY.landscape_family), *(c.arm for c in STUDY.landscape_family)]
-            )
-        ),
-        0,
-        0,
-    ),
+    "depth": family_run_set("depth", STUDY.depth_condition, STUDY.depth_family, STUDY.depth_seeds),
+    "landscape": family_run_set("landscape", STUDY.condition, STUDY.landscape_family, STUDY.landscape_seeds),
 }
 
 
