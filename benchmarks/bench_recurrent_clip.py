@@ -109,7 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     rows.append([f"cap {args.cap:g} / cap off", f"{on_vs_off:.3f}"])
     table = markdown_table(["arm", "median train_step (ms)"], rows)
     section = Section(
-        title="Recurrent derivative cap (--recurrent-grad-clip): its cost off and on",
+        title="10. Recurrent derivative cap (--recurrent-grad-clip): its cost off and on",
         threads=args.threads,
         tables=[table],
         notes=[

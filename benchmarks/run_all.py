@@ -44,6 +44,7 @@ BENCHMARKS: Dict[str, str] = {
     "versions": "bench_loss_versions.py",
     "precision": "bench_precision.py",
     "real-batches": "bench_real_batches.py",
+    "recurrent-clip": "bench_recurrent_clip.py",
 }
 
 PREAMBLE = """# Benchmarks
