@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run all nine benchmarks and rewrite benchmarks/RESULTS.md.
+"""Run all ten benchmarks and rewrite benchmarks/RESULTS.md.
 
 Each benchmark runs in its own process (so peak-memory accounting and thread
 settings do not leak between them) with ``--markdown-out``; the sections are

@@ -373,7 +373,8 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     arms = {a.name: a for a in make_arms(Thresholds())}
     scalars = {
         "zclip": {"clip_scale": [(1, 1.0), (2, 0.5), (3, 1.0), (4, 1.0)]},  # 1 of 4 steps
-        "scaled-adam": {"optimizer_clip_scale": [(1, 0.9), (2, 0.8), (3, 1.0), (4, 1.0)], "clip_scale": [(1, 0.1)]},
+        # the rule acts through the clip scale (its optimizer is Eve)
+        "scaled-adam": {"clip_scale": [(1, 0.9), (2, 0.8), (3, 1.0), (4, 1.0)]},
         "recurrent-clip": {RECURRENT_CLIP: kept[RECURRENT_CLIP]},  # 2 of 4
         "error-clip": {ERROR_CLIP: [(1, 0.0), (2, 0.0), (3, 1e-4), (4, 0.0)], "clip_scale": [(1, 0.5)]},  # 1 of 4
         "value": {"clip_scale": [(1, 0.5), (2, 1.0)]},  # 1 of 2

@@ -174,6 +174,13 @@ def test_error_clip_chain_rule_by_hand():
     assert torch.equal(z, y)
 
 
+def test_error_clip_counts_no_nan_as_clipped():
+    x = torch.zeros(4, requires_grad=True)
+    counts = ClipCounts()
+    error_clip(x * 1.0, ErrorClipByValue(1.0), counts).backward(torch.tensor([float("nan"), 5.0, -0.5, float("inf")]))
+    assert counts.as_dict() == {"fraction_clipped": 0.5}  # 5 and inf clamped; nan and -0.5 not
+
+
 def test_error_clip_on_module_output():
     torch.manual_seed(0)
     lin = nn.Linear(3, 2)

@@ -371,6 +371,18 @@ def test_scaled_adam_rule_refused_with_the_scaled_adam_optimizer(capsys):
     assert "--scaled-adam-clipping-scale: --optimizer scaled-adam clips by its own rule" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--error-clip", "--recurrent-grad-clip"])
+def test_absolute_in_backward_clips_refused_under_the_grad_scaler(flag, capsys):
+    """Under --use-fp16 backward carries the loss-scaled gradient: an absolute threshold there would follow the
+    scale. Refused by name (the check runs on any machine: args are parsed here, not by train.py)."""
+    parser = _parser()
+    args = parser.parse_args(["--use-fp16", "true", flag, "30"])
+    with pytest.raises(SystemExit):
+        check_gradient_control_args(parser, args)
+    assert f"{flag} with --use-fp16" in capsys.readouterr().err
+    check_gradient_control_args(parser, parser.parse_args(["--use-bf16", "true", flag, "30"]))  # accepted
+
+
 # --------------------------------------------------------------------------
 # The hard-mask GradientFilter
 # --------------------------------------------------------------------------

@@ -101,9 +101,13 @@ def _blank(path) -> bool:
     return len(np.unique((pixels * 255).astype(np.uint8))) <= 10
 
 
+DEPTHS = ("digits", "digits-12")
+
+
 def test_the_plots_of_steps_acting_and_of_outliers_by_depth(tmp_path):
     """write_plots adds the steps-acting plot once a landscape arm has runs, and the outliers-by-depth plot once
-    the observing arm ran in two conditions; the numbers behind the first are each seed's % of steps acting."""
+    the observing arm ran in two of the conditions that differ in depth alone; the numbers behind the first
+    are each seed's % of steps acting."""
     from dataclasses import replace
 
     from studies.ablation.arms import Thresholds, make_arms
@@ -124,7 +128,9 @@ def test_the_plots_of_steps_acting_and_of_outliers_by_depth(tmp_path):
     assert not _blank(plots["digits steps-acting"])
     assert "digits steps-acting" not in write_plots([shallow, *zclip], arms, tmp_path / "b", [25])
 
-    plots = write_plots([shallow, deep], arms, tmp_path / "c", [25], landscape=["zclip"])
+    stress = replace(shallow, key=RunKey("stress", "none", 42))  # another corpus and model: not a depth
+    assert "depth outliers" not in write_plots([shallow, stress], arms, tmp_path / "d", [25], depths=["digits"])
+    plots = write_plots([shallow, deep, stress], arms, tmp_path / "c", [25], landscape=["zclip"], depths=DEPTHS)
     assert plots["depth outliers"].name == "ablation-depth-outliers.png" and not _blank(plots["depth outliers"])
     assert not any(kind.endswith("steps-acting") for kind in plots)
 

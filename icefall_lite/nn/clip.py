@@ -592,7 +592,7 @@ class _ErrorClipFunction(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         clipped = ctx.clip(grad)
         if ctx.counts is not None:
-            ctx.counts.add((clipped != grad).sum(), grad.numel())
+            ctx.counts.add(((clipped != grad) & (grad == grad)).sum(), grad.numel())  # a NaN is not clipped
         return clipped, None, None
 
 

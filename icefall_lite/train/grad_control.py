@@ -169,6 +169,14 @@ def check_gradient_control_args(parser: argparse.ArgumentParser, args: argparse.
             "--scaled-adam-clipping-scale: --optimizer scaled-adam clips by its own rule already "
             "(clipping_scale 2.0); use one of them"
         )
+    if getattr(args, "use_fp16", False):
+        for name in ("error_clip", "recurrent_grad_clip"):
+            if getattr(args, name) > 0:
+                parser.error(
+                    f"--{name.replace('_', '-')} with --use-fp16: its absolute threshold would act in backward on "
+                    f"the GradScaler's scaled gradient (the scale changes as training goes); use it in float32 or "
+                    f"with --use-bf16"
+                )
     if args.autoclip_percentile > 100:
         parser.error(f"--autoclip-percentile must be at most 100 (a percentile), got {args.autoclip_percentile}")
 

@@ -92,14 +92,12 @@ def steps_clipped(result: RunResult) -> float:
 
 def steps_acting(result: RunResult, arm: Arm) -> float:
     """Fraction of steps at which the arm's control changed a gradient: the filter capped a sequence (arms
-    with the filter on), the optimizer's clipping scaled the update (ScaledAdam's rule), the recurrent cap
-    clipped a frame row, the error clip clipped an element, or the clipping after backward lowered the norm
-    (every other control). nan for an arm without a control, and for an error clip run from before the
-    error clip was logged."""
+    with the filter on), the recurrent cap clipped a frame row, the error clip clipped an element, or the
+    clipping after backward lowered the norm (every other control, ScaledAdam's rule among them: with
+    --scaled-adam-clipping-scale the optimizer is Eve and the rule acts through the clip scale). nan for an
+    arm without a control, and for an error clip run from before the error clip was logged."""
     if arm.filter_on:
         return steps_filtered(result)
-    if arm.value("scaled_adam_clipping_scale") > 0:
-        return _fraction([x < 1.0 for x in values(result.series("optimizer_clip_scale"))])
     for flag, series in (("recurrent_grad_clip", RECURRENT_CLIP), ("error_clip", ERROR_CLIP)):
         if arm.value(flag) > 0:
             return _fraction([x > 0.0 for x in values(result.series(series))])

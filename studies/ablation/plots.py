@@ -333,11 +333,13 @@ def write_plots(
     replays: Sequence[ReplayResult] = (),
     observing_arm: str = "none",
     landscape: Sequence[str] = (),
+    depths: Sequence[str] = (),
     outlier_threshold: float = OUTLIER_RATIO,
 ) -> Dict[str, Path]:
     """Every plot of every condition into ``out_dir``; ``{"<condition> <kind>": path}``. ``landscape``: the
-    arms whose runs bring the plot of steps acting; with the observing arm run in several conditions, the
-    outliers by depth (over ``outlier_threshold``) as ``"depth outliers"``."""
+    arms whose runs bring the plot of steps acting; ``depths``: the conditions that differ only in depth,
+    whose observing-arm runs, once two of them have some, bring the outliers by depth (over
+    ``outlier_threshold``) as ``"depth outliers"``."""
     out: Dict[str, Path] = {}
     for condition in dict.fromkeys(r.key.condition for r in results):
         groups = {arm: runs for (c, arm), runs in group_runs(results).items() if c == condition}
@@ -372,7 +374,7 @@ def write_plots(
         mine = [r for r in replays if r.key.condition == condition]
         if mine:
             out[f"{condition} replays"] = plot_replays(mine, plot_path(out_dir, condition, "replays"))
-    observed = group_runs([r for r in results if r.key.arm == observing_arm])
+    observed = group_runs([r for r in results if r.key.arm == observing_arm and r.key.condition in depths])
     if len(observed) > 1:
         labelled = [
             (f"{condition}, {1 + max((layer for r in runs for layer in r.layers()), default=-1)} layers", runs)

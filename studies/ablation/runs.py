@@ -31,7 +31,6 @@ KEPT_SCALARS = (
     "pruned_loss",
     "grad_norm",
     "clip_scale",
-    "optimizer_clip_scale",
     "skipped_steps",
     "valid_loss",
     "exp_avg_sq_jump",

@@ -676,7 +676,8 @@ def write_report(
     pilot = read_summary(s.summaries / PILOT, RunKey(s.config.condition, OBSERVING_ARM, s.config.pilot.seed))
     sweep = sorted({s.thresholds.grad_filter_threshold, *s.thresholds.filter_sweep})
     landscape = [comparison.arm for comparison in s.config.landscape_family]
-    plots = write_plots(results, s.arms, s.results_dir, sweep, replays, landscape=landscape)
+    depths = (s.config.condition, s.config.depth_condition)
+    plots = write_plots(results, s.arms, s.results_dir, sweep, replays, landscape=landscape, depths=depths)
     setup = ReportSetup(
         command=command,
         config=s.config,
