@@ -339,8 +339,11 @@ def replay_answer(
             + "."
         )
     for column, ratios in moment_columns(checked, lambda r: r.tensors).items():
+        # The layers in the order of the ratios (a set's order changes with the process's hash seed, and a tie
+        # for the smallest or largest would name another layer in another process).
         medians = {
-            layer: statistics.median(r[layer] for r in ratios if layer in r) for layer in {k for r in ratios for k in r}
+            layer: statistics.median(r[layer] for r in ratios if layer in r)
+            for layer in dict.fromkeys(k for r in ratios for k in r)
         }
         low, high = min(medians, key=medians.get), max(medians, key=medians.get)
         out.append(
