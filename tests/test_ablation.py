@@ -28,7 +28,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
-from conftest import RECIPE, TINY_MODEL, recipe_env
+from conftest import RECIPE, REPO, TINY_MODEL, recipe_env
 from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.train.grad_control import FLAGS as GRADIENT_CONTROL_FLAGS
@@ -76,7 +76,7 @@ from studies.ablation.replay import (
     ReplayResult,
     reproduction,
 )
-from studies.ablation.runs import RunResult, read_summary, write_summary
+from studies.ablation.runs import WALL_FILE, RunResult, read_summary, wall_time_kept, write_summary
 from studies.ablation.section import SECTION
 from studies.runner import cpu_flags_digest, cpu_model, machine_record
 
@@ -258,6 +258,31 @@ def test_runs_survive_their_summaries(tmp_path):
     (tmp_path / "stress/none/seed-7.json").write_text(json.dumps(old))
     back = read_summary(tmp_path, r.key)
     assert back.machine == {} and back.wer_at == {} and back.wer == r.wer
+
+
+def test_wall_time_is_kept_while_a_run_goes_and_survives_a_kill(tmp_path):
+    # A study killed mid-run (SIGKILL: no finally runs) keeps the wall time flushed so far, not nothing.
+    code = (
+        "import sys, time; from pathlib import Path; from studies.ablation.runs import wall_time_kept\n"
+        "with wall_time_kept(Path(sys.argv[1]), 'train', every_s=0.1):\n    time.sleep(60)\n"
+    )
+    start = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO)
+    wall_file = tmp_path / WALL_FILE
+    try:
+        while not (wall_file.exists() and json.loads(wall_file.read_text())["train"] >= 0.5):
+            assert proc.poll() is None and time.time() - start < 30, "no wall time written while the block ran"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    kept = json.loads(wall_file.read_text())["train"]
+    assert 0.5 <= kept <= time.time() - start
+    # Finished normally: the rest is added at the end, to what earlier segments kept.
+    before = time.time()
+    with wall_time_kept(tmp_path, "train", every_s=0.1):
+        time.sleep(0.35)
+    assert kept + 0.35 <= json.loads(wall_file.read_text())["train"] <= kept + (time.time() - before)
 
 
 def test_format_table_cells():

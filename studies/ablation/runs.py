@@ -5,11 +5,14 @@ outlives the run folders.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from icefall_lite.train.tb_tags import TrainingScalarTags
 from icefall_lite.utils import write_text_atomic
@@ -47,6 +50,36 @@ def add_wall_time(run_dir: Path, phase: str, seconds: float) -> Dict[str, float]
     wall[phase] = wall.get(phase, 0.0) + seconds
     write_json_atomic(run_dir / WALL_FILE, wall)
     return wall
+
+
+@contextlib.contextmanager
+def wall_time_kept(run_dir: Path, phase: str, every_s: float = 60.0) -> Iterator[None]:
+    """Add the wall time spent in the block to ``phase`` of the run's wall-time file, every ``every_s``
+    seconds while it runs and the rest when it ends: a study killed mid-run (a session's hard end, which
+    runs no ``finally``) loses at most ``every_s`` seconds of it, not the whole segment."""
+    last = time.time()
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def flush() -> None:
+        nonlocal last
+        with lock:
+            now = time.time()
+            add_wall_time(run_dir, phase, now - last)
+            last = now
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            flush()
+
+    ticker = threading.Thread(target=tick, name=f"wall-time {phase}", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+        flush()
 
 
 @dataclass

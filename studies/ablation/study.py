@@ -15,7 +15,6 @@ import math
 import os
 import shlex
 import shutil
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -48,10 +47,10 @@ from studies.ablation.replay import (
 from studies.ablation.runs import (
     WALL_FILE,
     RunResult,
-    add_wall_time,
     kept_scalars,
     read_summary,
     summary_path,
+    wall_time_kept,
     write_summary,
 )
 from studies.ablation.section import SECTION, ReportSetup, render_section
@@ -350,11 +349,8 @@ def decode_all(
         commands.append(shown(s, condition, cmd))
         if decoded(run_dir, method, at=at):
             continue
-        start = time.time()
-        try:
+        with wall_time_kept(run_dir, f"decode/{method}"):
             run(s, condition, cmd, what, run_dir)
-        finally:
-            add_wall_time(run_dir, f"decode/{method}", time.time() - start)
 
 
 def train_once(
@@ -369,11 +365,8 @@ def train_once(
     exp_dir.mkdir(parents=True, exist_ok=True)
     machines = (read_json(exp_dir / MACHINE_FILE) or {}).get("train", [])
     write_json_atomic(exp_dir / MACHINE_FILE, {"train": machines + [machine_record()]})
-    start = time.time()
-    try:
+    with wall_time_kept(exp_dir, "train"):
         run(s, condition, cmd, what, exp_dir / "log")
-    finally:
-        add_wall_time(exp_dir, "train", time.time() - start)
     write_json_atomic(exp_dir / marker, {"steps": steps})
     return True
 
