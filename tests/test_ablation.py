@@ -1057,6 +1057,21 @@ def test_the_plan_replays_each_seeds_events_then_prunes_its_none_run(ablation, t
         assert not list((none_dir.parent / f"seed-{seed}-retrained").glob("*.pt"))
     text = (tmp_path / "results" / "RESULTS.md").read_text()
     assert "### Replayed outlier events, with controls" in text and "2 replays of 2 planned" in text
+    # A replay whose branch (d) came from another start (an earlier rule's), with that start's commands: (d) and
+    # its reference are made again where the plan puts them (from the none run retrained, its checkpoints being
+    # pruned), the branches from the event kept, not trained again; the summary ends as the plan made it.
+    before = {p.name: json.loads(p.read_text()) for p in summaries.glob("*.json")}
+    name = next(name for name, r in before.items() if r["matched"] is not None)
+    stale = json.loads((summaries / name).read_text())
+    stale["matched"]["start"] += 2
+    stale["branches"]["matched"]["objective"] = [[1, 9.0]]
+    stale["commands"] = [c.replace("/matched", "/matched/old") for c in stale["commands"]]
+    (summaries / name).write_text(json.dumps(stale))
+    made_at = {p: p.stat().st_mtime_ns for p in (tmp_path / "exp").rglob("replays/*/none/ablation-trained.json")}
+    assert len(made_at) == 2 and study.run_plan(s, "test") == 1
+    assert {p.name: json.loads(p.read_text()) for p in summaries.glob("*.json")} == before
+    assert {p: p.stat().st_mtime_ns for p in made_at} == made_at, "branches from the event not trained again"
+    assert not list((tmp_path / "exp").rglob("seed-*-retrained/*.pt"))
 
 
 def test_a_budget_that_grew_trains_on_and_is_not_done(tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ from studies.ablation.replay import (
     layer_of,
     layer_ratios,
     matched_start,
+    matched_starts,
     over_seeds,
     parameter_layout,
     reproduction,
@@ -66,6 +67,22 @@ def test_the_matched_start_is_the_nearest_checkpoint_without_an_outlier():
     assert matched_start(run, 139, 100, 50, 5.0) == Matched(300, 3.0)
     assert matched_start(run, 139, 100, 50, 10.0) == Matched(250, 7.0)
     assert matched_start(_run({}, 150, warm_end=100), 100, 100, 50, 5.0) is None
+
+
+def test_matched_windows_of_one_run_are_apart_from_every_event_and_from_each_other():
+    # Checkpoints every 50, 100-step windows, a 1,000-step run; the first step after every candidate start has
+    # an outlier (7x) but after 200 and 400 (2x). A window (c, c + 100] overlaps another (o, o + 100] when
+    # |c - o| < 100.
+    clean = {201: 2.0, 401: 2.0}
+    run = _run({s: clean.get(s, 7.0) for s in range(101, 1000, 50)}, 1000, warm_end=100)
+    # Alone, the events from 699 and from 799 both take 400, the nearest clean start clear of their own window.
+    assert matched_start(run, 699, 100, 50, 5.0) == matched_start(run, 799, 100, 50, 5.0) == Matched(400, 2.0)
+    # Together, the second may not share the first's window: 200.
+    assert matched_starts(run, [699, 799], 100, 50, 5.0) == [Matched(400, 2.0), Matched(200, 2.0)]
+    assert matched_start(run, 799, 100, 50, 5.0, taken=[350]) == Matched(200, 2.0), "(350, 450] overlaps 400's"
+    # Every event's window is taken too: from 449, 400 overlaps its own window, so it takes 200; then 699 finds
+    # 400 inside 449's window and 200 taken, and has no branch (d).
+    assert matched_starts(run, [449, 699], 100, 50, 5.0) == [Matched(200, 2.0), None]
 
 
 def test_branch_a_is_checked_at_every_step_of_the_window():

@@ -46,7 +46,7 @@ from studies.ablation.arms import RunKey
 from studies.ablation.markdown import markdown_table
 from studies.ablation.metrics import largest_jump, steps_filtered
 from studies.ablation.paired import PairedDifference, paired_difference
-from studies.ablation.runs import RunResult, kept_scalars
+from studies.ablation.runs import RunResult, kept_scalars, summary_path
 from studies.runner import read_json, read_wers
 from studies.tb_reader import Series, read_scalars
 
@@ -145,14 +145,20 @@ def largest_ratio_at(result: RunResult, step: int) -> float:
 
 
 def matched_start(
-    result: RunResult, event_start: int, window: int, save_every: int, max_ratio: float
+    result: RunResult,
+    event_start: int,
+    window: int,
+    save_every: int,
+    max_ratio: float,
+    taken: Sequence[int] = (),
 ) -> Optional[Matched]:
     """Branch (d)'s start for the event replayed from ``event_start``: the checkpoint step ``c`` (a multiple of
-    ``save_every``, after warm-up, its window inside the run and not overlapping the event's) nearest
-    ``event_start`` (the earlier on a tie) whose step ``c + 1`` has every layer under ``max_ratio``."""
+    ``save_every``, after warm-up, its window inside the run and overlapping neither the event's nor a window
+    starting at a step of ``taken``) nearest ``event_start`` (the earlier on a tie) whose step ``c + 1`` has
+    every layer under ``max_ratio``."""
     candidates = []
     for c in range(save_every * math.ceil(result.warm_end / save_every), result.steps - window + 1, save_every):
-        if _overlap(c, event_start, window):
+        if any(_overlap(c, other, window) for other in (event_start, *taken)):
             continue
         ratio = largest_ratio_at(result, c + 1)
         if math.isfinite(ratio) and ratio < max_ratio:
@@ -161,6 +167,19 @@ def matched_start(
         return None
     _, c, ratio = min(candidates)
     return Matched(c, ratio)
+
+
+def matched_starts(
+    result: RunResult, event_starts: Sequence[int], window: int, save_every: int, max_ratio: float
+) -> List[Optional[Matched]]:
+    """Branch (d)'s start for each replay of one run, in the order of ``event_starts``: each window clear of
+    every event's window and of the matched windows chosen before it, so that no two replays share a branch
+    (d) and every window of the run's replays is its own."""
+    out: List[Optional[Matched]] = []
+    for start in event_starts:
+        taken = [*event_starts, *(m.start for m in out if m is not None)]
+        out.append(matched_start(result, start, window, save_every, max_ratio, taken))
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -338,6 +357,12 @@ def reproduction(replay: ReplayResult, original: RunResult) -> Reproduction:
 def reproduces(replay: ReplayResult, original: RunResult) -> bool:
     """Whether branch (a) has the original run's loss at every step of the window (all checked)."""
     return reproduction(replay, original).every_step
+
+
+def read_replay_summary(summaries_dir: Path, key: ReplayKey) -> Optional[ReplayResult]:
+    """The summary of the replay ``key`` (None when it has none)."""
+    data = read_json(summary_path(summaries_dir, key))
+    return None if data is None else ReplayResult.from_json(data)
 
 
 def read_replay_summaries(summaries_dir: Path, condition: str) -> List[ReplayResult]:

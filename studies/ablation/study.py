@@ -13,6 +13,7 @@ import argparse
 import logging
 import math
 import os
+import re
 import shlex
 import shutil
 from dataclasses import dataclass, replace
@@ -39,9 +40,10 @@ from studies.ablation.replay import (
     ReplayResult,
     choose_replays,
     collect_branch,
-    matched_start,
+    matched_starts,
     parameter_layout,
     read_replay_summaries,
+    read_replay_summary,
     second_moment_sums,
 )
 from studies.ablation.runs import (
@@ -49,7 +51,6 @@ from studies.ablation.runs import (
     RunResult,
     kept_scalars,
     read_summary,
-    summary_path,
     wall_time_kept,
     write_summary,
 )
@@ -476,6 +477,10 @@ def run_pilot(s: Settings) -> RunResult:
 # --------------------------------------------------------------------------
 
 
+def _start(matched: Optional[Matched]) -> Optional[int]:
+    return None if matched is None else matched.start
+
+
 def replay_plan(s: Settings, condition: str, seed: int) -> List[Tuple[ReplayKey, Event, Optional[Matched]]]:
     """The replays of the ``none`` run of ``condition``/``seed`` (which must be finished): up to
     ``replays_per_seed`` events, while the seeds before it (in the plan's order) have left fewer than
@@ -488,14 +493,9 @@ def replay_plan(s: Settings, condition: str, seed: int) -> List[Tuple[ReplayKey,
         room = min(s.replays_per_seed, s.replay_events - planned)
         chosen = choose_replays(original, s.thresholds.grad_filter_threshold, s.args.replay_steps, room)
         if earlier == seed:
-            return [
-                (
-                    ReplayKey(condition, seed, start),
-                    event,
-                    matched_start(original, start, s.args.replay_steps, s.save_every_n, s.config.matched_max_ratio),
-                )
-                for start, event in chosen
-            ]
+            starts = [start for start, _ in chosen]
+            matched = matched_starts(original, starts, s.args.replay_steps, s.save_every_n, s.config.matched_max_ratio)
+            return [(ReplayKey(condition, seed, start), event, m) for (start, event), m in zip(chosen, matched)]
         planned += len(chosen)
     return []
 
@@ -593,6 +593,43 @@ def _reference(s: Settings, key: ReplayKey, matched: Matched, commands: List[str
     )
 
 
+def _matched_branches(
+    s: Settings, key: ReplayKey, matched: Optional[Matched], commands: List[str]
+) -> Dict[str, Branch]:
+    """Branch (d) from the matched start and its reference, the run itself over that window (none without a
+    matched start)."""
+    if matched is None:
+        return {}
+    branch_dir = s.replay_dir(key) / MATCHED
+    start = run_checkpoint(s, key.condition, key.seed, matched.start)
+    end = matched.start + s.args.replay_steps
+    train_segments(s, key, branch_dir, start, [(FILTER_ARM, end)], f"{key.relpath}/{MATCHED}", commands)
+    decode_all(s, key.condition, branch_dir, (end, 1, False), f"{key.relpath}/{MATCHED}: decoding", commands)
+    return {
+        MATCHED: collect_branch(branch_dir, RunKey(key.condition, MATCHED, key.seed), end, s.methods, TB_TAGS),
+        MATCHED_REFERENCE: _reference(s, key, matched, commands),
+    }
+
+
+def redo_matched(s: Settings, done: ReplayResult, matched: Optional[Matched]) -> ReplayResult:
+    """A finished replay whose matched start is no longer the plan's (chosen by an earlier rule): branch (d)
+    and its reference made again from ``matched``, the branches from the event kept as they are; its summary
+    rewritten, then the checkpoints removed."""
+    replay_dir = s.replay_dir(done.key)
+    for name in (MATCHED, MATCHED_REFERENCE):
+        shutil.rmtree(replay_dir / name, ignore_errors=True)
+    rel = re.escape(s.rel(replay_dir, done.key.condition))
+    made_there = re.compile(rf"{rel}/(?:{re.escape(MATCHED)}|{re.escape(MATCHED_REFERENCE)})(?=[/\s]|$)")
+    commands = [c for c in done.commands if not made_there.search(c)]
+    branches = {k: v for k, v in done.branches.items() if k not in (MATCHED, MATCHED_REFERENCE)}
+    branches.update(_matched_branches(s, done.key, matched, commands))
+    result = replace(done, branches=branches, matched=matched, commands=commands)
+    write_summary(s.summaries, result)
+    for path in replay_dir.rglob("*.pt"):
+        path.unlink()
+    return result
+
+
 def run_replay(s: Settings, key: ReplayKey, event: Event, matched: Optional[Matched]) -> ReplayResult:
     """Every branch of one replay (replay.py's module doc), decoded at the window's end; its summary written,
     then its checkpoints removed."""
@@ -610,16 +647,7 @@ def run_replay(s: Settings, key: ReplayKey, event: Event, matched: Optional[Matc
         decode_all(s, key.condition, branch_dir, (end, 1, False), f"{key.relpath}/{name}: decoding", commands)
         as_run = RunKey(key.condition, name, key.seed)
         branches[name] = collect_branch(branch_dir, as_run, end, s.methods, TB_TAGS, event_step=key.start + 1)
-    if matched is not None:
-        branch_dir = replay_dir / MATCHED
-        start = run_checkpoint(s, key.condition, key.seed, matched.start)
-        m_end = matched.start + steps
-        train_segments(s, key, branch_dir, start, [(FILTER_ARM, m_end)], f"{key.relpath}/{MATCHED}", commands)
-        decode_all(s, key.condition, branch_dir, (m_end, 1, False), f"{key.relpath}/{MATCHED}: decoding", commands)
-        branches[MATCHED] = collect_branch(
-            branch_dir, RunKey(key.condition, MATCHED, key.seed), m_end, s.methods, TB_TAGS
-        )
-        branches[MATCHED_REFERENCE] = _reference(s, key, matched, commands)
+    branches.update(_matched_branches(s, key, matched, commands))
     c = s.conditions[key.condition]
     result = ReplayResult(
         key,
@@ -740,8 +768,19 @@ def run_plan(s: Settings, command: str) -> int:
             if not s.replays_on(condition) or not run_done(s, RunKey(condition, OBSERVING_ARM, key.seed)):
                 continue
             for rkey, event, matched in replay_plan(s, condition, key.seed):
-                if summary_path(s.summaries, rkey).is_file():
+                done = read_replay_summary(s.summaries, rkey)
+                if done is not None and _start(done.matched) == _start(matched):
                     logging.info(f"{rkey.relpath}: done earlier - skipped")
+                    continue
+                if done is not None:
+                    logging.info(
+                        f"{rkey.relpath}: done earlier with branch (d) from step {_start(done.matched)}; the plan's "
+                        f"matched start is now {_start(matched)}: branch (d) and its reference made again"
+                    )
+                    with progress.timing("matched"):
+                        redo_matched(s, done, matched)
+                    made += 1
+                    write_report(s, command)
                     continue
                 logging.info(
                     f"{rkey.relpath}: replaying the event at step {event.step} (layer {event.layer}, "
