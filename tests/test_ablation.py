@@ -688,6 +688,8 @@ def test_arms_train_what_they_say_and_the_observer_never_filters(ablation):
             assert re.search(rf"^\s+clip_grad_value: {value}$", log, re.M)
             assert re.search(rf"^\s+clip_grad_norm: {clip}$", log, re.M)
             assert re.search(rf"^\s+seed: {seed}$", log, re.M)
+            wall = json.loads((run_dir / WALL_FILE).read_text())
+            assert wall["train"] > 0 and all(wall[f"decode/{m}"] > 0 for m in ("greedy_search",)), wall
             fractions = raw_scalars(run_dir / "tensorboard", "grad_filter/layer0/fraction_filtered")
             ratios = raw_scalars(run_dir / "tensorboard", "grad_filter/layer0/max_over_median")
             assert sorted(fractions) == sorted(ratios) == list(range(1, STEPS + 1)), "every arm has the statistics"
@@ -1109,3 +1111,28 @@ def test_runs_are_not_added_to_summaries_made_on_another_cpu(tmp_path):
     (s.summaries / "stress" / "none" / "seed-42.json").unlink()  # only the other machine's run is left
     with pytest.raises(study.StudyError, match=r"64 threads\), this machine is .*: its runs would pair with none"):
         study.check_machine(s)
+
+
+def test_a_retrained_none_run_must_reproduce_the_run(tmp_path):
+    """Branches that start from a retrained none run start from the run's own weights only if the retraining
+    took the run's path: its loss at every step it trained must be the run's (to the summary's 7 digits)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    s = dataclasses.make_dataclass("S", ["summaries"])(tmp_path / "runs")
+    run = _run("none", 42, 1.0, {0: [1.0, 2.0, 3.0, 4.0]})
+    run.scalars["pruned_loss"] = [(1, 0.4), (2, 0.3), (3, 0.25), (4, 0.2)]
+    write_summary(s.summaries, run)
+
+    def retrained(name: str, pruned: Dict[int, float]) -> Path:
+        redo = tmp_path / name
+        with SummaryWriter(str(redo / "tensorboard")) as writer:
+            for step, value in pruned.items():
+                writer.add_scalar(TB_TAGS.simple_loss, 1.2, step)
+                writer.add_scalar(TB_TAGS.pruned_loss, value, step)
+        return redo
+
+    study.check_retrained(s, run.key, retrained("same", {1: 0.4, 2: 0.3, 3: 0.25}))  # to step 3 of 4
+    with pytest.raises(study.StudyError, match=r"does not reproduce the run's loss at 1 of 3 steps \(first: \[2\]\)"):
+        study.check_retrained(s, run.key, retrained("other", {1: 0.4, 2: 0.3001, 3: 0.25}))
+    with pytest.raises(study.StudyError, match="at any of 0 steps"):
+        study.check_retrained(s, run.key, retrained("no-loss", {}))

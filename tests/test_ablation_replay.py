@@ -77,12 +77,16 @@ def test_matched_windows_of_one_run_are_apart_from_every_event_and_from_each_oth
     run = _run({s: clean.get(s, 7.0) for s in range(101, 1000, 50)}, 1000, warm_end=100)
     # Alone, the events from 699 and from 799 both take 400, the nearest clean start clear of their own window.
     assert matched_start(run, 699, 100, 50, 5.0) == matched_start(run, 799, 100, 50, 5.0) == Matched(400, 2.0)
-    # Together, the second may not share the first's window: 200.
-    assert matched_starts(run, [699, 799], 100, 50, 5.0) == [Matched(400, 2.0), Matched(200, 2.0)]
+    # Together they may not share a window: the larger event chooses first and keeps 400, the other gets 200.
+    small, large = (699, Event(700, 0, 30.0)), (799, Event(800, 0, 90.0))
+    assert matched_starts(run, [small, large], 100, 50, 5.0) == [Matched(200, 2.0), Matched(400, 2.0)]
+    small, large = (699, Event(700, 0, 90.0)), (799, Event(800, 0, 30.0))
+    assert matched_starts(run, [small, large], 100, 50, 5.0) == [Matched(400, 2.0), Matched(200, 2.0)]
     assert matched_start(run, 799, 100, 50, 5.0, taken=[350]) == Matched(200, 2.0), "(350, 450] overlaps 400's"
-    # Every event's window is taken too: from 449, 400 overlaps its own window, so it takes 200; then 699 finds
-    # 400 inside 449's window and 200 taken, and has no branch (d).
-    assert matched_starts(run, [449, 699], 100, 50, 5.0) == [Matched(200, 2.0), None]
+    # Every replayed event's window is taken too: from 449, 400 overlaps its own window, so it takes 200; then
+    # 699 finds 400 inside 449's window and 200 taken, and has no branch (d).
+    replays = [(449, Event(450, 0, 90.0)), (699, Event(700, 0, 30.0))]
+    assert matched_starts(run, replays, 100, 50, 5.0) == [Matched(200, 2.0), None]
 
 
 def test_branch_a_is_checked_at_every_step_of_the_window():

@@ -11,9 +11,10 @@ trained on without control up to that step: the prefix) and trains the window on
   (b) ``event-only``  the filter on the event step only, no control after it;
   (c) ``filter``      the filter on over the whole window;
   (d) ``matched``     the filter switched on, for a window as long, at a checkpoint step of the same run whose
-                      first step has no outlier (every layer under the matched maximum, 5x the median),
-                      compared with the run itself over that window (its checkpoint at the window's end
-                      decoded as the reference);
+                      first step has no outlier (every layer under the matched maximum, 5x the median), its
+                      window clear of every replayed event's window and of the other replays' (d), compared
+                      with the run itself over that window (its checkpoint at the window's end decoded as the
+                      reference);
   (e) ``uniform``     the filter's mean scale applied to every sequence alike, no per-sequence capping
                       (:mod:`studies.ablation.uniform_filter`).
 
@@ -170,16 +171,17 @@ def matched_start(
 
 
 def matched_starts(
-    result: RunResult, event_starts: Sequence[int], window: int, save_every: int, max_ratio: float
+    result: RunResult, replays: Sequence[Tuple[int, Event]], window: int, save_every: int, max_ratio: float
 ) -> List[Optional[Matched]]:
-    """Branch (d)'s start for each replay of one run, in the order of ``event_starts``: each window clear of
-    every event's window and of the matched windows chosen before it, so that no two replays share a branch
-    (d) and every window of the run's replays is its own."""
-    out: List[Optional[Matched]] = []
-    for start in event_starts:
-        taken = [*event_starts, *(m.start for m in out if m is not None)]
-        out.append(matched_start(result, start, window, save_every, max_ratio, taken))
-    return out
+    """Branch (d)'s start for each of a run's replays ``(start, event)`` (:func:`choose_replays`), in their
+    order: each window clear of every replayed event's window and of the matched windows already chosen, the
+    largest event choosing first (as the events were chosen), so that no two replays share a branch (d)."""
+    event_starts = [start for start, _ in replays]
+    chosen: Dict[int, Optional[Matched]] = {}
+    for start, _ in sorted(replays, key=lambda r: (-r[1].ratio, r[1].step)):
+        taken = [*event_starts, *(m.start for m in chosen.values() if m is not None)]
+        chosen[start] = matched_start(result, start, window, save_every, max_ratio, taken)
+    return [chosen[start] for start in event_starts]
 
 
 # --------------------------------------------------------------------------

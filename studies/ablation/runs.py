@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import threading
 import time
@@ -56,21 +57,25 @@ def add_wall_time(run_dir: Path, phase: str, seconds: float) -> Dict[str, float]
 def wall_time_kept(run_dir: Path, phase: str, every_s: float = 60.0) -> Iterator[None]:
     """Add the wall time spent in the block to ``phase`` of the run's wall-time file, every ``every_s``
     seconds while it runs and the rest when it ends: a study killed mid-run (a session's hard end, which
-    runs no ``finally``) loses at most ``every_s`` seconds of it, not the whole segment."""
-    last = time.time()
+    runs no ``finally``) loses at most ``every_s`` seconds of it, not the whole segment. A write that fails
+    while the block runs is logged and its time added at the next."""
+    last = time.monotonic()
     stop = threading.Event()
     lock = threading.Lock()
 
     def flush() -> None:
         nonlocal last
         with lock:
-            now = time.time()
+            now = time.monotonic()
             add_wall_time(run_dir, phase, now - last)
             last = now
 
     def tick() -> None:
         while not stop.wait(every_s):
-            flush()
+            try:
+                flush()
+            except OSError as e:
+                logging.warning(f"wall time of {run_dir} not written ({e}); retried in {every_s:.0f} s")
 
     ticker = threading.Thread(target=tick, name=f"wall-time {phase}", daemon=True)
     ticker.start()

@@ -493,8 +493,7 @@ def replay_plan(s: Settings, condition: str, seed: int) -> List[Tuple[ReplayKey,
         room = min(s.replays_per_seed, s.replay_events - planned)
         chosen = choose_replays(original, s.thresholds.grad_filter_threshold, s.args.replay_steps, room)
         if earlier == seed:
-            starts = [start for start, _ in chosen]
-            matched = matched_starts(original, starts, s.args.replay_steps, s.save_every_n, s.config.matched_max_ratio)
+            matched = matched_starts(original, chosen, s.args.replay_steps, s.save_every_n, s.config.matched_max_ratio)
             return [(ReplayKey(condition, seed, start), event, m) for (start, event), m in zip(chosen, matched)]
         planned += len(chosen)
     return []
@@ -512,7 +511,23 @@ def run_checkpoint(s: Settings, condition: str, seed: int, step: int) -> Path:
     if not path.is_file():
         cmd = train_command(s, original, exp_dir=redo, max_batches=step)
         run(s, condition, cmd, f"{condition}/none/seed-{seed}: retraining to step {step}", redo)
+        check_retrained(s, original, redo)
     return path
+
+
+def check_retrained(s: Settings, original: RunKey, redo: Path) -> None:
+    """StudyError unless the run retrained in ``redo`` has the original run's loss at every step it trained
+    (to its summary's 7 digits): the same weights, else the branches from its checkpoints start elsewhere."""
+    scalars, _ = kept_scalars(read_scalars(redo / "tensorboard"), TB_TAGS)
+    mine = RunResult(original, {}, scalars, {}).objective()
+    theirs = dict(read_summary(s.summaries, original).objective())
+    differ = [step for step, v in mine if step in theirs and not math.isclose(v, theirs[step], rel_tol=1e-6)]
+    if not mine or differ:
+        raise StudyError(
+            f"{original.relpath} retrained in {redo} does not reproduce the run's loss at "
+            f"{len(differ) if mine else 'any'} of {len(mine)} steps (first: {differ[:1] or '-'}): the retrained "
+            f"weights differ; remove {redo} and run the study on the CPU model that made the run"
+        )
 
 
 def segment_command(s: Settings, key: ReplayKey, exp_dir: Path, control: str, start: int, end: int) -> List[str]:
@@ -617,13 +632,21 @@ def redo_matched(s: Settings, done: ReplayResult, matched: Optional[Matched]) ->
     rewritten, then the checkpoints removed."""
     replay_dir = s.replay_dir(done.key)
     for name in (MATCHED, MATCHED_REFERENCE):
-        shutil.rmtree(replay_dir / name, ignore_errors=True)
+        if (replay_dir / name).exists():
+            shutil.rmtree(replay_dir / name)
     rel = re.escape(s.rel(replay_dir, done.key.condition))
-    made_there = re.compile(rf"{rel}/(?:{re.escape(MATCHED)}|{re.escape(MATCHED_REFERENCE)})(?=[/\s]|$)")
+    made_there = re.compile(rf"{rel}/(?:{re.escape(MATCHED)}|{re.escape(MATCHED_REFERENCE)})(?=[/\s)'\"]|$)")
     commands = [c for c in done.commands if not made_there.search(c)]
+    if done.matched is not None and len(commands) == len(done.commands):
+        raise StudyError(
+            f"{done.key.relpath}: none of its commands made branch (d) in {replay_dir}/{MATCHED}: the summary was "
+            f"made with another --exp-root or data folder; rerun the study with the ones that made it"
+        )
     branches = {k: v for k, v in done.branches.items() if k not in (MATCHED, MATCHED_REFERENCE)}
     branches.update(_matched_branches(s, done.key, matched, commands))
     result = replace(done, branches=branches, matched=matched, commands=commands)
+    if not result.identical_batches:
+        raise StudyError(f"{done.key.relpath}: branch (d) saw other batches than the run (see its tensorboard/)")
     write_summary(s.summaries, result)
     for path in replay_dir.rglob("*.pt"):
         path.unlink()
@@ -773,14 +796,15 @@ def run_plan(s: Settings, command: str) -> int:
                     logging.info(f"{rkey.relpath}: done earlier - skipped")
                     continue
                 if done is not None:
+                    what = "made again" if matched is not None else "removed (no matched start now)"
                     logging.info(
                         f"{rkey.relpath}: done earlier with branch (d) from step {_start(done.matched)}; the plan's "
-                        f"matched start is now {_start(matched)}: branch (d) and its reference made again"
+                        f"matched start is now {_start(matched)}: branch (d) and its reference {what}"
                     )
-                    with progress.timing("matched"):
-                        redo_matched(s, done, matched)
+                    redo_matched(s, done, matched)
                     made += 1
                     write_report(s, command)
+                    log_left(i)
                     continue
                 logging.info(
                     f"{rkey.relpath}: replaying the event at step {event.step} (layer {event.layer}, "
