@@ -29,6 +29,7 @@ from studies.ablation.replay import (
     matched_starts,
     over_seeds,
     parameter_layout,
+    read_replay_summaries,
     reproduction,
 )
 from studies.ablation.runs import RunResult
@@ -261,3 +262,34 @@ def test_replays_are_planned_seed_by_seed_up_to_the_total(tmp_path):
     # Branch (d): the nearest checkpoint (every 50) whose window does not overlap the event's and whose first
     # step has no outlier: for the event window (149, 249], 250.
     assert plan[42][0][2] == Matched(250, 2.0)
+
+
+def test_a_finished_replay_keeps_its_summary_and_drops_its_checkpoints_only_when_the_batches_agree(tmp_path):
+    """finish_replay: same batches in every branch -> summary written, checkpoints gone; a branch that saw
+    another batch -> summary still written (the report shows it), StudyError naming it, checkpoints kept."""
+    from types import SimpleNamespace
+
+    from studies.ablation.study import StudyError, finish_replay
+
+    key = ReplayKey("digits", 42, 10)
+    s = SimpleNamespace(summaries=tmp_path / "runs", replay_dir=lambda k: tmp_path / "exp" / k.relpath)
+
+    def result(filter_digests):
+        window = [(11, 1.0), (12, 1.0)]
+        branches = {
+            NO_CONTROL: Branch(window, [(11, 1.5), (12, 2.5)], {}, 0.0, 1.0),
+            FILTER: Branch(window, filter_digests, {}, 0.1, 1.0),
+        }
+        checkpoint = tmp_path / "exp" / key.relpath / FILTER / "checkpoint-12.pt"
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.write_bytes(b"x")
+        return ReplayResult(key, Event(11, 0, 30.0), 2, branches), checkpoint
+
+    done, checkpoint = result([(11, 1.5), (12, 2.5)])
+    assert finish_replay(s, done) is done and not checkpoint.exists()
+    assert read_replay_summaries(s.summaries, "digits")[0].identical_batches
+
+    differs, checkpoint = result([(11, 1.5), (12, 3.5)])
+    with pytest.raises(StudyError, match=r"digits/replays/seed-42-from-10: the branches saw other batches"):
+        finish_replay(s, differs)
+    assert checkpoint.exists() and not read_replay_summaries(s.summaries, "digits")[0].identical_batches

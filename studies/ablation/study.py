@@ -628,8 +628,8 @@ def _matched_branches(
 
 def redo_matched(s: Settings, done: ReplayResult, matched: Optional[Matched]) -> ReplayResult:
     """A finished replay whose matched start is no longer the plan's (chosen by an earlier rule): branch (d)
-    and its reference made again from ``matched``, the branches from the event kept as they are; its summary
-    rewritten, then the checkpoints removed."""
+    and its reference made again from ``matched``, the branches from the event kept as they are; finished as
+    :func:`finish_replay`."""
     replay_dir = s.replay_dir(done.key)
     for name in (MATCHED, MATCHED_REFERENCE):
         if (replay_dir / name).exists():
@@ -644,18 +644,12 @@ def redo_matched(s: Settings, done: ReplayResult, matched: Optional[Matched]) ->
         )
     branches = {k: v for k, v in done.branches.items() if k not in (MATCHED, MATCHED_REFERENCE)}
     branches.update(_matched_branches(s, done.key, matched, commands))
-    result = replace(done, branches=branches, matched=matched, commands=commands)
-    if not result.identical_batches:
-        raise StudyError(f"{done.key.relpath}: branch (d) saw other batches than the run (see its tensorboard/)")
-    write_summary(s.summaries, result)
-    for path in replay_dir.rglob("*.pt"):
-        path.unlink()
-    return result
+    return finish_replay(s, replace(done, branches=branches, matched=matched, commands=commands))
 
 
 def run_replay(s: Settings, key: ReplayKey, event: Event, matched: Optional[Matched]) -> ReplayResult:
-    """Every branch of one replay (replay.py's module doc), decoded at the window's end; its summary written,
-    then its checkpoints removed."""
+    """Every branch of one replay (replay.py's module doc), decoded at the window's end; finished as
+    :func:`finish_replay`."""
     replay_dir = s.replay_dir(key)
     steps = s.args.replay_steps
     end = key.start + steps
@@ -682,9 +676,17 @@ def run_replay(s: Settings, key: ReplayKey, event: Event, matched: Optional[Matc
         machine_of(replay_dir / FILTER),
         commands,
     )
+    return finish_replay(s, result)
+
+
+def finish_replay(s: Settings, result: ReplayResult) -> ReplayResult:
+    """Write ``result``'s summary (kept even when its branches saw other batches, so the report shows that
+    replay as such), then StudyError if they did (its checkpoints kept to look into), else its checkpoints
+    removed."""
     write_summary(s.summaries, result)
+    replay_dir = s.replay_dir(result.key)
     if not result.identical_batches:
-        raise StudyError(f"{key.relpath}: the branches saw different batches (see their tensorboard/)")
+        raise StudyError(f"{result.key.relpath}: the branches saw other batches than the run (see {replay_dir})")
     for path in replay_dir.rglob("*.pt"):
         path.unlink()
     return result
