@@ -67,7 +67,7 @@ def test_round_1s_section_has_well_formed_tables(tmp_path):
     # The replay table: one row per replay, its start step in the second column under "from step".
     assert "| seed | from step | event step | event layer | max/median |" in text
     assert "| 42 | 445 | 446 | 0 | 46.6 |" in text
-    assert assert_tables_well_formed(text) == 8
+    assert assert_tables_well_formed(text) == 10
 
 
 def _run(arm, seed, base, cpu="Intel Xeon"):
@@ -167,7 +167,17 @@ def test_a_full_rounds_section_has_well_formed_tables():
         machine="x86_64",
     )
     text = render_section(results, replays, arms, {}, setup, pilot)
-    assert assert_tables_well_formed(text) == 9 and "### The clipping landscape" in text
+    assert assert_tables_well_formed(text) == 11 and "### The clipping landscape" in text
+    # The answer: the plan's 7 arms x 3 seeds of its 59 runs (17 + 17 + 5 x 5), the landscape's not counted.
+    assert "21 of the 59 runs planned for round 2 and 2 of the 10 planned replays are in." in text
+    # clip: WER base + 10 - step / 4 with base 10.4, 11.8, 13.2 (seeds 42-44): 20.8 / 19.8 / 18.8 at 4 / 8 / 12,
+    # sd 1.4; the objective 1 / step leaves the plateau at step 6 ((1/2 + ... + 1/6) / 5 = 0.29); every step
+    # clipped to 0.02; guard (its name has no "clip") never clipped.
+    assert (
+        "| clip_grad_norm 5 | 3 | 20.80 ± 1.40 | 19.80 ± 1.40 | 18.80 ± 1.40 | 6 ± 0 | - | 100.0 ± 0.0 | "
+        "normalisation (at least 90% of steps) | 0.020 |"
+    ) in text
+    assert "| 0.0 ± 0.0 | guard (at most 10% of steps) | 1.000 |" in text
     # none / seed 42 ran on another CPU model: filter - none, guard - none, clip-relative - none lose a pair each.
     assert "Pairs left out because their two runs ran on different CPU models: 3." in text
     assert "fixed on 2026-11-26 before the runs of round 2" in text

@@ -32,6 +32,7 @@ from studies.ablation.metrics import (
     OUTLIER_RATIO,
     SPIKE_FACTOR,
     SPIKE_WINDOW,
+    Spread,
     format_outlier_table,
     format_table,
     format_wer_curves,
@@ -43,12 +44,12 @@ from studies.ablation.metrics import (
     spearman,
     steps_acting,
     steps_clipped,
+    steps_filtered,
 )
 from studies.ablation.paired import PairedDifference, paired_difference
 from studies.ablation.pairing import NOT_RECORDED, cpu_of, pair_runs
 from studies.ablation.replay import (
     CONTROLS,
-    EARLY_STEPS,
     LABELS,
     ReplayResult,
     control_measures,
@@ -56,8 +57,6 @@ from studies.ablation.replay import (
     format_events_table,
     format_moment_table,
     moment_columns,
-    over_seeds,
-    per_seed_means,
     reproduces,
 )
 from studies.ablation.runs import OBJECTIVE_SIMPLE_SCALE, RunResult
@@ -141,8 +140,6 @@ def family_section(rows: Sequence[FamilyRow], labels: Dict[str, str], setup: Rep
         f"{100 * c.confidence:g}% interval (Student's t on the per-seed differences), Holm's adjustment of the "
         f"paired t-test's p over the {len(c.family)} comparisons (a difference holds when its Holm p is at most "
         f"{c.alpha:g}), and beside it the exact Wilcoxon signed-rank test's p (unadjusted).",
-        "",
-        format_family_table(rows, labels, c, fixed_before(c, setup.stored)),
         "",
         f"Pairs left out because their two runs ran on different CPU models: {straddling}. Pairs kept whose CPU "
         f"model is not recorded (not checked): {unchecked}.",
@@ -256,50 +253,71 @@ def depth_section(results: Sequence[RunResult], labels: Dict[str, str], setup: R
     ]
 
 
-def clipping_sentences(results: Sequence[RunResult], arms: Dict[str, Arm]) -> List[str]:
-    """Per arm that clips the global gradient: how often it acted and by how much (the median clip scale)."""
-    out = []
-    for (condition, arm), runs in group_runs(results).items():
-        a = arms[arm]
-        if a.value("clip_grad_norm") <= 0 and a.value("clip_grad_norm_relative") <= 0:
-            continue
-        acted = statistics.mean(100 * steps_clipped(r) for r in runs)
-        scale = statistics.median(median_clip_scale(r) for r in runs)
-        if scale < 1:
-            how = f"its median clip scale is {scale:.3f}: the median step is shrunk {1 / scale:.0f}-fold"
-        else:
-            how = "its median clip scale is 1: the median step is left alone"
-        if acted >= NORMALISES:
-            kind = f" (at least {NORMALISES:g}% of the steps: a normalisation, not a guard)"
-        elif acted <= GUARDS:
-            kind = f" (at most {GUARDS:g}% of the steps: a guard)"
-        else:
-            kind = ""
-        out.append(
-            f"{condition}: {a.label} acted on {acted:.1f}% of the steps (mean over {len(runs)} runs){kind}; {how}."
-        )
-    return out
+def acts_as(acted_percent: float) -> str:
+    """What a clip that lowers the norm on ``acted_percent`` % of the steps is: on (nearly) every step, a
+    normalisation; on rare steps, a guard; in between, neither."""
+    if acted_percent >= NORMALISES:
+        return f"normalisation (at least {NORMALISES:g}% of steps)"
+    if acted_percent <= GUARDS:
+        return f"guard (at most {GUARDS:g}% of steps)"
+    return f"neither ({GUARDS:g}-{NORMALISES:g}% of steps)"
 
 
-def plateau_sentence(results: Sequence[RunResult], labels: Dict[str, str], setup: ReportSetup) -> List[str]:
+def arms_table(results: Sequence[RunResult], arms: Dict[str, Arm], setup: ReportSetup) -> str:
+    """One row per arm of the family (its condition): the primary metric at every decoding point, the step of
+    leaving the loss plateau, how often the filter capped a sequence and the clip lowered the norm, and the
+    median clip scale (mean ± sd over seeds; '-' where the arm has no such control)."""
     c = setup.config
-    parts = []
-    for (condition, arm), runs in group_runs(results).items():
-        steps = [plateau_exit(r) for r in runs]
-        finite = [x for x in steps if math.isfinite(x)]
-        if finite:
-            parts.append(f"{labels[arm]} {statistics.mean(finite):.0f} (n={len(finite)})")
-    lines = [
-        f"Step of leaving the loss plateau (the trailing {c.plateau_window}-step mean of the training objective "
-        f"below {c.plateau_loss:g}), mean over seeds: " + "; ".join(parts) + "."
+    method, test = c.metric
+    runs_of = {
+        arm: runs
+        for (condition, arm), runs in group_runs(results).items()
+        if condition == c.condition and arm in c.seeds_per_arm
+    }
+    points = sorted({step for runs in runs_of.values() for r in runs for step in (r.wer_at or {r.steps: r.wer})})
+    header = [
+        "arm",
+        "seeds",
+        *[f"{_wer_name(method, test)} at {step}" for step in points],
+        f"left the plateau at step (loss < {c.plateau_loss:g})",
+        "% steps filtered",
+        "% steps clipped",
+        "the clip acts as",
+        "median clip scale",
     ]
+    rows = []
+    for arm, runs in runs_of.items():
+        a = arms[arm]
+        wers = [
+            Spread.of([(r.wer_at or {r.steps: r.wer}).get(step, {}).get(c.metric, math.nan) for r in runs]).cell(2)
+            for step in points
+        ]
+        filtered = Spread.of([100 * steps_filtered(r) for r in runs]) if a.filter_on else None
+        clips = a.value("clip_grad_norm") > 0 or a.value("clip_grad_norm_relative") > 0
+        clipped = Spread.of([100 * steps_clipped(r) for r in runs]) if clips else None
+        rows.append(
+            [
+                a.label,
+                str(len(runs)),
+                *wers,
+                Spread.of([plateau_exit(r) for r in runs]).cell(0),
+                filtered.cell(1) if filtered else "-",
+                clipped.cell(1) if clipped else "-",
+                acts_as(clipped.mean) if clipped and clipped.n else "-",
+                f"{statistics.median(median_clip_scale(r) for r in runs):.3f}" if clips else "-",
+            ]
+        )
+    return markdown_table(header, rows)
+
+
+def plateau_sentence(results: Sequence[RunResult], setup: ReportSetup) -> str:
     steps = [plateau_exit(r) for r in results]
-    rhos = [(t, spearman(steps, [r.wer.get((setup.methods[0], t), math.nan) for r in results])) for t in TEST_SETS]
-    lines.append(
-        f"Across the {len(results)} runs, Spearman's correlation of that step with the final "
-        f"{setup.methods[0].replace('_search', '')} WER: " + ", ".join(f"{rho:.2f} ({t})" for t, rho in rhos) + "."
+    method = setup.methods[0]
+    rhos = [(t, spearman(steps, [r.wer.get((method, t), math.nan) for r in results])) for t in TEST_SETS]
+    return (
+        f"Across the {len(results)} runs, Spearman's correlation of the step of leaving the plateau with the final "
+        f"{method.replace('_search', '')} WER: " + ", ".join(f"{rho:.2f} ({t})" for t, rho in rhos) + "."
     )
-    return lines
 
 
 def checked_replays(replays: Sequence[ReplayResult], originals: Dict[Tuple[str, int], RunResult]) -> List[ReplayResult]:
@@ -307,98 +325,105 @@ def checked_replays(replays: Sequence[ReplayResult], originals: Dict[Tuple[str, 
     return [r for r in replays if (o := originals.get((r.key.condition, r.key.seed))) is not None and reproduces(r, o)]
 
 
-def replay_answer(
-    measures, methods: Sequence[str], replays: Sequence[ReplayResult], checked: Sequence[ReplayResult]
-) -> List[str]:
-    if not replays:
-        return []
-
-    def spread(d, digits: int) -> str:
-        return (
-            f"{d.mean:+.{digits}f} {d.interval(digits)}"
-            if d.n >= 2
-            else f"{d.mean:+.{digits}f} (one seed: no interval)"
-        )
-
-    out = [
-        f"Replays: {len(checked)} of {len(replays)} have branch (a) reproducing the run at every step of the "
-        f"window, checked; only those are used below, the events of a seed averaged before the interval."
-    ]
-    for name, m in measures.items():
-        window, early = over_seeds(m.window_loss), over_seeds(m.early_loss)
-        parts = [f"loss over the window {spread(window, 4)}", f"over its first {EARLY_STEPS} steps {spread(early, 4)}"]
-        for method in methods[:1]:
-            for t in TEST_SETS:
-                d = over_seeds(m.wer.get((method, t), []))
-                if d.n:
-                    parts.append(f"{_wer_name(method, t)} {spread(d, 2)}")
-        seeds = len(per_seed_means(m.window_loss))
-        out.append(
-            f"{LABELS[name]} minus its no-control reference, {len(m.window_loss)} events of {seeds} seed(s): "
-            + "; ".join(parts)
-            + "."
-        )
-    for column, ratios in moment_columns(checked, lambda r: r.tensors).items():
-        # The layers in the order of the ratios (a set's order changes with the process's hash seed, and a tie
-        # for the smallest or largest would name another layer in another process).
-        medians = {
-            layer: statistics.median(r[layer] for r in ratios if layer in r)
-            for layer in dict.fromkeys(k for r in ratios for k in r)
-        }
-        low, high = min(medians, key=medians.get), max(medians, key=medians.get)
-        out.append(
-            f"Adam's second moment per layer, {column}: median over events from {medians[low]:.2f} ({low}) to "
-            f"{medians[high]:.2f} ({high})."
-        )
-    return out
-
-
-def icefall_lines() -> List[str]:
+def icefall_table() -> List[str]:
+    """icefall's published greedy WERs without and with the filter, their difference, and its authors'
+    remarks (a data file; not measured here)."""
     data = icefall_published()
     greedy = icefall_greedy()
     (no_filter, with_filter) = list(greedy.values())[:2]
+    rows = [[name, f"{clean:.2f}", f"{other:.2f}"] for name, (clean, other) in greedy.items()]
+    rows.append(["difference", f"{with_filter[0] - no_filter[0]:+.2f}", f"{with_filter[1] - no_filter[1]:+.2f}"])
     lines = [
-        "icefall's own ablation of the filter (one run each, no interval; not measured here): "
-        + ", ".join(f"{k} {v[0]:.2f} / {v[1]:.2f}" for k, v in greedy.items())
-        + f" greedy WER test-clean / test-other, a difference of {with_filter[0] - no_filter[0]:+.2f} / "
-        f"{with_filter[1] - no_filter[1]:+.2f} ({data['what']})."
+        f"Beside it, one run each and no interval: {data['what']} Sources: {'; '.join(data['sources'])}.",
+        "",
+        markdown_table(["icefall run", "greedy test-clean", "greedy test-other"], rows),
+        "",
     ]
     for remark in data.get("remarks", []):
         lines.append(f"Its authors' remark: {remark['text']} ({remark['source']}).")
     return lines
 
 
+def lead(
+    rows: Sequence[FamilyRow], results: Sequence[RunResult], replays: Sequence[ReplayResult], setup: ReportSetup
+) -> str:
+    """The answer in one paragraph: how much of the plan is in, which comparisons hold, and the power of the
+    first comparison at the pairs it has."""
+    c = setup.config
+    ran = sum(1 for r in results if r.key.condition == c.condition and r.key.arm in c.seeds_per_arm)
+    planned = sum(c.seeds_per_arm.values())
+    holding = [r for r in rows if r.difference.n >= 2 and r.holm_p <= c.alpha]
+    tested = [r for r in rows if r.difference.n >= 2]
+    name = lambda r: f"`{r.comparison.arm}` − `{r.comparison.baseline}`"  # noqa: E731
+    text = (
+        f"{ran} of the {planned} runs planned for round {c.round} and {len(replays)} of the "
+        f"{setup.planned_replays} planned replays are in. "
+    )
+    after = "" if fixed_before(c, setup.stored) else " (computed after the runs: descriptions)"
+    if holding:
+        text += (
+            f"Of the {len(tested)} comparisons tested{after}, {len(holding)} hold(s) after Holm's adjustment at "
+            f"family-wise {c.alpha:g}: " + ", ".join(name(r) for r in holding) + "."
+        )
+    else:
+        text += (
+            f"None of the {len(tested)} comparisons tested{after} shows a difference at family-wise {c.alpha:g} "
+            f"(smallest Holm p {format_p(min((r.holm_p for r in tested), default=math.nan))})."
+        )
+    now = power_now(rows, c)
+    if now is not None:
+        first = c.family[0]
+        text += (
+            f" `{first.arm}` − `{first.baseline}` has {now[0]} of its {c.seeds_per_arm.get(first.arm, 0)} planned "
+            f"pairs (power {now[1]:.3f} at the effect the seeds were planned for; {c.power_target:g} planned): a "
+            "null here does not show the arms equal."
+        )
+    return text
+
+
 def answer_section(
     rows: Sequence[FamilyRow],
     results: Sequence[RunResult],
     replays: Sequence[ReplayResult],
-    checked: Sequence[ReplayResult],
     measures,
     arms: Dict[str, Arm],
     labels: Dict[str, str],
     setup: ReportSetup,
 ) -> List[str]:
-    """The answer: one bullet per family comparison (its numbers and verdict), the head start out of the
-    plateau, how often each clip acted, the replays' controls, and icefall's table and remarks."""
+    """The answer: one paragraph, the family's table, one row per arm (the metric over the budget, the head
+    start out of the plateau, how often its control acted), the replays' controls, and icefall's table."""
     c = setup.config
-    after = "" if fixed_before(c, setup.stored) else " (computed after the runs: a description)"
-    lines = ["### The answer", ""]
-    for row in rows:
-        d = row.difference
-        arm, base = row.comparison.arm, row.comparison.baseline
-        name = f"{labels.get(arm, arm)} − {labels.get(base, base)}"
-        if d.n >= 2:
-            lines.append(
-                f"- {name}, {_wer_name(*c.metric)}: {d.mean:+.2f} points {d.interval(2)} over {d.n} pairs; "
-                f"{verdict(row, c.alpha)}{after}."
-            )
-        else:
-            lines.append(f"- {name}: {verdict(row, c.alpha)}.")
-    lines += [f"- {line}" for line in plateau_sentence(results, labels, setup)]
-    lines += [f"- {line}" for line in clipping_sentences(results, arms)]
-    lines += [f"- {line}" for line in replay_answer(measures, setup.methods, replays, checked)]
-    lines += [f"- {line}" for line in icefall_lines()]
-    return lines + [""]
+    lines = [
+        "### The answer",
+        "",
+        lead(rows, results, replays, setup),
+        "",
+        f"The family ({_wer_name(*c.metric)} WER (%) at the end of the budget, arm minus baseline seed by seed; "
+        "how it was fixed and tested: next section):",
+        "",
+        format_family_table(rows, labels, c, fixed_before(c, setup.stored)),
+        "",
+        f"Per arm, mean ± standard deviation over its seeds ({_wer_name(*c.metric)} WER (%); the step of leaving "
+        f"the plateau: the trailing {c.plateau_window}-step mean of the training objective first below "
+        f"{c.plateau_loss:g}; % steps filtered: the filter capped some sequence; % steps clipped: the clip "
+        "lowered the norm; median clip scale: post- over pre-clip norm, median over steps, then over seeds):",
+        "",
+        arms_table(results, arms, setup),
+        "",
+        plateau_sentence(results, setup),
+        "",
+    ]
+    if measures:
+        lines += [
+            "Replayed outlier events of `none` (their section below): each control minus its reference ((a) for "
+            "(b), (c), (e); the run itself over the matched window for (d)), over the replays whose branch (a) "
+            "reproduces the run; the events of a seed averaged first, then the mean over seeds and its 95% interval "
+            "(Student's t over the seeds' means):",
+            "",
+            format_controls_table(measures, setup.methods),
+            "",
+        ]
+    return lines + icefall_table() + [""]
 
 
 def setup_text(setup: ReportSetup, results: Sequence[RunResult], arms: Dict[str, Arm]) -> List[str]:
@@ -457,7 +482,6 @@ def column_notes(threshold: float) -> str:
 
 def replay_section(
     replays: Sequence[ReplayResult],
-    measures,
     setup: ReportSetup,
     originals: Dict[Tuple[str, int], RunResult],
 ) -> List[str]:
@@ -484,11 +508,7 @@ def replay_section(
         "",
         format_events_table(replays, originals),
         "",
-        "Each control minus its no-control reference ((a) for (b), (c), (e); the run itself over the matched "
-        "window for (d)): the events of a seed are averaged first, then the mean over seeds and its 95% interval "
-        "(Student's t over the seeds' means):",
-        "",
-        format_controls_table(measures, setup.methods),
+        "Each control minus its reference: the answer's table above.",
         "",
     ]
     columns = moment_columns(checked_replays(replays, originals), lambda r: r.tensors)
@@ -580,7 +600,7 @@ def render_section(
         setup.command,
         "```",
         "",
-        *answer_section(rows, results, replays, checked_replays(replays, originals), measures, arms, labels, setup),
+        *answer_section(rows, results, replays, measures, arms, labels, setup),
         *family_section(rows, labels, setup),
         *landscape_section(results, arms, setup),
         *depth_section(results, labels, setup),
@@ -623,7 +643,7 @@ def render_section(
         "",
         format_comparisons(paired_comparisons(results, setup.methods, observing_arm), arms),
         "",
-        *replay_section(replays, measures, setup, originals),
+        *replay_section(replays, setup, originals),
         *pilot_section(pilot, setup.config),
         "### Plots",
         "",
