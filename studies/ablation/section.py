@@ -418,7 +418,8 @@ def answer_section(
             "Replayed outlier events of `none` (their section below): each control minus its reference ((a) for "
             "(b), (c), (e); the run itself over the matched window for (d)), over the replays whose branch (a) "
             "reproduces the run; the events of a seed averaged first, then the mean over seeds and its 95% interval "
-            "(Student's t over the seeds' means):",
+            "(Student's t over the seeds' means; descriptions outside the family, not adjusted for the "
+            f"{len(measures)} controls and their measures):",
             "",
             format_controls_table(measures, setup.methods),
             "",
