@@ -279,6 +279,51 @@ def test_family_rows_holm_signed_rank_and_verdicts_by_hand():
     assert n == 6 and power == pytest.approx(paired_t_power(abs(config.planned_effect), 6, 0.05 / 5))
 
 
+def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power():
+    from studies.ablation.arms import Thresholds
+    from studies.ablation.section import ReportSetup, _cell, acts_as, family_runs, lead
+
+    runs = []
+    # filter - none: -1 .. -6 over seeds 42-47 (holds); filter-clip - clip: +1, -1, +0.5 (does not); a clip
+    # run of seed 50 is outside clip's 5 planned seeds (42-46): not counted, not paired.
+    for seed, (base, diff) in enumerate([(20, -1), (21, -2), (19, -3), (22, -4), (20, -5), (18, -6)], 42):
+        runs += [_run("none", seed, base), _run("filter", seed, base + diff)]
+    for seed, diff in zip((42, 43, 44), (1.0, -1.0, 0.5)):
+        runs += [_run("clip", seed, 10), _run("filter-clip", seed, 10 + diff)]
+    runs.append(_run("clip", 50, 10))
+    setup = ReportSetup("cmd", STUDY, "s", {"round": STUDY.round}, Thresholds(), ["greedy_search"], 0, "d", "m")
+    rows = family_rows(runs, STUDY, "digits")
+    runs_of = family_runs(runs, STUDY, "digits")
+    assert {arm: len(v) for arm, v in runs_of.items()} == {"none": 6, "filter": 6, "clip": 3, "filter-clip": 3}
+    text = lead(rows, runs_of, [], setup)
+    assert text.startswith("18 of the 59 runs planned for round 2 are in. "), "17 + 17 + 5 x 5; no replays planned"
+    diffs = [-1, -2, -3, -4, -5, -6]
+    half = student_t_quantile(0.975, 5) * statistics.stdev(diffs) / math.sqrt(6)
+    assert (
+        "Of the 2 comparisons with 2 pairs or more, 1 holds after Holm's adjustment at family-wise 0.05: "
+        f"`filter` − `none` -3.50 points [{-3.5 - half:+.2f}, {-3.5 + half:+.2f}]."
+    ) in text
+    power = paired_t_power(abs(STUDY.planned_effect), 6, 0.05 / 5)
+    assert f"`filter` − `none` has 6 of its 17 planned pairs: its power is {power:.3f}" in text
+    # Runs of round 1 (another stored round): described, not counted against round 2's plan.
+    old = dataclasses.replace(setup, stored={"round": "1"})
+    assert lead(rows, runs_of, [], old).startswith("18 runs of round 1, made before the family of round 2 was fixed")
+    assert (
+        lead([], {}, [], setup)
+        == "0 of the 59 runs planned for round 2 are in. No comparison of the family has 2 pairs yet."
+    )
+    assert [acts_as(x) for x in (100, 90, 89.9, 10.1, 10, 0.1, 0)] == [
+        "normalisation (at least 90% of steps)",
+        "normalisation (at least 90% of steps)",
+        "neither (between 10% and 90% of steps)",
+        "neither (between 10% and 90% of steps)",
+        "guard (at most 10% of steps)",
+        "guard (at most 10% of steps)",
+        "never acted",
+    ]
+    assert _cell([1.0, math.nan, 3.0], 2) == "2.00 ± 1.41 (n=2)", "a seed without the value is said, not hidden"
+
+
 def test_pairs_without_a_recorded_cpu_model_are_kept_and_counted():
     runs = [_run("none", 42, 20, cpu=None), _run("filter", 42, 19), _run("none", 43, 20), _run("filter", 43, 18)]
     row = family_rows(runs, STUDY, "digits")[0]

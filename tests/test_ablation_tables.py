@@ -177,7 +177,7 @@ def test_a_full_rounds_section_has_well_formed_tables():
         "| clip_grad_norm 5 | 3 | 20.80 ± 1.40 | 19.80 ± 1.40 | 18.80 ± 1.40 | 6 ± 0 | - | 100.0 ± 0.0 | "
         "normalisation (at least 90% of steps) | 0.020 |"
     ) in text
-    assert "| 0.0 ± 0.0 | guard (at most 10% of steps) | 1.000 |" in text
+    assert "| 0.0 ± 0.0 | never acted | 1.000 |" in text
     # none / seed 42 ran on another CPU model: filter - none, guard - none, clip-relative - none lose a pair each.
     assert "Pairs left out because their two runs ran on different CPU models: 3." in text
     assert "fixed on 2026-11-26 before the runs of round 2" in text

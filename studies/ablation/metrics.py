@@ -90,6 +90,22 @@ def steps_clipped(result: RunResult) -> float:
     return _fraction([x < 1.0 for x in values(result.series("clip_scale"))])
 
 
+# Controls that act inside backward, not through the clip scale: the filter in each layer's backward, the
+# recurrent cap on a frame row's derivative, the error clip on one tensor's gradient.
+IN_BACKWARD = ("grad_filter_threshold", "recurrent_grad_clip", "error_clip")
+
+
+def clips(arm: Arm) -> bool:
+    """Whether the arm clips the gradient after backward (its effect shows in the clip scale)."""
+    return any(control not in IN_BACKWARD for control, _ in arm.settings)
+
+
+def decoded(result: RunResult) -> Dict[int, Dict[Tuple[str, str], float]]:
+    """``{step: {(method, test set): WER}}``: every decoding point of the run (a run decoded at its end only:
+    that one)."""
+    return result.wer_at or {result.steps: result.wer}
+
+
 def steps_acting(result: RunResult, arm: Arm) -> float:
     """Fraction of steps at which the arm's control changed a gradient: the filter capped a sequence (arms
     with the filter on), the recurrent cap clipped a frame row, the error clip clipped an element, or the
@@ -293,7 +309,7 @@ def format_table(results: Sequence[RunResult], arms: Dict[str, Arm], methods: Se
 def format_wer_curves(results: Sequence[RunResult], arms: Dict[str, Arm], methods: Sequence[str]) -> str:
     """One row per condition x arm: the WERs (mean ± sd over seeds) at every step the runs were decoded at
     (a third, two thirds and the whole budget; runs decoded at the end only have that column)."""
-    points = sorted({step for r in results for step in (r.wer_at or {r.steps: r.wer})})
+    points = sorted({step for r in results for step in decoded(r)})
     keys = [(m, t) for m in methods for t in TEST_SETS]
     header = ["condition", "arm", "seeds"] + [
         f"{m.replace('_search', '')} {t} at {step}" for step in points for m, t in keys
@@ -303,7 +319,7 @@ def format_wer_curves(results: Sequence[RunResult], arms: Dict[str, Arm], method
         cells = [condition, arms[arm].label, str(len(runs))]
         for step in points:
             for k in keys:
-                xs = [(r.wer_at or {r.steps: r.wer}).get(step, {}).get(k, float("nan")) for r in runs]
+                xs = [decoded(r).get(step, {}).get(k, float("nan")) for r in runs]
                 spread = Spread.of(xs)
                 cells.append(spread.cell(2) + (f" (n={spread.n})" if 0 < spread.n < len(xs) else ""))
         rows.append(cells)

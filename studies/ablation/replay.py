@@ -540,7 +540,7 @@ def format_controls_table(measures: Dict[str, ReplayMeasures], methods: Sequence
     wer_keys = [(m, t) for m in methods for t in TEST_SETS]
     header = (
         ["branch", "seeds", "events", "loss over the window", f"loss over its first {EARLY_STEPS} steps"]
-        + [f"{m.replace('_search', '')} {t} at the end" for m, t in wer_keys]
+        + [f"{m.replace('_search', '')} {t} at the window's end" for m, t in wer_keys]
         + ["% steps filtered"]
     )
     rows = []

@@ -17,6 +17,7 @@ from icefall_lite.train.optimizer_state import EVENT_JUMP, RECOVERED_RATIO
 from studies.ablation.arms import Arm, Thresholds
 from studies.ablation.compare import format_comparisons, paired_comparisons
 from studies.ablation.family import (
+    FamilyComparison,
     FamilyRow,
     StudyConfig,
     family_rows,
@@ -33,6 +34,8 @@ from studies.ablation.metrics import (
     SPIKE_FACTOR,
     SPIKE_WINDOW,
     Spread,
+    clips,
+    decoded,
     format_outlier_table,
     format_table,
     format_wer_curves,
@@ -127,11 +130,11 @@ def _round_note(setup: StudyConfig, stored: Dict) -> str:
     )
 
 
-def family_section(rows: Sequence[FamilyRow], labels: Dict[str, str], setup: ReportSetup) -> List[str]:
+def family_section(rows: Sequence[FamilyRow], setup: ReportSetup) -> List[str]:
     c = setup.config
     straddling = sum(len(r.pairing.straddling) for r in rows)
     unchecked = sum(len(r.pairing.unchecked) for r in rows)
-    lines = [
+    return [
         "### The family of comparisons",
         "",
         _round_note(c, setup.stored)
@@ -139,20 +142,13 @@ def family_section(rows: Sequence[FamilyRow], labels: Dict[str, str], setup: Rep
         "baseline's (same initialisation and batches); mean, "
         f"{100 * c.confidence:g}% interval (Student's t on the per-seed differences), Holm's adjustment of the "
         f"paired t-test's p over the {len(c.family)} comparisons (a difference holds when its Holm p is at most "
-        f"{c.alpha:g}), and beside it the exact Wilcoxon signed-rank test's p (unadjusted).",
+        f"{c.alpha:g}), and beside it the exact Wilcoxon signed-rank test's p (unadjusted); the table is in the "
+        "answer above.",
         "",
         f"Pairs left out because their two runs ran on different CPU models: {straddling}. Pairs kept whose CPU "
         f"model is not recorded (not checked): {unchecked}.",
+        "",
     ]
-    now = power_now(rows, c)
-    if now is not None:
-        first = c.family[0]
-        lines.append(
-            f"Power of {first.arm} − {first.baseline} with its {now[0]} pairs, at the effect the seed counts were "
-            f"chosen for (standardised {c.planned_effect:+.3f}) and alpha {c.alpha:g} / {len(c.family)}: "
-            f"{now[1]:.3f} (planned: {c.seeds_per_arm.get(first.arm, 0)} pairs for {c.power_target:g})."
-        )
-    return lines + [""]
 
 
 def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup: ReportSetup) -> List[str]:
@@ -255,31 +251,43 @@ def depth_section(results: Sequence[RunResult], labels: Dict[str, str], setup: R
 
 def acts_as(acted_percent: float) -> str:
     """What a clip that lowers the norm on ``acted_percent`` % of the steps is: on (nearly) every step, a
-    normalisation; on rare steps, a guard; in between, neither."""
+    normalisation; on rare steps, a guard; on none, nothing; in between, neither."""
     if acted_percent >= NORMALISES:
         return f"normalisation (at least {NORMALISES:g}% of steps)"
+    if acted_percent == 0:
+        return "never acted"
     if acted_percent <= GUARDS:
         return f"guard (at most {GUARDS:g}% of steps)"
-    return f"neither ({GUARDS:g}-{NORMALISES:g}% of steps)"
+    return f"neither (between {GUARDS:g}% and {NORMALISES:g}% of steps)"
 
 
-def arms_table(results: Sequence[RunResult], arms: Dict[str, Arm], setup: ReportSetup) -> str:
-    """One row per arm of the family (its condition): the primary metric at every decoding point, the step of
-    leaving the loss plateau, how often the filter capped a sequence and the clip lowered the norm, and the
-    median clip scale (mean ± sd over seeds; '-' where the arm has no such control)."""
-    c = setup.config
-    method, test = c.metric
-    runs_of = {
-        arm: runs
-        for (condition, arm), runs in group_runs(results).items()
-        if condition == c.condition and arm in c.seeds_per_arm
+def _cell(xs: Sequence[float], digits: int) -> str:
+    """Mean ± sd of the finite ``xs``, with (n=k) when only k of them are finite."""
+    spread = Spread.of(xs)
+    return spread.cell(digits) + (f" (n={spread.n})" if 0 < spread.n < len(xs) else "")
+
+
+def family_runs(results: Sequence[RunResult], config: StudyConfig, condition: str) -> Dict[str, List[RunResult]]:
+    """The runs of the family's arms on ``condition``, by arm (table order), the seeds each arm planned only."""
+    planned = {arm: range(config.first_seed, config.first_seed + n) for arm, n in config.seeds_per_arm.items()}
+    return {
+        arm: [r for r in runs if r.key.seed in planned[arm]]
+        for (cond, arm), runs in group_runs(results).items()
+        if cond == condition and arm in planned and any(r.key.seed in planned[arm] for r in runs)
     }
-    points = sorted({step for runs in runs_of.values() for r in runs for step in (r.wer_at or {r.steps: r.wer})})
+
+
+def arms_table(runs_of: Dict[str, List[RunResult]], arms: Dict[str, Arm], config: StudyConfig) -> str:
+    """One row per arm: the primary metric at every decoding point, the step of leaving the loss plateau, how
+    often the filter capped a sequence and the clip lowered the norm (mean ± sd over seeds), and the median
+    clip scale; '-' where the arm has no such control."""
+    method, test = config.metric
+    points = sorted({step for runs in runs_of.values() for r in runs for step in decoded(r)})
     header = [
         "arm",
         "seeds",
         *[f"{_wer_name(method, test)} at {step}" for step in points],
-        f"left the plateau at step (loss < {c.plateau_loss:g})",
+        f"left the plateau at step (loss < {config.plateau_loss:g})",
         "% steps filtered",
         "% steps clipped",
         "the clip acts as",
@@ -288,35 +296,39 @@ def arms_table(results: Sequence[RunResult], arms: Dict[str, Arm], setup: Report
     rows = []
     for arm, runs in runs_of.items():
         a = arms[arm]
-        wers = [
-            Spread.of([(r.wer_at or {r.steps: r.wer}).get(step, {}).get(c.metric, math.nan) for r in runs]).cell(2)
-            for step in points
-        ]
-        filtered = Spread.of([100 * steps_filtered(r) for r in runs]) if a.filter_on else None
-        clips = a.value("clip_grad_norm") > 0 or a.value("clip_grad_norm_relative") > 0
-        clipped = Spread.of([100 * steps_clipped(r) for r in runs]) if clips else None
+        clipped = Spread.of([100 * steps_clipped(r) for r in runs]) if clips(a) else None
+        scales = [x for x in (median_clip_scale(r) for r in runs) if math.isfinite(x)]
         rows.append(
             [
                 a.label,
                 str(len(runs)),
-                *wers,
-                Spread.of([plateau_exit(r) for r in runs]).cell(0),
-                filtered.cell(1) if filtered else "-",
-                clipped.cell(1) if clipped else "-",
+                *[_cell([decoded(r).get(step, {}).get(config.metric, math.nan) for r in runs], 2) for step in points],
+                _cell([plateau_exit(r, config.plateau_loss, config.plateau_window) for r in runs], 0),
+                _cell([100 * steps_filtered(r) for r in runs], 1) if a.filter_on else "-",
+                _cell([100 * steps_clipped(r) for r in runs], 1) if clipped else "-",
                 acts_as(clipped.mean) if clipped and clipped.n else "-",
-                f"{statistics.median(median_clip_scale(r) for r in runs):.3f}" if clips else "-",
+                f"{statistics.median(scales):.3f}" if clips(a) and scales else "-",
             ]
         )
     return markdown_table(header, rows)
 
 
-def plateau_sentence(results: Sequence[RunResult], setup: ReportSetup) -> str:
-    steps = [plateau_exit(r) for r in results]
+def plateau_sentence(runs_of: Dict[str, List[RunResult]], setup: ReportSetup) -> str:
+    """Spearman's correlation, over the runs of the table, of the step of leaving the plateau with the WER at
+    the end of the budget (descriptive)."""
+    c = setup.config
+    runs = [r for rs in runs_of.values() for r in rs]
+    steps = [plateau_exit(r, c.plateau_loss, c.plateau_window) for r in runs]
     method = setup.methods[0]
-    rhos = [(t, spearman(steps, [r.wer.get((method, t), math.nan) for r in results])) for t in TEST_SETS]
+    parts = []
+    for t in TEST_SETS:
+        wers = [r.wer.get((method, t), math.nan) for r in runs]
+        pairs = sum(1 for s, w in zip(steps, wers) if math.isfinite(s) and math.isfinite(w))
+        parts.append(f"{spearman(steps, wers):.2f} ({t}, {pairs} runs)")
     return (
-        f"Across the {len(results)} runs, Spearman's correlation of the step of leaving the plateau with the final "
-        f"{method.replace('_search', '')} WER: " + ", ".join(f"{rho:.2f} ({t})" for t, rho in rhos) + "."
+        "Spearman's correlation of the step of leaving the plateau with the "
+        f"{method.replace('_search', '')} WER at the end of the budget, over the runs of the table (pooled over "
+        "arms; a description, not a test): " + ", ".join(parts) + "."
     )
 
 
@@ -325,65 +337,90 @@ def checked_replays(replays: Sequence[ReplayResult], originals: Dict[Tuple[str, 
     return [r for r in replays if (o := originals.get((r.key.condition, r.key.seed))) is not None and reproduces(r, o)]
 
 
-def icefall_table() -> List[str]:
-    """icefall's published greedy WERs without and with the filter, their difference, and its authors'
-    remarks (a data file; not measured here)."""
+def icefall_table(first: FamilyComparison) -> List[str]:
+    """icefall's published greedy WERs without and with the filter and their difference, beside the family's
+    ``first`` comparison, and remarks from icefall on other experiments (a data file; not measured here)."""
     data = icefall_published()
     greedy = icefall_greedy()
-    (no_filter, with_filter) = list(greedy.values())[:2]
+    (no_filter, without), (with_filter, filtered) = list(greedy.items())[:2]
     rows = [[name, f"{clean:.2f}", f"{other:.2f}"] for name, (clean, other) in greedy.items()]
-    rows.append(["difference", f"{with_filter[0] - no_filter[0]:+.2f}", f"{with_filter[1] - no_filter[1]:+.2f}"])
+    rows.append(
+        [f"{with_filter} − {no_filter}", f"{filtered[0] - without[0]:+.2f}", f"{filtered[1] - without[1]:+.2f}"]
+    )
     lines = [
-        f"Beside it, one run each and no interval: {data['what']} Sources: {'; '.join(data['sources'])}.",
+        f"Beside the family's `{first.arm}` − `{first.baseline}`, one run each and no interval: {data['what']} "
+        f"Sources: {'; '.join(data['sources'])}.",
         "",
         markdown_table(["icefall run", "greedy test-clean", "greedy test-other"], rows),
         "",
     ]
     for remark in data.get("remarks", []):
-        lines.append(f"Its authors' remark: {remark['text']} ({remark['source']}).")
+        lines.append(f"A remark in icefall on another experiment: {remark['text']} ({remark['source']}).")
     return lines
 
 
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def lead(
-    rows: Sequence[FamilyRow], results: Sequence[RunResult], replays: Sequence[ReplayResult], setup: ReportSetup
+    rows: Sequence[FamilyRow],
+    runs_of: Dict[str, List[RunResult]],
+    replays: Sequence[ReplayResult],
+    setup: ReportSetup,
 ) -> str:
-    """The answer in one paragraph: how much of the plan is in, which comparisons hold, and the power of the
-    first comparison at the pairs it has."""
+    """The answer in one paragraph: how much of the plan is in, which comparisons hold (with their size), and
+    the power of the first comparison at the pairs it has."""
     c = setup.config
-    ran = sum(1 for r in results if r.key.condition == c.condition and r.key.arm in c.seeds_per_arm)
-    planned = sum(c.seeds_per_arm.values())
-    holding = [r for r in rows if r.difference.n >= 2 and r.holm_p <= c.alpha]
+    ran = sum(len(runs) for runs in runs_of.values())
+    if not fixed_before(c, setup.stored):
+        text = (
+            f"{_plural(ran, 'run', 'runs')} of round {setup.stored.get('round', '?')}, made before the family of "
+            f"round {c.round} was fixed: its comparisons are computed after the runs, as descriptions. "
+        )
+    else:
+        text = f"{ran} of the {sum(c.seeds_per_arm.values())} runs planned for round {c.round}"
+        if setup.planned_replays:
+            text += f" and {len(replays)} of the {setup.planned_replays} planned replays"
+        text += " are in. "
     tested = [r for r in rows if r.difference.n >= 2]
-    name = lambda r: f"`{r.comparison.arm}` − `{r.comparison.baseline}`"  # noqa: E731
-    text = (
-        f"{ran} of the {planned} runs planned for round {c.round} and {len(replays)} of the "
-        f"{setup.planned_replays} planned replays are in. "
-    )
-    after = "" if fixed_before(c, setup.stored) else " (computed after the runs: descriptions)"
+    holding = [r for r in tested if r.holm_p <= c.alpha]
+    if not tested:
+        return text + "No comparison of the family has 2 pairs yet."
     if holding:
         text += (
-            f"Of the {len(tested)} comparisons tested{after}, {len(holding)} hold(s) after Holm's adjustment at "
-            f"family-wise {c.alpha:g}: " + ", ".join(name(r) for r in holding) + "."
+            f"Of the {_plural(len(tested), 'comparison', 'comparisons')} with 2 pairs or more, "
+            f"{len(holding)} {'holds' if len(holding) == 1 else 'hold'} after Holm's adjustment at family-wise "
+            f"{c.alpha:g}: "
+            + "; ".join(
+                f"`{r.comparison.arm}` − `{r.comparison.baseline}` {r.difference.mean:+.2f} points "
+                f"{r.difference.interval(2)}"
+                for r in holding
+            )
+            + "."
         )
     else:
         text += (
-            f"None of the {len(tested)} comparisons tested{after} shows a difference at family-wise {c.alpha:g} "
-            f"(smallest Holm p {format_p(min((r.holm_p for r in tested), default=math.nan))})."
+            f"None of the {_plural(len(tested), 'comparison', 'comparisons')} with 2 pairs or more shows a "
+            f"difference at family-wise {c.alpha:g} (smallest Holm p "
+            f"{format_p(min(r.holm_p for r in tested))})."
         )
     now = power_now(rows, c)
     if now is not None:
         first = c.family[0]
         text += (
             f" `{first.arm}` − `{first.baseline}` has {now[0]} of its {c.seeds_per_arm.get(first.arm, 0)} planned "
-            f"pairs (power {now[1]:.3f} at the effect the seeds were planned for; {c.power_target:g} planned): a "
-            "null here does not show the arms equal."
+            f"pairs: its power is {now[1]:.3f} at the effect the seeds were planned for (standardised "
+            f"{c.planned_effect:+.3f}, alpha {c.alpha:g} / {len(c.family)}; planned: {c.power_target:g} at "
+            f"{c.seeds_per_arm.get(first.arm, 0)} pairs), and the other comparisons have fewer planned pairs: a "
+            "null at these pair counts does not show two arms equal."
         )
     return text
 
 
 def answer_section(
     rows: Sequence[FamilyRow],
-    results: Sequence[RunResult],
+    runs_of: Dict[str, List[RunResult]],
     replays: Sequence[ReplayResult],
     measures,
     arms: Dict[str, Arm],
@@ -396,35 +433,42 @@ def answer_section(
     lines = [
         "### The answer",
         "",
-        lead(rows, results, replays, setup),
+        lead(rows, runs_of, replays, setup),
         "",
         f"The family ({_wer_name(*c.metric)} WER (%) at the end of the budget, arm minus baseline seed by seed; "
         "how it was fixed and tested: next section):",
         "",
         format_family_table(rows, labels, c, fixed_before(c, setup.stored)),
         "",
-        f"Per arm, mean ± standard deviation over its seeds ({_wer_name(*c.metric)} WER (%); the step of leaving "
-        f"the plateau: the trailing {c.plateau_window}-step mean of the training objective first below "
-        f"{c.plateau_loss:g}; % steps filtered: the filter capped some sequence; % steps clipped: the clip "
-        "lowered the norm; median clip scale: post- over pre-clip norm, median over steps, then over seeds):",
-        "",
-        arms_table(results, arms, setup),
-        "",
-        plateau_sentence(results, setup),
-        "",
     ]
+    if runs_of:
+        lines += [
+            f"Per arm, mean ± standard deviation over its seeds, unpaired (comparisons between arms: the family "
+            f"above). {_wer_name(*c.metric)} WER (%); the step of leaving the plateau: the trailing "
+            f"{c.plateau_window}-step mean of the training objective first below {c.plateau_loss:g}; % steps "
+            "filtered: of all steps, those at which the filter capped some sequence; % steps clipped: of all "
+            "steps, those at which the clip lowered the norm; median clip scale: post- over pre-clip norm, the "
+            "median over steps, then over seeds:",
+            "",
+            arms_table(runs_of, arms, c),
+            "",
+            plateau_sentence(runs_of, setup),
+            "",
+        ]
     if measures:
         lines += [
             "Replayed outlier events of `none` (their section below): each control minus its reference ((a) for "
-            "(b), (c), (e); the run itself over the matched window for (d)), over the replays whose branch (a) "
-            "reproduces the run; the events of a seed averaged first, then the mean over seeds and its 95% interval "
-            "(Student's t over the seeds' means; descriptions outside the family, not adjusted for the "
-            f"{len(measures)} controls and their measures):",
+            "(b), (c), (e); the run itself over the matched window for (d)) over the replay's window and at its "
+            "end, over the replays whose branch (a) reproduces the run; the events of a seed averaged first, then "
+            "the mean over seeds and its 95% interval (Student's t over the seeds' means; descriptions outside the "
+            f"family, not adjusted for the {len(measures)} controls and their measures). % steps filtered: the "
+            "control's own, not a difference (for (e), the steps at which the filter would have capped a "
+            "sequence):",
             "",
             format_controls_table(measures, setup.methods),
             "",
         ]
-    return lines + icefall_table() + [""]
+    return lines + icefall_table(c.family[0]) + [""]
 
 
 def setup_text(setup: ReportSetup, results: Sequence[RunResult], arms: Dict[str, Arm]) -> List[str]:
@@ -483,6 +527,7 @@ def column_notes(threshold: float) -> str:
 
 def replay_section(
     replays: Sequence[ReplayResult],
+    measures,
     setup: ReportSetup,
     originals: Dict[Tuple[str, int], RunResult],
 ) -> List[str]:
@@ -509,9 +554,9 @@ def replay_section(
         "",
         format_events_table(replays, originals),
         "",
-        "Each control minus its reference: the answer's table above.",
-        "",
     ]
+    if measures:
+        lines += ["Each control minus its reference: the answer's table above.", ""]
     columns = moment_columns(checked_replays(replays, originals), lambda r: r.tensors)
     if columns:
         lines += [
@@ -601,8 +646,8 @@ def render_section(
         setup.command,
         "```",
         "",
-        *answer_section(rows, results, replays, measures, arms, labels, setup),
-        *family_section(rows, labels, setup),
+        *answer_section(rows, family_runs(results, setup.config, condition), replays, measures, arms, labels, setup),
+        *family_section(rows, setup),
         *landscape_section(results, arms, setup),
         *depth_section(results, labels, setup),
         "### WER at a third, two thirds and the whole budget",
@@ -644,7 +689,7 @@ def render_section(
         "",
         format_comparisons(paired_comparisons(results, setup.methods, observing_arm), arms),
         "",
-        *replay_section(replays, setup, originals),
+        *replay_section(replays, measures, setup, originals),
         *pilot_section(pilot, setup.config),
         "### Plots",
         "",
