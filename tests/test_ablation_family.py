@@ -281,7 +281,8 @@ def test_family_rows_holm_signed_rank_and_verdicts_by_hand():
 
 def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power():
     from studies.ablation.arms import Thresholds
-    from studies.ablation.section import ReportSetup, _cell, acts_as, family_runs, lead
+    from studies.ablation.metrics import spread_cell
+    from studies.ablation.section import ReportSetup, acts_as, family_runs, lead
 
     runs = []
     # filter - none: -1 .. -6 over seeds 42-47 (holds); filter-clip - clip: +1, -1, +0.5 (does not); a clip
@@ -321,7 +322,7 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
         "guard (at most 10% of steps)",
         "never acted",
     ]
-    assert _cell([1.0, math.nan, 3.0], 2) == "2.00 ± 1.41 (n=2)", "a seed without the value is said, not hidden"
+    assert spread_cell([1.0, math.nan, 3.0], 2) == "2.00 ± 1.41 (n=2)", "a seed without the value is said, not hidden"
 
 
 def test_pairs_without_a_recorded_cpu_model_are_kept_and_counted():

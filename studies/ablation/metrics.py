@@ -197,9 +197,7 @@ class Metric:
         xs = [self.of(r) for r in runs]
         if self.count:
             return f"{int(sum(xs))}/{len(xs)}"
-        spread = Spread.of(xs)
-        missing = f" (n={spread.n})" if 0 < spread.n < len(xs) else ""
-        return spread.cell(self.digits) + missing
+        return spread_cell(xs, self.digits)
 
 
 def wer_metrics(methods: Sequence[str]) -> List[Metric]:
@@ -261,6 +259,12 @@ class Spread:
         return f"{_num(self.mean, digits)} ± {_num(self.std, digits)}"
 
 
+def spread_cell(xs: Sequence[float], digits: int) -> str:
+    """Mean ± sd of the finite ``xs``, with (n=k) when only k of them are finite."""
+    spread = Spread.of(xs)
+    return spread.cell(digits) + (f" (n={spread.n})" if 0 < spread.n < len(xs) else "")
+
+
 def _num(x: float, digits: int) -> str:
     """``digits`` decimals; 3 significant digits from 10,000 on (outlier ratios reach 1e9)."""
     if math.isnan(x):
@@ -320,8 +324,7 @@ def format_wer_curves(results: Sequence[RunResult], arms: Dict[str, Arm], method
         for step in points:
             for k in keys:
                 xs = [decoded(r).get(step, {}).get(k, float("nan")) for r in runs]
-                spread = Spread.of(xs)
-                cells.append(spread.cell(2) + (f" (n={spread.n})" if 0 < spread.n < len(xs) else ""))
+                cells.append(spread_cell(xs, 2))
         rows.append(cells)
     return markdown_table(header, rows)
 

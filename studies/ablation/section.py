@@ -45,6 +45,7 @@ from studies.ablation.metrics import (
     outlier_steps,
     plateau_exit,
     spearman,
+    spread_cell,
     steps_acting,
     steps_clipped,
     steps_filtered,
@@ -261,12 +262,6 @@ def acts_as(acted_percent: float) -> str:
     return f"neither (between {GUARDS:g}% and {NORMALISES:g}% of steps)"
 
 
-def _cell(xs: Sequence[float], digits: int) -> str:
-    """Mean ± sd of the finite ``xs``, with (n=k) when only k of them are finite."""
-    spread = Spread.of(xs)
-    return spread.cell(digits) + (f" (n={spread.n})" if 0 < spread.n < len(xs) else "")
-
-
 def family_runs(results: Sequence[RunResult], config: StudyConfig, condition: str) -> Dict[str, List[RunResult]]:
     """The runs of the family's arms on ``condition``, by arm (table order), the seeds each arm planned only."""
     planned = {arm: range(config.first_seed, config.first_seed + n) for arm, n in config.seeds_per_arm.items()}
@@ -296,18 +291,22 @@ def arms_table(runs_of: Dict[str, List[RunResult]], arms: Dict[str, Arm], config
     rows = []
     for arm, runs in runs_of.items():
         a = arms[arm]
-        clipped = Spread.of([100 * steps_clipped(r) for r in runs]) if clips(a) else None
+        clipped = [100 * steps_clipped(r) for r in runs] if clips(a) else []
         scales = [x for x in (median_clip_scale(r) for r in runs) if math.isfinite(x)]
+        clipped_mean = Spread.of(clipped)
         rows.append(
             [
                 a.label,
                 str(len(runs)),
-                *[_cell([decoded(r).get(step, {}).get(config.metric, math.nan) for r in runs], 2) for step in points],
-                _cell([plateau_exit(r, config.plateau_loss, config.plateau_window) for r in runs], 0),
-                _cell([100 * steps_filtered(r) for r in runs], 1) if a.filter_on else "-",
-                _cell([100 * steps_clipped(r) for r in runs], 1) if clipped else "-",
-                acts_as(clipped.mean) if clipped and clipped.n else "-",
-                f"{statistics.median(scales):.3f}" if clips(a) and scales else "-",
+                *[
+                    spread_cell([decoded(r).get(step, {}).get(config.metric, math.nan) for r in runs], 2)
+                    for step in points
+                ],
+                spread_cell([plateau_exit(r, config.plateau_loss, config.plateau_window) for r in runs], 0),
+                spread_cell([100 * steps_filtered(r) for r in runs], 1) if a.filter_on else "-",
+                spread_cell(clipped, 1) if clipped else "-",
+                acts_as(clipped_mean.mean) if clipped_mean.n else "-",
+                f"{statistics.median(scales):.3f}" if clipped and scales else "-",
             ]
         )
     return markdown_table(header, rows)
