@@ -293,3 +293,35 @@ def test_a_finished_replay_keeps_its_summary_and_drops_its_checkpoints_only_when
     with pytest.raises(StudyError, match=r"digits/replays/seed-42-from-10: the branches saw other batches"):
         finish_replay(s, differs)
     assert checkpoint.exists() and not read_replay_summaries(s.summaries, "digits")[0].identical_batches
+
+
+def test_a_retrained_checkpoint_lists_the_command_that_retrains_it_once(tmp_path):
+    """run_checkpoint: the run's own checkpoint adds no command; one gone from the run comes from
+    ``none/seed-<s>-retrained`` with train.py to that step listed (once, also when an earlier replay made it)."""
+    from test_ablation import _load_ablation_script
+
+    from studies.ablation import study
+    from studies.runner import write_json_atomic
+
+    summaries = tmp_path / "summaries"
+    write_json_atomic(summaries / study.CONFIG_FILE, {"conditions": {"digits": {"bpe_model": "bpe.model"}}})
+    module = _load_ablation_script()
+    parser = module.get_parser()
+    args = ["--results-dir", str(tmp_path), "--summaries", "summaries", "--work-dir", str(tmp_path)]
+    s = module.resolve_settings(parser, parser.parse_args(args), need_data=False)
+    own = s.run_dir(RunKey("digits", "none", 42)) / "checkpoint-500.pt"
+    own.parent.mkdir(parents=True)
+    own.write_bytes(b"x")
+    redo = s.exp_root / "digits" / "none" / "seed-42-retrained" / "checkpoint-600.pt"
+    redo.parent.mkdir(parents=True)
+    redo.write_bytes(b"x")
+
+    commands = []
+    assert study.run_checkpoint(s, "digits", 42, 500, commands) == own and commands == []
+    assert study.run_checkpoint(s, "digits", 42, 600, commands) == redo
+    assert study.run_checkpoint(s, "digits", 42, 600, commands) == redo
+    assert len(commands) == 1
+    words = commands[0].split()
+    assert words[words.index("--exp-dir") + 1].endswith("digits/none/seed-42-retrained")
+    assert words[words.index("--max-batches") + 1] == "600" and words[words.index("--seed") + 1] == "42"
+    assert "--start-batch" not in words

@@ -499,19 +499,23 @@ def replay_plan(s: Settings, condition: str, seed: int) -> List[Tuple[ReplayKey,
     return []
 
 
-def run_checkpoint(s: Settings, condition: str, seed: int, step: int) -> Path:
+def run_checkpoint(s: Settings, condition: str, seed: int, step: int, commands: List[str]) -> Path:
     """The ``none`` run's ``checkpoint-<step>.pt`` (``step`` a multiple of --save-every-n): its own, or made
-    again in ``<none>/seed-<s>-retrained`` (same seed, same weights) when it is gone."""
+    again in ``<none>/seed-<s>-retrained`` (same seed, same weights) when it is gone; then the command that
+    retrains it is appended to ``commands`` (once, made now or by an earlier replay), so the list reproduces
+    every file it copies."""
     original = RunKey(condition, OBSERVING_ARM, seed)
     path = s.run_dir(original) / f"checkpoint-{step}.pt"
     if path.is_file():
         return path
     redo = s.exp_root / condition / OBSERVING_ARM / f"seed-{seed}-retrained"
     path = redo / f"checkpoint-{step}.pt"
+    cmd = train_command(s, original, exp_dir=redo, max_batches=step)
     if not path.is_file():
-        cmd = train_command(s, original, exp_dir=redo, max_batches=step)
         run(s, condition, cmd, f"{condition}/none/seed-{seed}: retraining to step {step}", redo)
         check_retrained(s, original, redo)
+    if shown(s, condition, cmd) not in commands:
+        commands.append(shown(s, condition, cmd))
     return path
 
 
@@ -574,7 +578,7 @@ def train_segments(
 def start_checkpoint(s: Settings, key: ReplayKey, commands: List[str]) -> Path:
     """``checkpoint-<start>.pt`` of the ``none`` run: its own, or made in ``<replay>/prefix`` by training on
     without control from the checkpoint before it."""
-    base = run_checkpoint(s, key.condition, key.seed, key.start // s.save_every_n * s.save_every_n)
+    base = run_checkpoint(s, key.condition, key.seed, key.start // s.save_every_n * s.save_every_n, commands)
     if base.name == f"checkpoint-{key.start}.pt":
         return base
     prefix = s.replay_dir(key) / "prefix"
@@ -588,7 +592,7 @@ def _reference(s: Settings, key: ReplayKey, matched: Matched, commands: List[str
     end = matched.start + s.args.replay_steps
     ref_dir = s.replay_dir(key) / MATCHED_REFERENCE
     ref_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = run_checkpoint(s, key.condition, key.seed, end)
+    checkpoint = run_checkpoint(s, key.condition, key.seed, end, commands)
     commands.append(
         f"mkdir -p {s.rel(ref_dir, key.condition)} && cp {s.rel(checkpoint, key.condition)} "
         f"{s.rel(ref_dir, key.condition)}/"
@@ -616,7 +620,7 @@ def _matched_branches(
     if matched is None:
         return {}
     branch_dir = s.replay_dir(key) / MATCHED
-    start = run_checkpoint(s, key.condition, key.seed, matched.start)
+    start = run_checkpoint(s, key.condition, key.seed, matched.start, commands)
     end = matched.start + s.args.replay_steps
     train_segments(s, key, branch_dir, start, [(FILTER_ARM, end)], f"{key.relpath}/{MATCHED}", commands)
     decode_all(s, key.condition, branch_dir, (end, 1, False), f"{key.relpath}/{MATCHED}: decoding", commands)
