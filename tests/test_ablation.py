@@ -1074,7 +1074,20 @@ def test_the_plan_replays_each_seeds_events_then_prunes_its_none_run(ablation, t
     (summaries / name).write_text(json.dumps(stale))
     made_at = {p: p.stat().st_mtime_ns for p in (tmp_path / "exp").rglob("replays/*/none/ablation-trained.json")}
     assert len(made_at) == 2 and study.run_plan(s, "test") == 1
-    assert {p.name: json.loads(p.read_text()) for p in summaries.glob("*.json")} == before
+    after = {p.name: json.loads(p.read_text()) for p in summaries.glob("*.json")}
+    # Made again: (d)'s time is added afresh, and a checkpoint it copies from the retrained run (the none run's
+    # being pruned) follows the command that retrains to it.
+    assert after[name]["wall_s"]["train"] > 0 and after[name]["wall_s"] != before[name]["wall_s"]
+    commands = after[name]["commands"]
+    copies = [re.search(r"-retrained/checkpoint-(\d+)\.pt", c) for c in commands]
+    assert any(copies)
+    for i, copy in enumerate(copies):
+        if copy:
+            assert any("-retrained --" in c and f"--max-batches {copy[1]} " in c for c in commands[:i])
+    for d in (before, after):
+        d[name].pop("wall_s")
+        d[name]["commands"] = [c for c in d[name]["commands"] if "-retrained" not in c]
+    assert after == before
     assert {p: p.stat().st_mtime_ns for p in made_at} == made_at, "branches from the event not trained again"
     assert not list((tmp_path / "exp").rglob("seed-*-retrained/*.pt"))
 

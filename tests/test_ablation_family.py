@@ -9,6 +9,7 @@ import json
 import math
 import statistics
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -312,6 +313,16 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
     assert (
         lead([], {}, [], setup)
         == "0 of the 59 runs planned for round 2 are in. No comparison of the family has 2 pairs yet."
+    )
+    # Wall time: summed over the summaries that recorded it (here 2 runs: 1 h + 0.5 h; 1 replay: 0.25 h).
+    runs_of["none"][0].wall_s = {"train": 3000.0, "decode/greedy_search": 600.0}
+    runs_of["filter"][0].wall_s = {"train": 1800.0}
+    replay = SimpleNamespace(wall_s={"train": 800.0, "decode/greedy_search": 100.0})
+    text = lead(rows, runs_of, [replay, SimpleNamespace(wall_s={})], dataclasses.replace(setup, planned_replays=10))
+    assert text.startswith(
+        "18 of the 59 runs planned for round 2 and 2 of the 10 planned replays are in. Wall time their summaries "
+        "recorded, training and decoding: 1.50 h for 2 runs (16 recorded none) and 0.25 h for 1 replay "
+        "(1 recorded none). Of the 2 comparisons"
     )
     assert [acts_as(x) for x in (100, 90, 89.9, 10.1, 10, 0.1, 0)] == [
         "normalisation (at least 90% of steps)",

@@ -269,7 +269,9 @@ def test_a_finished_replay_keeps_its_summary_and_drops_its_checkpoints_only_when
     another batch -> summary still written (the report shows it), StudyError naming it, checkpoints kept."""
     from types import SimpleNamespace
 
+    from studies.ablation.runs import WALL_FILE
     from studies.ablation.study import StudyError, finish_replay
+    from studies.runner import write_json_atomic
 
     key = ReplayKey("digits", 42, 10)
     s = SimpleNamespace(summaries=tmp_path / "runs", replay_dir=lambda k: tmp_path / "exp" / k.relpath)
@@ -286,8 +288,13 @@ def test_a_finished_replay_keeps_its_summary_and_drops_its_checkpoints_only_when
         return ReplayResult(key, Event(11, 0, 30.0), 2, branches), checkpoint
 
     done, checkpoint = result([(11, 1.5), (12, 2.5)])
-    assert finish_replay(s, done) is done and not checkpoint.exists()
-    assert read_replay_summaries(s.summaries, "digits")[0].identical_batches
+    for branch, wall in ((NO_CONTROL, {"train": 60.0, "decode/greedy_search": 10.0}), (FILTER, {"train": 70.5})):
+        write_json_atomic(tmp_path / "exp" / key.relpath / branch / WALL_FILE, wall)
+    finished = finish_replay(s, done)
+    assert not checkpoint.exists()
+    assert finished.wall_s == {"train": 130.5, "decode/greedy_search": 10.0}
+    read = read_replay_summaries(s.summaries, "digits")[0]
+    assert read.identical_batches and read.wall_s == finished.wall_s
 
     differs, checkpoint = result([(11, 1.5), (12, 3.5)])
     with pytest.raises(StudyError, match=r"digits/replays/seed-42-from-10: the branches saw other batches"):
@@ -308,6 +315,7 @@ def test_a_retrained_checkpoint_lists_the_command_that_retrains_it_once(tmp_path
     module = _load_ablation_script()
     parser = module.get_parser()
     args = ["--results-dir", str(tmp_path), "--summaries", "summaries", "--work-dir", str(tmp_path)]
+    args += ["--exp-root", str(tmp_path / "exp")]
     s = module.resolve_settings(parser, parser.parse_args(args), need_data=False)
     own = s.run_dir(RunKey("digits", "none", 42)) / "checkpoint-500.pt"
     own.parent.mkdir(parents=True)

@@ -270,7 +270,8 @@ def collect_branch(
 class ReplayResult:
     """A finished replay: the event, the window length, the branches (:data:`LABELS`; the matched branch and
     its reference when a matched step was found), the parameter tensors ``(name, elements)`` in the
-    optimizer's order, the machine (empty when not recorded) and the commands that made it."""
+    optimizer's order, the machine (empty when not recorded), the commands that made it and the wall seconds
+    per phase summed over its folders (``train``, ``decode/<method>``; empty when not recorded)."""
 
     key: ReplayKey
     event: Event
@@ -280,6 +281,7 @@ class ReplayResult:
     matched: Optional[Matched] = None
     machine: Dict[str, str] = field(default_factory=dict)
     commands: List[str] = field(default_factory=list)
+    wall_s: Dict[str, float] = field(default_factory=dict)
 
     @property
     def end(self) -> int:
@@ -305,6 +307,7 @@ class ReplayResult:
             "tensors": [[name, n] for name, n in self.tensors],
             "machine": self.machine,
             "commands": self.commands,
+            "wall_s": self.wall_s,
             "branches": {name: b.to_json() for name, b in self.branches.items()},
         }
 
@@ -320,6 +323,7 @@ class ReplayResult:
             None if matched is None else Matched(int(matched["start"]), float(matched["ratio"])),
             dict(data.get("machine", {})),
             list(data.get("commands", [])),
+            {phase: float(v) for phase, v in data.get("wall_s", {}).items()},
         )
 
 

@@ -362,6 +362,23 @@ def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
+def wall_sentence(runs: Sequence[RunResult], replays: Sequence[ReplayResult]) -> str:
+    """The wall time their summaries recorded (training and decoding; time paused inside a segment counts), in
+    hours, and how many recorded none; empty when none did."""
+    parts = []
+    for what, items in (("runs", runs), ("replays", replays)):
+        timed = [sum(x.wall_s.values()) for x in items if x.wall_s]
+        if timed:
+            missing = len(items) - len(timed)
+            parts.append(
+                f"{sum(timed) / 3600:.2f} h for {_plural(len(timed), what[:-1], what)}"
+                + (f" ({missing} recorded none)" if missing else "")
+            )
+    if not parts:
+        return ""
+    return f"Wall time their summaries recorded, training and decoding: {' and '.join(parts)}. "
+
+
 def lead(
     rows: Sequence[FamilyRow],
     runs_of: Dict[str, List[RunResult]],
@@ -382,6 +399,7 @@ def lead(
         if setup.planned_replays:
             text += f" and {len(replays)} of the {setup.planned_replays} planned replays"
         text += " are in. "
+    text += wall_sentence([r for runs in runs_of.values() for r in runs], replays)
     tested = [r for r in rows if r.difference.n >= 2]
     holding = [r for r in tested if r.holm_p <= c.alpha]
     if not tested:

@@ -683,12 +683,22 @@ def run_replay(s: Settings, key: ReplayKey, event: Event, matched: Optional[Matc
     return finish_replay(s, result)
 
 
+def folders_wall(root: Path) -> Dict[str, float]:
+    """Wall seconds per phase summed over the wall-time files of ``root``'s folders (a replay's branches)."""
+    total: Dict[str, float] = {}
+    for path in sorted(root.rglob(WALL_FILE)):
+        for phase, seconds in (read_json(path) or {}).items():
+            total[phase] = total.get(phase, 0.0) + float(seconds)
+    return total
+
+
 def finish_replay(s: Settings, result: ReplayResult) -> ReplayResult:
-    """Write ``result``'s summary (kept even when its branches saw other batches, so the report shows that
-    replay as such), then StudyError if they did (its checkpoints kept to look into), else its checkpoints
-    removed."""
-    write_summary(s.summaries, result)
+    """Write ``result``'s summary with its folders' wall time (kept even when its branches saw other batches,
+    so the report shows that replay as such), then StudyError if they did (its checkpoints kept to look into),
+    else its checkpoints removed."""
     replay_dir = s.replay_dir(result.key)
+    result = replace(result, wall_s=folders_wall(replay_dir))
+    write_summary(s.summaries, result)
     if not result.identical_batches:
         raise StudyError(f"{result.key.relpath}: the branches saw other batches than the run (see {replay_dir})")
     for path in replay_dir.rglob("*.pt"):
@@ -760,18 +770,16 @@ def run_plan(s: Settings, command: str) -> int:
     fraction = 5 * s.args.replay_steps / max(c.steps for c in s.conditions.values())
     # Runs finished earlier (a resumed plan) give the first estimate.
     earlier = [read_summary(s.summaries, k) for k in runs if run_done(s, k)]
-    progress = Progress({"run": [sum(r.wall_s.values()) for r in earlier if r.wall_s]})
-    made, replays_done = (
-        0,
-        len(
-            [
-                r
-                for c in s.plan.conditions
-                for r in read_replay_summaries(s.summaries, c)
-                if r.key.seed in s.plan.all_seeds
-            ]
-        ),
+    replayed = [
+        r for c in s.plan.conditions for r in read_replay_summaries(s.summaries, c) if r.key.seed in s.plan.all_seeds
+    ]
+    progress = Progress(
+        {
+            "run": [sum(r.wall_s.values()) for r in earlier if r.wall_s],
+            "replay": [sum(r.wall_s.values()) for r in replayed if r.wall_s],
+        }
     )
+    made, replays_done = 0, len(replayed)
 
     def log_left(i: int) -> None:
         runs_left = sum(1 for k in runs[i:] if not run_done(s, k))
