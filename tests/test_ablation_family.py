@@ -320,9 +320,9 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
     replay = SimpleNamespace(wall_s={"train": 800.0, "decode/greedy_search": 100.0})
     text = lead(rows, runs_of, [replay, SimpleNamespace(wall_s={})], dataclasses.replace(setup, planned_replays=10))
     assert text.startswith(
-        "18 of the 59 runs planned for round 2 and 2 of the 10 planned replays are in. Wall time their summaries "
-        "recorded, training and decoding: 1.50 h for 2 runs (16 recorded none) and 0.25 h for 1 replay "
-        "(1 recorded none). Of the 2 comparisons"
+        "18 of the 59 runs planned for round 2 and 2 of the 10 planned replays are in. Recorded wall time "
+        "(training and decoding): 1.50 h for 2 runs (16 recorded none) and 0.25 h for 1 replay (1 recorded none). "
+        "Of the 2 comparisons"
     )
     assert [acts_as(x) for x in (100, 90, 89.9, 10.1, 10, 0.1, 0)] == [
         "normalisation (at least 90% of steps)",

@@ -376,7 +376,7 @@ def wall_sentence(runs: Sequence[RunResult], replays: Sequence[ReplayResult]) ->
             )
     if not parts:
         return ""
-    return f"Wall time their summaries recorded, training and decoding: {' and '.join(parts)}. "
+    return f"Recorded wall time (training and decoding): {' and '.join(parts)}. "
 
 
 def lead(
