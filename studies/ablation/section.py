@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.train.optimizer_state import EVENT_JUMP, RECOVERED_RATIO
-from studies.ablation.arms import Arm, Thresholds
+from studies.ablation.arms import Arm, Thresholds, seeds_of
 from studies.ablation.compare import format_comparisons, paired_comparisons
 from studies.ablation.family import (
     FamilyComparison,
@@ -264,7 +264,7 @@ def acts_as(acted_percent: float) -> str:
 
 def family_runs(results: Sequence[RunResult], config: StudyConfig, condition: str) -> Dict[str, List[RunResult]]:
     """The runs of the family's arms on ``condition``, by arm (table order), the seeds each arm planned only."""
-    planned = {arm: range(config.first_seed, config.first_seed + n) for arm, n in config.seeds_per_arm.items()}
+    planned = {arm: seeds_of(config.first_seed, n) for arm, n in config.seeds_per_arm.items()}
     return {
         arm: [r for r in runs if r.key.seed in planned[arm]]
         for (cond, arm), runs in group_runs(results).items()
