@@ -538,7 +538,8 @@ def column_notes(threshold: float) -> str:
         f"(sum of exp_avg_sq) after a step to before it; % steps jump > {EVENT_JUMP:g}: how often a step inflated "
         f"some tensor's second moment that much; recovery steps: the median number of steps such a tensor took to "
         f"come back to {RECOVERED_RATIO:g}x its value before the jump (events not recovered by the end of the run "
-        "are not counted)."
+        "are not counted). Wall min: training and decoding as the run recorded them; a run paused, or sharing the "
+        "cores with another job, counts that time too, so it is no measure of an arm's speed."
     )
 
 
