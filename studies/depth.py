@@ -129,7 +129,7 @@ def format_report(labelled: Sequence[Tuple[str, List[RunResult]]], threshold: fl
                 "-" if not math.isfinite(exit_step) else str(int(exit_step)),
                 first,
                 "-" if top is None else f"{top.largest:.1f}: {top.layer} ({top.largest_step})",
-                _fmt(sum(run.wall_s.values()) / 60, 1),
+                _fmt(run.wall_total_s / 60, 1),
             ]
         )
     names = [name for name, _ in runs]

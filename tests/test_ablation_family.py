@@ -28,6 +28,7 @@ from studies.ablation.planning import (
     seconds_per_step,
 )
 from studies.ablation.power import noncentral_t_sf, paired_t_power, pairs_for_power
+from studies.ablation.replay import Event, ReplayKey, ReplayResult
 from studies.ablation.runs import RunResult, read_summary
 
 ROUND_1 = RECIPE / "ablation-runs"
@@ -317,8 +318,10 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
     # Wall time: summed over the summaries that recorded it (here 2 runs: 1 h + 0.5 h; 1 replay: 0.25 h).
     runs_of["none"][0].wall_s = {"train": 3000.0, "decode/greedy_search": 600.0}
     runs_of["filter"][0].wall_s = {"train": 1800.0}
-    replay = SimpleNamespace(wall_s={"train": 800.0, "decode/greedy_search": 100.0})
-    text = lead(rows, runs_of, [replay, SimpleNamespace(wall_s={})], dataclasses.replace(setup, planned_replays=10))
+    timed = ReplayResult(ReplayKey("digits", 42, 1000), Event(1001, 0, 50.0), 100, {})
+    timed.wall_s = {"train": 800.0, "decode/greedy_search": 100.0}
+    untimed = ReplayResult(ReplayKey("digits", 43, 1000), Event(1001, 0, 50.0), 100, {})
+    text = lead(rows, runs_of, [timed, untimed], dataclasses.replace(setup, planned_replays=10))
     assert text.startswith(
         "18 of the 59 runs planned for round 2 and 2 of the 10 planned replays are in. Recorded wall time "
         "(training and decoding): 1.50 h for 2 runs (16 recorded none) and 0.25 h for 1 replay (1 recorded none). "

@@ -224,7 +224,7 @@ def metrics(methods: Sequence[str]) -> List[Metric]:
         Metric("jump", "max exp_avg_sq jump", largest_jump, 2),
         Metric("jumps", f"% steps jump > {EVENT_JUMP:g}", lambda r: 100 * jump_steps(r), 1),
         Metric("recovery", "recovery steps", recovery_steps, 0),
-        Metric("wall", "wall min", lambda r: sum(r.wall_s.values()) / 60, 1),
+        Metric("wall", "wall min", lambda r: r.wall_total_s / 60, 1),
     ]
 
 

@@ -288,6 +288,11 @@ class ReplayResult:
         return self.key.start + self.steps
 
     @property
+    def wall_total_s(self) -> float:
+        """Wall seconds recorded over every phase (0 when none was)."""
+        return sum(self.wall_s.values())
+
+    @property
     def identical_batches(self) -> bool:
         """Every branch from the event logged the same batch digest at every step of the window (and some);
         the matched branch the same as its reference where both logged them."""

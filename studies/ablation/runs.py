@@ -116,6 +116,11 @@ class RunResult:
         return self.scalars.get(name, [])
 
     @property
+    def wall_total_s(self) -> float:
+        """Wall seconds recorded over every phase (0 when none was)."""
+        return sum(self.wall_s.values())
+
+    @property
     def steps(self) -> int:
         grad_norm = self.series("grad_norm")
         return grad_norm[-1][0] if grad_norm else 0

@@ -367,7 +367,7 @@ def wall_sentence(runs: Sequence[RunResult], replays: Sequence[ReplayResult]) ->
     hours, and how many recorded none; empty when none did."""
     parts = []
     for what, items in (("runs", runs), ("replays", replays)):
-        timed = [sum(x.wall_s.values()) for x in items if x.wall_s]
+        timed = [x.wall_total_s for x in items if x.wall_s]
         if timed:
             missing = len(items) - len(timed)
             parts.append(

@@ -775,8 +775,8 @@ def run_plan(s: Settings, command: str) -> int:
     ]
     progress = Progress(
         {
-            "run": [sum(r.wall_s.values()) for r in earlier if r.wall_s],
-            "replay": [sum(r.wall_s.values()) for r in replayed if r.wall_s],
+            "run": [r.wall_total_s for r in earlier if r.wall_s],
+            "replay": [r.wall_total_s for r in replayed if r.wall_s],
         }
     )
     made, replays_done = 0, len(replayed)
