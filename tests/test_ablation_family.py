@@ -9,7 +9,6 @@ import json
 import math
 import statistics
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -308,6 +307,19 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
     ) in text
     power = paired_t_power(abs(STUDY.planned_effect), 6, 0.05 / 5)
     assert f"`filter` − `none` has 6 of its 17 planned pairs: its power is {power:.3f}" in text
+    # The planned effect beside the observed one: differences -1 .. -6 have sd sqrt(3.5), so -3.5 standardises to
+    # -sqrt(3.5) = -1.871; the interval [-5.46, -1.54] holds round 1's -1.834.
+    assert text.endswith(
+        " The planned effect comes from round 1's filter - none paired differences in greedy WER, seeds 42-46, at "
+        "600 steps (--avg 1): -1.83 points, standardised (mean over the standard deviation of the per-seed "
+        "differences) -0.952; here `filter` − `none` is -3.50 points, standardised -1.871, and its 95% interval "
+        "holds -1.83."
+    )
+    worse = [_run("none", s, 20) for s in (42, 43, 44)] + [
+        _run("filter", s, 20 + d) for s, d in zip((42, 43, 44), (1, 2, 3))
+    ]
+    worse_text = lead(family_rows(worse, STUDY, "digits"), family_runs(worse, STUDY, "digits"), [], setup)
+    assert worse_text.endswith("is +2.00 points, standardised +2.000, and its 95% interval leaves out -1.83.")
     # Runs of round 1 (another stored round): described, not counted against round 2's plan.
     old = dataclasses.replace(setup, stored={"round": "1"})
     assert lead(rows, runs_of, [], old).startswith("18 runs of round 1, made before the family of round 2 was fixed")
@@ -337,6 +349,42 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
         "never acted",
     ]
     assert spread_cell([1.0, math.nan, 3.0], 2) == "2.00 ± 1.41 (n=2)", "a seed without the value is said, not hidden"
+
+
+def test_the_family_section_checks_each_pairs_batches_by_their_digests():
+    from studies.ablation.section import same_batches
+
+    def with_digests(run, digests):
+        run.scalars["batch_digest"] = list(enumerate(digests, 1))
+        return run
+
+    runs = [
+        with_digests(_run("none", 42, 20), [7.0, 8.0, 9.0]),
+        with_digests(_run("filter", 42, 19), [7.0, 8.0, 9.0]),
+        with_digests(_run("none", 43, 20), [7.0, 8.0, 9.0]),
+        with_digests(_run("filter", 43, 18), [7.0, 8.0, 1.0]),  # its third batch differs
+        _run("none", 44, 20),
+        _run("filter", 44, 18),  # neither logged digests: not counted as the same
+    ]
+    rows = family_rows(runs, STUDY, "digits")
+    assert [row.per_seed for row in rows][0] == {42: -1.0, 43: -2.0, 44: -2.0}
+    assert same_batches(rows, runs, "digits") == (1, 3)
+
+
+def test_the_described_intervals_are_counted_against_chance():
+    from studies.ablation.compare import paired_comparisons
+    from studies.ablation.section import unadjusted_sentence
+
+    runs = []
+    # filter - none on test-other: -2, -3, -4 (sd 1, half-width t(0.975, 2) / sqrt(3) = 2.48: [-5.48, -0.52]);
+    # test-clean a third of it ([-1.83, -0.17]): both leave out 0; clip - none: -1, +1, 0 holds 0 on both.
+    for seed, (d_filter, d_clip) in zip((42, 43, 44), ((-2, -1), (-3, 1), (-4, 0))):
+        runs += [_run("none", seed, 20), _run("filter", seed, 20 + d_filter), _run("clip", seed, 20 + d_clip)]
+    comparisons = [c for c in paired_comparisons(runs, ["greedy_search"]) if c.metric.header != "valid loss"]
+    assert len(comparisons) == 4
+    assert unadjusted_sentence(comparisons).startswith(
+        "2 of these 4 unadjusted 95% intervals leave out 0, where about 0.2 would by chance alone"
+    )
 
 
 def test_pairs_without_a_recorded_cpu_model_are_kept_and_counted():

@@ -15,6 +15,7 @@ from studies.ablation.arms import RunKey
 from studies.ablation.paired import student_t_quantile
 from studies.ablation.replay import (
     FILTER,
+    MATCHED_REFERENCE,
     NO_CONTROL,
     Branch,
     Event,
@@ -170,6 +171,50 @@ def test_events_of_a_seed_are_averaged_before_the_interval():
     # A replay whose branch (a) does not reproduce its run is left out.
     originals[("digits", 43)] = _run({}, 200, loss={s: 2.0 for s in range(1, 201)})
     assert over_seeds(control_measures(replays, originals, ["greedy_search"])[FILTER].window_loss).n == 2
+
+
+def test_the_references_levels_and_branch_ds_distance_from_its_event():
+    from studies.ablation.arms import STUDY, Thresholds
+    from studies.ablation.section import ReportSetup, reference_sentence
+
+    def replay(seed, start, loss, wers, matched_start):
+        window = range(start + 1, start + 21)
+        end_wers = {("greedy_search", "test-clean"): wers[0], ("greedy_search", "test-other"): wers[1]}
+        reference = {("greedy_search", "test-clean"): 4.0, ("greedy_search", "test-other"): 20.0}
+        branches = {
+            NO_CONTROL: Branch([(s, loss) for s in window], [], end_wers, 0.0, 1.0),
+            MATCHED_REFERENCE: Branch([(s, 2.0) for s in window], [], reference, math.nan, math.nan),
+        }
+        key = ReplayKey("digits", seed, start)
+        return ReplayResult(key, Event(start + 1, 0, 30.0), 20, branches, matched=Matched(matched_start, 2.0))
+
+    # Seed 42: (a) at loss 1.0 and 0.8 (mean 0.9), seed 43: 0.6; over seeds 0.75. Test-other 10 and 12 (11), 8:
+    # 9.5; test-clean 1 and 2 (1.5), 3: 2.25. Branch (d) starts 100, 340 and 50 steps from its event's.
+    replays = [
+        replay(42, 20, 1.0, (1.0, 10.0), 120),
+        replay(42, 60, 0.8, (2.0, 12.0), 400),
+        replay(43, 20, 0.6, (3.0, 8.0), 70),
+    ]
+    loss_42 = {s: 0.8 if 60 < s <= 80 else 1.0 for s in range(1, 201)}
+    originals = {
+        ("digits", 42): _run({}, 200, loss=loss_42),
+        ("digits", 43): _run({}, 200, loss={s: 0.6 for s in range(1, 201)}),
+    }
+    setup = ReportSetup("cmd", STUDY, "s", {"round": STUDY.round}, Thresholds(), ["greedy_search"], 10, "d", "m")
+    assert reference_sentence(replays, originals, setup) == (
+        "The references, each the mean over seeds of its events' mean: (a) over the events' windows, loss 0.7500, "
+        "greedy test-clean/test-other 2.25 / 9.50; the run over (d)'s windows, loss 2.0000, greedy "
+        "test-clean/test-other 4.00 / 20.00. (d)'s window starts 50 to 340 steps from its event's (the nearest "
+        "checkpoint step whose next step has every layer under 5x the batch median, its window overlapping no other "
+        "replay's), at another point of training than (c). A window's end is decoded from its last checkpoint alone "
+        "(`--avg 1`, no averaged model), unlike the runs (`--avg 2 --use-averaged-model true`)."
+    )
+    # A replay whose (a) does not reproduce its run is left out of the levels (seed 43's run at 0.7 now).
+    originals[("digits", 43)] = _run({}, 200, loss={s: 0.7 for s in range(1, 201)})
+    assert (
+        "(a) over the events' windows, loss 0.9000, greedy test-clean/test-other 1.50 / 11.00;"
+        in reference_sentence(replays, originals, setup)
+    )
 
 
 # --------------------------------------------------------------------------

@@ -174,7 +174,7 @@ def test_a_full_rounds_section_has_well_formed_tables():
     # sd 1.4; the objective 1 / step leaves the plateau at step 6 ((1/2 + ... + 1/6) / 5 = 0.29); every step
     # clipped to 0.02; guard (its name has no "clip") never clipped.
     assert (
-        "| clip_grad_norm 5 | 3 | 20.80 ± 1.40 | 19.80 ± 1.40 | 18.80 ± 1.40 | 6 ± 0 | - | 100.0 ± 0.0 | "
+        "| clip_grad_norm 5 | 3 (42-44) | 20.80 ± 1.40 | 19.80 ± 1.40 | 18.80 ± 1.40 | 6 ± 0 | - | 100.0 ± 0.0 | "
         "normalisation (at least 90% of steps) | 0.020 |"
     ) in text
     assert "| 0.0 ± 0.0 | never acted | 1.000 |" in text

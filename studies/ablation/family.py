@@ -285,7 +285,7 @@ def format_family_table(
         "pairs",
         "per-seed differences",
         "mean difference",
-        f"{100 * config.confidence:g}% interval",
+        f"{100 * config.confidence:g}% interval (unadjusted)",
         "Holm p",
         "signed-rank p",
         "verdict" if fixed_before else "verdict (computed after the runs: a description)",

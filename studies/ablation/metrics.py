@@ -283,7 +283,7 @@ def group_runs(results: Sequence[RunResult]) -> Group:
     return groups
 
 
-def _seeds(runs: Sequence[RunResult]) -> str:
+def seed_ranges(runs: Sequence[RunResult]) -> str:
     """The seeds of ``runs``, consecutive ones as ranges: ``42-46, 50``."""
     seeds = sorted(r.key.seed for r in runs)
     parts: List[str] = []
@@ -305,7 +305,8 @@ def format_table(results: Sequence[RunResult], arms: Dict[str, Arm], methods: Se
     for (condition, arm), runs in group_runs(results).items():
         steps = sorted({r.steps for r in runs})
         rows.append(
-            [condition, arms[arm].label, _seeds(runs), "/".join(str(x) for x in steps)] + [m.cell(runs) for m in ms]
+            [condition, arms[arm].label, seed_ranges(runs), "/".join(str(x) for x in steps)]
+            + [m.cell(runs) for m in ms]
         )
     return markdown_table(header, rows)
 

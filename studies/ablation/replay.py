@@ -69,7 +69,7 @@ LABELS = {
     NO_CONTROL: "(a) no control",
     EVENT_ONLY: "(b) filter on the event step only",
     FILTER: "(c) filter over the window",
-    MATCHED: "(d) filter from a matched step without outlier",
+    MATCHED: "(d) filter from a step without outlier, elsewhere in the run",
     UNIFORM: "(e) filter's mean scale, uniform, no capping",
 }
 # The controls (b)-(e) against their no-control reference, in report order.
@@ -570,7 +570,7 @@ def moment_columns(
 ) -> Dict[str, List[Dict[str, float]]]:
     """Per column of the second-moment table, the per-layer ratios of every event that has them:
     ``(a) / x`` at the event step and at the window's end (above 1: the layer's second moment is larger
-    without control, so its steps smaller), and the run over branch (d) at the matched window's end."""
+    without control), and the run over branch (d) at the matched window's end."""
     columns: Dict[str, List[Dict[str, float]]] = {}
     for r in replays:
         tensors = layout(r)

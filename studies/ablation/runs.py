@@ -126,7 +126,8 @@ class RunResult:
         return grad_norm[-1][0] if grad_norm else 0
 
     def objective(self) -> Series:
-        """``[(step, 0.5 x simple + pruned loss per frame)]``: the training loss after warm-up."""
+        """``[(step, 0.5 x simple + pruned loss per frame)]`` at every step from 1: the training objective with
+        its weights after warm-up, during warm-up too."""
         pruned = dict(self.series("pruned_loss"))
         return [
             (step, OBJECTIVE_SIMPLE_SCALE * simple + pruned[step])

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from icefall_lite.decoding.constants import TEST_SETS
+from icefall_lite.train.grad_control import RELATIVE_CLIP_UPDATE_PERIOD
 from icefall_lite.train.optimizer_state import EVENT_JUMP, RECOVERED_RATIO
 from studies.ablation.arms import Arm, Thresholds, seeds_of
-from studies.ablation.compare import format_comparisons, paired_comparisons
+from studies.ablation.compare import Comparison, format_comparisons, paired_comparisons
 from studies.ablation.family import (
     FamilyComparison,
     FamilyRow,
@@ -44,6 +45,7 @@ from studies.ablation.metrics import (
     outlier_rows,
     outlier_steps,
     plateau_exit,
+    seed_ranges,
     spearman,
     spread_cell,
     steps_acting,
@@ -55,12 +57,15 @@ from studies.ablation.pairing import NOT_RECORDED, cpu_of, pair_runs
 from studies.ablation.replay import (
     CONTROLS,
     LABELS,
+    MATCHED_REFERENCE,
+    NO_CONTROL,
     ReplayResult,
     control_measures,
     format_controls_table,
     format_events_table,
     format_moment_table,
     moment_columns,
+    per_seed_means,
     reproduces,
 )
 from studies.ablation.runs import OBJECTIVE_SIMPLE_SCALE, RunResult
@@ -131,23 +136,42 @@ def _round_note(setup: StudyConfig, stored: Dict) -> str:
     )
 
 
-def family_section(rows: Sequence[FamilyRow], setup: ReportSetup) -> List[str]:
+def same_batches(rows: Sequence[FamilyRow], results: Sequence[RunResult], condition: str) -> Tuple[int, int]:
+    """``(pairs whose two runs logged the same batch digest at every step, pairs of the family)``: a pair whose
+    runs lack digests counts as not the same."""
+    digests = {(r.key.arm, r.key.seed): r.series("batch_digest") for r in results if r.key.condition == condition}
+    pairs = [(row.comparison, seed) for row in rows for seed in row.per_seed]
+    agree = sum(
+        1
+        for comparison, seed in pairs
+        if digests.get((comparison.arm, seed))
+        and digests.get((comparison.arm, seed)) == digests.get((comparison.baseline, seed))
+    )
+    return agree, len(pairs)
+
+
+def family_section(
+    rows: Sequence[FamilyRow], setup: ReportSetup, results: Sequence[RunResult], condition: str
+) -> List[str]:
     c = setup.config
     straddling = sum(len(r.pairing.straddling) for r in rows)
     unchecked = sum(len(r.pairing.unchecked) for r in rows)
+    agree, pairs = same_batches(rows, results, condition)
     return [
         "### The family of comparisons",
         "",
         _round_note(c, setup.stored)
         + f" Metric: {_wer_name(*c.metric)} WER (%) at the end of the budget. Per seed, the arm's value minus the "
         "baseline's (same initialisation and batches); mean, "
-        f"{100 * c.confidence:g}% interval (Student's t on the per-seed differences), Holm's adjustment of the "
+        f"{100 * c.confidence:g}% interval (Student's t on the per-seed differences, not adjusted for the "
+        "family), Holm's adjustment of the "
         f"paired t-test's p over the {len(c.family)} comparisons (a difference holds when its Holm p is at most "
         f"{c.alpha:g}), and beside it the exact Wilcoxon signed-rank test's p (unadjusted); the table is in the "
         "answer above.",
         "",
         f"Pairs left out because their two runs ran on different CPU models: {straddling}. Pairs kept whose CPU "
-        f"model is not recorded (not checked): {unchecked}.",
+        f"model is not recorded (not checked): {unchecked}. Pairs whose two runs logged the same batch digest at "
+        f"every step (the same batches, checked): {agree} of {pairs}.",
         "",
     ]
 
@@ -169,7 +193,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "% steps acting",
         "pairs",
         "mean difference",
-        f"{100 * c.confidence:g}% interval",
+        f"{100 * c.confidence:g}% interval (unadjusted)",
         "Holm p",
         "signed-rank p",
         "verdict",
@@ -297,7 +321,7 @@ def arms_table(runs_of: Dict[str, List[RunResult]], arms: Dict[str, Arm], config
         rows.append(
             [
                 a.label,
-                str(len(runs)),
+                f"{len(runs)} ({seed_ranges(runs)})",
                 *[
                     spread_cell([decoded(r).get(step, {}).get(config.metric, math.nan) for r in runs], 2)
                     for step in points
@@ -327,7 +351,7 @@ def plateau_sentence(runs_of: Dict[str, List[RunResult]], setup: ReportSetup) ->
     return (
         "Spearman's correlation of the step of leaving the plateau with the "
         f"{method.replace('_search', '')} WER at the end of the budget, over the runs of the table (pooled over "
-        "arms; a description, not a test): " + ", ".join(parts) + "."
+        "arms, so it mixes the arms' differences with the seeds'; a description, not a test): " + ", ".join(parts) + "."
     )
 
 
@@ -432,7 +456,72 @@ def lead(
             f"{c.seeds_per_arm.get(first.arm, 0)} pairs), and the other comparisons have fewer planned pairs: a "
             "null at these pair counts does not show two arms equal."
         )
+        text += planned_effect_sentence(rows[0], c)
     return text
+
+
+def planned_effect_sentence(row: FamilyRow, c: StudyConfig) -> str:
+    """Where the effect the seeds were planned for came from, in points and standardised (the mean over the
+    standard deviation of the per-seed differences), beside the first comparison's own, and whether its interval
+    holds the planned mean; empty without a planned mean in family.json or with fewer than 2 pairs."""
+    planned = c.raw.get("seeds", {}).get("power", {})
+    mean = planned.get(c.metric[1], {}).get("mean")
+    diffs = [v for v in row.per_seed.values() if math.isfinite(v)]
+    if mean is None or len(diffs) < 2:
+        return ""
+    d = row.difference
+    sd = statistics.stdev(diffs)
+    observed = f"{d.mean / sd:+.3f}" if sd > 0 else "undefined (every difference equal)"
+    return (
+        f" The planned effect comes from {planned['from']}: {mean:+.2f} points, standardised (mean over the standard "
+        f"deviation of the per-seed differences) {c.planned_effect:+.3f}; here `{row.comparison.arm}` − "
+        f"`{row.comparison.baseline}` is {d.mean:+.2f} points, standardised {observed}, and its "
+        f"{100 * c.confidence:g}% interval {'holds' if d.low <= mean <= d.high else 'leaves out'} {mean:+.2f}."
+    )
+
+
+def reference_sentence(
+    replays: Sequence[ReplayResult], originals: Dict[Tuple[str, int], RunResult], setup: ReportSetup
+) -> str:
+    """The levels the controls' differences are taken from (each reference's loss over its window and its WERs
+    at the window's end, events averaged per seed, then over seeds), how those ends were decoded, and how far
+    branch (d)'s windows lie from their events'."""
+    checked = checked_replays(replays, originals)
+    if not checked:
+        return ""
+    method = setup.methods[0]
+
+    def level(branch: str) -> str:
+        with_branch = [r for r in checked if branch in r.branches]
+        if not with_branch:
+            return "-"
+        cells = []
+        for value in [
+            lambda b: b.mean_loss(),
+            *[lambda b, k=(method, t): b.wer.get(k, math.nan) for t in TEST_SETS],
+        ]:
+            means = per_seed_means([(r.key.seed, value(r.branches[branch])) for r in with_branch])
+            cells.append(statistics.mean(means.values()) if means else math.nan)
+        loss, *wers = cells
+        return f"loss {loss:.4f}, {_wer_name(method, '/'.join(TEST_SETS))} {' / '.join(f'{w:.2f}' for w in wers)}"
+
+    text = (
+        f"The references, each the mean over seeds of its events' mean: (a) over the events' windows, "
+        f"{level(NO_CONTROL)}"
+    )
+    distances = [abs(r.matched.start - r.key.start) for r in checked if r.matched is not None]
+    if distances:
+        text += (
+            f"; the run over (d)'s windows, {level(MATCHED_REFERENCE)}. (d)'s window starts {min(distances)} to "
+            f"{max(distances)} steps from its event's (the nearest checkpoint step whose next step has every layer "
+            f"under {setup.config.matched_max_ratio:g}x the batch median, its window overlapping no other "
+            "replay's), at another point of training than (c)"
+        )
+    return (
+        text + ". A window's end is decoded from its last checkpoint alone (`--avg 1`, no averaged model), "
+        f"unlike the runs (`--avg {setup.config.avg} --use-averaged-model "
+        f"{str(setup.config.use_averaged_model).lower()}`)."
+    )
 
 
 def answer_section(
@@ -443,6 +532,7 @@ def answer_section(
     arms: Dict[str, Arm],
     labels: Dict[str, str],
     setup: ReportSetup,
+    originals: Dict[Tuple[str, int], RunResult],
 ) -> List[str]:
     """The answer: one paragraph, the family's table, one row per arm (the metric over the budget, the head
     start out of the plateau, how often its control acted), the replays' controls, and icefall's table."""
@@ -453,19 +543,27 @@ def answer_section(
         lead(rows, runs_of, replays, setup),
         "",
         f"The family ({_wer_name(*c.metric)} WER (%) at the end of the budget, arm minus baseline seed by seed; "
-        "how it was fixed and tested: next section):",
+        "how it was fixed and tested: next section; the arms: "
+        + "; ".join(
+            f"`{name}`: {arms[name].label}"
+            for name in dict.fromkeys(x for comparison in c.family for x in (comparison.arm, comparison.baseline))
+            if name in arms
+        )
+        + "):",
         "",
         format_family_table(rows, labels, c, fixed_before(c, setup.stored)),
         "",
     ]
     if runs_of:
         lines += [
-            f"Per arm, mean ± standard deviation over its seeds, unpaired (comparisons between arms: the family "
-            f"above). {_wer_name(*c.metric)} WER (%); the step of leaving the plateau: the trailing "
-            f"{c.plateau_window}-step mean of the training objective first below {c.plateau_loss:g}; % steps "
-            "filtered: of all steps, those at which the filter capped some sequence; % steps clipped: of all "
-            "steps, those at which the clip lowered the norm; median clip scale: post- over pre-clip norm, the "
-            "median over steps, then over seeds:",
+            f"Per arm, mean ± standard deviation over its seeds, unpaired: the arms' seeds differ, so two rows "
+            "are not a comparison (those are the family's, seed by seed, above). "
+            f"{_wer_name(*c.metric)} WER (%); the step of leaving the plateau: counted from step 1, the first step "
+            f"at which the trailing {c.plateau_window}-step mean of the training objective is below "
+            f"{c.plateau_loss:g}; % steps filtered: of all steps, those at which some sequence's gradient was over "
+            "the filter's cutoff (the filter rescales gradients at every step: the set-up below); % steps clipped: "
+            "of all steps, those at which the clip lowered the norm; median clip scale: post- over pre-clip norm, "
+            "the median over steps, then over seeds:",
             "",
             arms_table(runs_of, arms, c),
             "",
@@ -483,6 +581,8 @@ def answer_section(
             "sequence):",
             "",
             format_controls_table(measures, setup.methods),
+            "",
+            reference_sentence(replays, originals, setup),
             "",
         ]
     return lines + icefall_table(c.family[0]) + [""]
@@ -508,12 +608,24 @@ def setup_text(setup: ReportSetup, results: Sequence[RunResult], arms: Dict[str,
         + ". `none` has no control; its GradientFilter only observes (`--grad-filter-threshold inf`: per-layer "
         "statistics, gradients untouched), as in every arm without the filter.",
     ]
+    if any(arms[a].value("clip_grad_norm_relative") for a in ran):
+        lines[-1] += (
+            f" The running median of the relative clips: the median of the last {RELATIVE_CLIP_UPDATE_PERIOD} "
+            "global gradient norms (before clipping), re-estimated at steps 10, 20 and 40 and then every "
+            f"{RELATIVE_CLIP_UPDATE_PERIOD} steps, no clipping before step 10 (ScaledAdam's rule in icefall, on "
+            "raw norms: an approximation of it)."
+        )
+    guard_why = setup.config.raw.get("arms", {}).get("guard_why")
+    if guard_why and any(arms[a].value("clip_grad_norm") == setup.config.guard_clip_grad_norm for a in ran):
+        lines[-1] += f" The guard's {setup.config.guard_clip_grad_norm:g}: {guard_why}"
     decodings = []
     for r in results:
         if r.decoding.get("use_averaged_model"):
             decodings.append(
                 f"at steps {', '.join(str(s) for s in sorted(r.wer_at))} with `--avg {r.decoding['avg']} "
-                "--use-averaged-model true` (icefall's average over the checkpoints before the step)"
+                f"--use-averaged-model true` (icefall's running average of the weights from checkpoint N − "
+                f"{r.decoding['avg']} x `--save-every-n` to N: the last "
+                f"{r.decoding['avg'] * setup.config.save_every_n} steps before step N)"
             )
         else:
             decodings.append(f"at step {r.steps} with `--avg 1` (the weights at the end, not averaged)")
@@ -521,25 +633,43 @@ def setup_text(setup: ReportSetup, results: Sequence[RunResult], arms: Dict[str,
     return lines
 
 
-def column_notes(threshold: float) -> str:
+def column_notes(threshold: float, warm_ends: Sequence[int]) -> str:
+    """The definitions of :func:`format_table`'s columns; ``warm_ends``: the first step at the full loss weights
+    of each condition (2 x --model-warm-step)."""
     return (
         "Each cell: mean ± standard deviation over the seeds ((n=k): only k seeds had a finite value). WER (%) at "
-        "the end of the budget. Losses are of the objective after warm-up "
-        f"({OBJECTIVE_SIMPLE_SCALE:g} x simple + pruned, per frame); final train loss: the mean over the last "
+        f"the end of the budget. Warm-up: the steps before step {' / '.join(str(w) for w in warm_ends)} (2 x "
+        "`--model-warm-step`), while the pruned loss's weight ramps up. Losses are of the objective with its "
+        f"weights after warm-up ({OBJECTIVE_SIMPLE_SCALE:g} x simple + pruned, per frame), at every step from 1; "
+        "final train loss: the mean over the last "
         "tenth of the steps; valid loss: dev-clean + dev-other at the end. Loss spikes: steps after warm-up whose "
         f"loss is over {SPIKE_FACTOR:g}x the median of the (up to) {SPIKE_WINDOW} steps after warm-up before it. "
         f"Diverged: a skipped (non-finite) step, or a last-{DIVERGE_WINDOW}-step mean over {DIVERGE_FACTOR:g}x its "
         f"lowest. % steps > {OUTLIER_RATIO:g}x: steps after warm-up at which some layer's largest per-sequence "
         "gradient RMS was over that multiple of the batch median (measured before that layer's filter). % steps "
-        "filtered: some layer's filter met a sequence above its cutoff (the filter is soft: it scales every "
-        f"sequence's gradient by c / (c + n_b), {threshold / (threshold + 1):.3f} at the median for threshold "
-        f"{threshold:g}, and caps those far above c); % steps clipped: the clipping lowered the gradient norm. Max "
+        "filtered: of all steps, those at which some layer's filter met a sequence whose gradient RMS n_b was "
+        "above its cutoff c (threshold x the batch median). The filter is soft and acts at every step: it scales "
+        "the gradient each sequence passes down to the layer's input by c / (c + n_b) "
+        f"({threshold / (threshold + 1):.3f} at the median for threshold {threshold:g}; below c after scaling, "
+        "however large n_b), and the layer's own parameter gradients uniformly by 1 / (1 + mean(n_b) / c). % steps "
+        "clipped: the clipping lowered the gradient norm. Max "
         "exp_avg_sq jump: after warm-up, the largest ratio of a parameter tensor's Adam second moment "
         f"(sum of exp_avg_sq) after a step to before it; % steps jump > {EVENT_JUMP:g}: how often a step inflated "
         f"some tensor's second moment that much; recovery steps: the median number of steps such a tensor took to "
         f"come back to {RECOVERED_RATIO:g}x its value before the jump (events not recovered by the end of the run "
         "are not counted). Wall min: training and decoding as the run recorded them; a run paused, or sharing the "
         "cores with another job, counts that time too, so it is no measure of an arm's speed."
+    )
+
+
+def unadjusted_sentence(comparisons: Sequence[Comparison]) -> str:
+    """How many of the described intervals leave out 0, beside how many would by chance if no arm differed."""
+    intervals = [c.difference for c in comparisons if c.difference.n >= 2]
+    outside = sum(1 for d in intervals if d.low > 0 or d.high < 0)
+    return (
+        f"{outside} of these {len(intervals)} unadjusted 95% intervals leave out 0, where about "
+        f"{0.05 * len(intervals):.1f} would by chance alone if no arm differed from `none` (the intervals share "
+        "runs, so they are not independent)."
     )
 
 
@@ -581,7 +711,7 @@ def replay_section(
             "Adam's second moment per layer (exp_avg_sq summed over the layer's tensors of more than one element; "
             "the one-element tensors, log-scales and BasicNorm's eps, left out): the no-control branch's over the "
             "control's, at the event step (after its update) and at the window's end; above 1: larger without the "
-            "control, so smaller steps. "
+            "control (a second moment, not a step size: the update also scales with the first moment). "
             "Median over events [smallest, largest] (events):",
             "",
             format_moment_table(columns),
@@ -664,8 +794,10 @@ def render_section(
         setup.command,
         "```",
         "",
-        *answer_section(rows, family_runs(results, setup.config, condition), replays, measures, arms, labels, setup),
-        *family_section(rows, setup),
+        *answer_section(
+            rows, family_runs(results, setup.config, condition), replays, measures, arms, labels, setup, originals
+        ),
+        *family_section(rows, setup, results, condition),
         *landscape_section(results, arms, setup),
         *depth_section(results, labels, setup),
         "### WER at a third, two thirds and the whole budget",
@@ -676,7 +808,7 @@ def render_section(
         "",
         *setup_text(setup, results, arms),
         "",
-        column_notes(setup.thresholds.grad_filter_threshold),
+        column_notes(setup.thresholds.grad_filter_threshold, sorted({r.warm_end for r in results})),
         "",
         format_table(results, arms, setup.methods),
         "",
@@ -699,13 +831,15 @@ def render_section(
             format_outlier_table(outlier_rows(observed, thresholds), thresholds),
             "",
         ]
+    comparisons = paired_comparisons(results, setup.methods, observing_arm)
     lines += [
         "### Paired differences from `none`, described",
         "",
         "Every arm minus `none`, seed by seed (runs on two CPU models not paired): mean and 95% interval, for every "
-        "WER and the validation loss. Descriptions, not tests (the tests are the family's).",
+        "WER and the validation loss. Descriptions, not tests (the tests are the family's): "
+        + unadjusted_sentence(comparisons),
         "",
-        format_comparisons(paired_comparisons(results, setup.methods, observing_arm), arms),
+        format_comparisons(comparisons, arms),
         "",
         *replay_section(replays, measures, setup, originals),
         *pilot_section(pilot, setup.config),
