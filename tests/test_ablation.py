@@ -60,6 +60,7 @@ from studies.ablation.metrics import (
     outlier_rows,
     outlier_steps,
     plateau_exit,
+    range_cell,
     steps_filtered,
 )
 from studies.ablation.pairing import cpu_of, pair_runs
@@ -298,7 +299,10 @@ def test_format_table_cells():
     assert cell["condition"] == "stress" and cell["seeds"] == "1-3" and cell["steps"] == "4"
     assert cell["greedy test-clean"] == "61.00 ± 1.00" and cell["greedy test-other"] == "71.00 ± 1.00"
     assert cell["diverged runs"] == "1/3"
-    assert cell["max seq grad / median"] == "40.0 ± 0.0"
+    assert cell["max seq grad / median"] == "40.0 [40.0, 40.0]", "heavy-tailed: median [smallest, largest]"
+    # One seed far out moves the median not at all, where a mean would follow it.
+    assert range_cell([3.0, float("nan"), 1.0, 1000.0], 1) == "3.0 [1.0, 1000.0] (n=3)"
+    assert range_cell([2.0, 4.0], 0) == "3 [2, 4]" and range_cell([float("nan")], 1) == "-"
     assert cell["% steps filtered"] == "0.0 ± 0.0"
     assert cell["final train loss"] == "1.333 ± 0.577"  # 1.0 (0.5 x 1.2 + 0.4), 1.0, and 2.0 over the last 10 steps
     assert cell["valid loss"] == "0.565 ± 0.007 (n=2)"  # 0.560 and 0.570; seed 2's is not finite

@@ -192,11 +192,14 @@ class Metric:
     of: Callable[[RunResult], float]
     digits: int
     count: bool = False  # a yes/no per run, shown as "<runs with yes>/<runs>"
+    heavy: bool = False  # heavy-tailed over seeds (one seed can dominate a mean): shown as median [min, max]
 
     def cell(self, runs: Sequence[RunResult]) -> str:
         xs = [self.of(r) for r in runs]
         if self.count:
             return f"{int(sum(xs))}/{len(xs)}"
+        if self.heavy:
+            return range_cell(xs, self.digits)
         return spread_cell(xs, self.digits)
 
 
@@ -218,12 +221,12 @@ def metrics(methods: Sequence[str]) -> List[Metric]:
         Metric("spikes", "loss spikes", lambda r: float(loss_spikes(r.objective(), r.warm_end)), 1),
         Metric("diverged", "diverged runs", lambda r: float(diverged(r.objective(), skipped_steps(r))), 0, True),
         Metric("outliers", f"% steps > {OUTLIER_RATIO:g}x", lambda r: 100 * outlier_steps(r), 1),
-        Metric("outlier", "max seq grad / median", largest_outlier, 1),
+        Metric("outlier", "max seq grad / median", largest_outlier, 1, heavy=True),
         Metric("filtered", "% steps filtered", lambda r: 100 * steps_filtered(r), 1),
         Metric("clipped", "% steps clipped", lambda r: 100 * steps_clipped(r), 1),
-        Metric("jump", "max exp_avg_sq jump", largest_jump, 2),
+        Metric("jump", "max exp_avg_sq jump", largest_jump, 2, heavy=True),
         Metric("jumps", f"% steps jump > {EVENT_JUMP:g}", lambda r: 100 * jump_steps(r), 1),
-        Metric("recovery", "recovery steps", recovery_steps, 0),
+        Metric("recovery", "recovery steps", recovery_steps, 0, heavy=True),
         Metric("wall", "wall min", lambda r: r.wall_total_s / 60, 1),
     ]
 
@@ -263,6 +266,17 @@ def spread_cell(xs: Sequence[float], digits: int) -> str:
     """Mean ± sd of the finite ``xs``, with (n=k) when only k of them are finite."""
     spread = Spread.of(xs)
     return spread.cell(digits) + (f" (n={spread.n})" if 0 < spread.n < len(xs) else "")
+
+
+def range_cell(xs: Sequence[float], digits: int) -> str:
+    """Median [smallest, largest] of the finite ``xs``, with (n=k) when only k of them are finite."""
+    finite = sorted(x for x in xs if math.isfinite(x))
+    if not finite:
+        return "-"
+    cell = _num(statistics.median(finite), digits)
+    if len(finite) > 1:
+        cell += f" [{_num(finite[0], digits)}, {_num(finite[-1], digits)}]"
+    return cell + (f" (n={len(finite)})" if len(finite) < len(xs) else "")
 
 
 def _num(x: float, digits: int) -> str:

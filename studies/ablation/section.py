@@ -637,7 +637,9 @@ def column_notes(threshold: float, warm_ends: Sequence[int]) -> str:
     """The definitions of :func:`format_table`'s columns; ``warm_ends``: the first step at the full loss weights
     of each condition (2 x --model-warm-step)."""
     return (
-        "Each cell: mean ± standard deviation over the seeds ((n=k): only k seeds had a finite value). WER (%) at "
+        "Each cell: mean ± standard deviation over the seeds ((n=k): only k seeds had a finite value), but for "
+        "max seq grad / median, max exp_avg_sq jump and recovery steps, whose tails one seed can dominate: median "
+        "[smallest, largest] over the seeds. WER (%) at "
         f"the end of the budget. Warm-up: the steps before step {' / '.join(str(w) for w in warm_ends)} (2 x "
         "`--model-warm-step`), while the pruned loss's weight ramps up. Losses are of the objective with its "
         f"weights after warm-up ({OBJECTIVE_SIMPLE_SCALE:g} x simple + pruned, per frame), at every step from 1; "
