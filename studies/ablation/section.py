@@ -641,7 +641,8 @@ def column_notes(threshold: float, warm_ends: Sequence[int]) -> str:
         "max seq grad / median, max exp_avg_sq jump and recovery steps, whose tails one seed can dominate: median "
         "[smallest, largest] over the seeds. WER (%) at "
         f"the end of the budget. Warm-up: the steps before step {' / '.join(str(w) for w in warm_ends)} (2 x "
-        "`--model-warm-step`), while the pruned loss's weight ramps up. Losses are of the objective with its "
+        "`--model-warm-step`): the pruned loss's weight is 0 over its first half and 0.1 over its second (icefall's "
+        "step ramp), then 1. Losses are of the objective with its "
         f"weights after warm-up ({OBJECTIVE_SIMPLE_SCALE:g} x simple + pruned, per frame), at every step from 1; "
         "final train loss: the mean over the last "
         "tenth of the steps; valid loss: dev-clean + dev-other at the end. Loss spikes: steps after warm-up whose "
@@ -790,7 +791,8 @@ def render_section(
         "",
         f"CPU models of the summaries: {_cpu_line(results, replays)}.",
         "",
-        f"Command (from `egs/librispeech/ASR`; the runs' summaries are in `{setup.summaries}/`):",
+        f"Command (from `egs/librispeech/ASR`, once its corpus is prepared: `make ablation` from the repository "
+        f"root prepares it and runs this; the runs' summaries are in `{setup.summaries}/`):",
         "",
         "```bash",
         setup.command,
