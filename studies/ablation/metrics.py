@@ -76,7 +76,8 @@ def _fraction(flags: Sequence[bool]) -> float:
 
 
 def steps_filtered(result: RunResult) -> float:
-    """Fraction of steps at which some layer's filter capped a sequence."""
+    """Fraction of steps at which some layer's filter met a sequence over its cutoff (the soft filter rescales
+    every gradient at every step; this counts the steps it capped one far above the median)."""
     by_step: Dict[int, float] = {}
     for layer in result.layers():
         for step, v in result.filter_series(layer, "fraction_filtered"):
@@ -107,8 +108,8 @@ def decoded(result: RunResult) -> Dict[int, Dict[Tuple[str, str], float]]:
 
 
 def steps_acting(result: RunResult, arm: Arm) -> float:
-    """Fraction of steps at which the arm's control changed a gradient: the filter capped a sequence (arms
-    with the filter on), the recurrent cap clipped a frame row, the error clip clipped an element, or the
+    """Fraction of steps at which the arm's control changed a gradient: some sequence was over the filter's
+    cutoff (arms with the filter on), the recurrent cap clipped a frame row, the error clip clipped an element, or the
     clipping after backward lowered the norm (every other control, ScaledAdam's rule among them: with
     --scaled-adam-clipping-scale the optimizer is Eve and the rule acts through the clip scale). nan for an
     arm without a control, and for an error clip run from before the error clip was logged."""

@@ -226,7 +226,8 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         f"Every other rule minus `none`, seed by seed, on {_wer_name(*c.metric)} WER (%) at the end of the budget; "
         f"Holm over these {len(rows)} comparisons, apart from the family above; each rule's threshold and its "
         'reason are in `studies/ablation/family.json` ("landscape"). % steps acting: mean over the rule\'s runs '
-        "of the % of steps at which its own statistic says it changed a gradient ('-': no run logged it).",
+        "of the % of steps at which its own statistic says it changed a gradient (the filters: a sequence over "
+        "the cutoff) ('-': no run logged it).",
         "",
         markdown_table(header, cells),
         "",
