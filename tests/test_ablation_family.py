@@ -308,18 +308,29 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
     power = paired_t_power(abs(STUDY.planned_effect), 6, 0.05 / 5)
     assert f"`filter` − `none` has 6 of its 17 planned pairs: its power is {power:.3f}" in text
     # The planned effect beside the observed one: differences -1 .. -6 have sd sqrt(3.5), so -3.5 standardises to
-    # -sqrt(3.5) = -1.871; the interval [-5.46, -1.54] holds round 1's -1.834.
+    # -sqrt(3.5) = -1.871; the 95% interval [-5.46, -1.54] holds round 1's -1.834, and so does the 99% one (alpha
+    # 0.05 / 5): -3.5 -+ t(0.995, 5) sqrt(3.5 / 6).
+    wide = student_t_quantile(0.995, 5) * math.sqrt(3.5 / 6)
     assert text.endswith(
         " The planned effect comes from round 1's filter - none paired differences in greedy WER, seeds 42-46, at "
-        "600 steps (--avg 1): -1.83 points, standardised (mean over the standard deviation of the per-seed "
-        "differences) -0.952; here `filter` − `none` is -3.50 points, standardised -1.871, and its 95% interval "
-        "holds -1.83."
+        "600 steps (--avg 1), on test-other: -1.83 points, standardised (mean over the standard deviation of the "
+        "per-seed differences) -0.952; here `filter` − `none` is -3.50 points, standardised -1.871: its unadjusted "
+        f"95% interval holds -1.83, and its 99% interval (alpha 0.05 / 5, as planned), [{-3.5 - wide:+.2f}, "
+        f"{-3.5 + wide:+.2f}], holds it."
     )
-    worse = [_run("none", s, 20) for s in (42, 43, 44)] + [
-        _run("filter", s, 20 + d) for s, d in zip((42, 43, 44), (1, 2, 3))
-    ]
+    # Differences +1, +2, +3 (sd 1): the 95% interval 2 -+ 4.303 / sqrt(3) = [-0.48, +4.48] leaves -1.83 out, the
+    # 99% one 2 -+ 9.925 / sqrt(3) = [-3.73, +7.73] holds it. Decoded at 600 too: there -1, -2, -3 points.
+    worse = [_run("none", s, 20) for s in (42, 43, 44)]
+    worse += [_run("filter", s, 20 + d) for s, d in zip((42, 43, 44), (1, 2, 3))]
+    metric = ("greedy_search", "test-other")
+    for r, at_600 in zip(worse, [20, 20, 20, 19, 18, 17]):
+        r.wer_at = {600: {metric: at_600}, 1800: dict(r.wer)}
     worse_text = lead(family_rows(worse, STUDY, "digits"), family_runs(worse, STUDY, "digits"), [], setup)
-    assert worse_text.endswith("is +2.00 points, standardised +2.000, and its 95% interval leaves out -1.83.")
+    assert worse_text.endswith(
+        "is +2.00 points, standardised +2.000: its unadjusted 95% interval leaves out -1.83, and its 99% interval "
+        "(alpha 0.05 / 5, as planned), [-3.73, +7.73], holds it. At step 600, the same comparison is -2.00 points "
+        "[-4.48, +0.48] (3 pairs, unadjusted 95%)."
+    )
     # Runs of round 1 (another stored round): described, not counted against round 2's plan.
     old = dataclasses.replace(setup, stored={"round": "1"})
     assert lead(rows, runs_of, [], old).startswith("18 runs of round 1, made before the family of round 2 was fixed")
@@ -369,6 +380,15 @@ def test_the_family_section_checks_each_pairs_batches_by_their_digests():
     rows = family_rows(runs, STUDY, "digits")
     assert [row.per_seed for row in rows][0] == {42: -1.0, 43: -2.0, 44: -2.0}
     assert same_batches(rows, runs, "digits") == (1, 3)
+
+
+def test_an_interval_bound_that_rounds_to_zero_keeps_its_sign_and_a_digit():
+    from studies.ablation.paired import PairedDifference
+
+    assert PairedDifference(-0.03, -0.0712, -0.0022, 0.01, 5).interval(2) == "[-0.07, -0.002]"
+    assert PairedDifference(0.3, 0.0004, 0.6, 0.01, 5).interval(2) == "[+0.0004, +0.60]"
+    assert PairedDifference(-0.2, -0.5, 0.0, 0.05, 5).interval(2) == "[-0.50, +0.00]", "an exact 0 stays 0.00"
+    assert PairedDifference(1.0, 0.5, 1.5, 0.01, 1).interval(2) == "-"
 
 
 def test_the_described_intervals_are_counted_against_chance():

@@ -96,7 +96,17 @@ class PairedDifference:
     def interval(self, digits: int) -> str:
         if self.n < 2:
             return "-"
-        return f"[{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+        return f"[{_bound(self.low, digits)}, {_bound(self.high, digits)}]"
+
+
+def _bound(x: float, digits: int) -> str:
+    """``x`` with ``digits`` decimals, or up to 3 more where those would print a non-zero bound as 0 (whether an
+    interval holds 0 must be read off it)."""
+    for d in range(digits, digits + 4):
+        text = f"{x:+.{d}f}"
+        if x == 0 or text.strip("+-0.") != "":
+            return text
+    return text
 
 
 def paired_difference(

@@ -171,7 +171,8 @@ def family_section(
         "",
         f"Pairs left out because their two runs ran on different CPU models: {straddling}. Pairs kept whose CPU "
         f"model is not recorded (not checked): {unchecked}. Pairs whose two runs logged the same batch digest at "
-        f"every step (the same batches, checked): {agree} of {pairs}.",
+        "every step (the same utterances in the same order; the digest hashes the cut ids, not the noise mixed "
+        f"in): {agree} of {pairs}.",
         "",
     ]
 
@@ -457,14 +458,16 @@ def lead(
             f"{c.seeds_per_arm.get(first.arm, 0)} pairs), and the other comparisons have fewer planned pairs: a "
             "null at these pair counts does not show two arms equal."
         )
-        text += planned_effect_sentence(rows[0], c)
+        text += planned_effect_sentence(rows[0], c, runs_of)
     return text
 
 
-def planned_effect_sentence(row: FamilyRow, c: StudyConfig) -> str:
+def planned_effect_sentence(row: FamilyRow, c: StudyConfig, runs_of: Dict[str, List[RunResult]]) -> str:
     """Where the effect the seeds were planned for came from, in points and standardised (the mean over the
-    standard deviation of the per-seed differences), beside the first comparison's own, and whether its interval
-    holds the planned mean; empty without a planned mean in family.json or with fewer than 2 pairs."""
+    standard deviation of the per-seed differences), beside the first comparison's own; whether its unadjusted
+    interval and its interval at the plan's alpha / m hold the planned mean; and the comparison at the first
+    decoding point, where the plan's effect was measured in round 1. Empty without a planned mean in family.json
+    or with fewer than 2 pairs."""
     planned = c.raw.get("seeds", {}).get("power", {})
     mean = planned.get(c.metric[1], {}).get("mean")
     diffs = [v for v in row.per_seed.values() if math.isfinite(v)]
@@ -473,12 +476,33 @@ def planned_effect_sentence(row: FamilyRow, c: StudyConfig) -> str:
     d = row.difference
     sd = statistics.stdev(diffs)
     observed = f"{d.mean / sd:+.3f}" if sd > 0 else "undefined (every difference equal)"
-    return (
-        f" The planned effect comes from {planned['from']}: {mean:+.2f} points, standardised (mean over the standard "
-        f"deviation of the per-seed differences) {c.planned_effect:+.3f}; here `{row.comparison.arm}` − "
-        f"`{row.comparison.baseline}` is {d.mean:+.2f} points, standardised {observed}, and its "
-        f"{100 * c.confidence:g}% interval {'holds' if d.low <= mean <= d.high else 'leaves out'} {mean:+.2f}."
+    level = 1 - c.alpha / len(c.family)
+    wide = paired_difference(row.pairing.arm_values, row.pairing.baseline_values, level)
+
+    def holds(x: PairedDifference) -> str:
+        return "holds" if x.low <= mean <= x.high else "leaves out"
+
+    arm, baseline = row.comparison.arm, row.comparison.baseline
+    step = c.decode_at[0]
+    early = pair_runs(
+        runs_of.get(arm, []),
+        runs_of.get(baseline, []),
+        lambda r: decoded(r).get(step, {}).get(c.metric, math.nan),
     )
+    at_step = paired_difference(early.arm_values, early.baseline_values, c.confidence)
+    text = (
+        f" The planned effect comes from {planned['from']}, on {c.metric[1]}: {mean:+.2f} points, standardised "
+        f"(mean over the standard deviation of the per-seed differences) {c.planned_effect:+.3f}; here `{arm}` − "
+        f"`{baseline}` is {d.mean:+.2f} points, standardised {observed}: its unadjusted {100 * c.confidence:g}% "
+        f"interval {holds(d)} {mean:+.2f}, and its {100 * level:g}% interval (alpha {c.alpha:g} / {len(c.family)}, "
+        f"as planned), {wide.interval(2)}, {holds(wide)} it."
+    )
+    if at_step.n >= 2:
+        text += (
+            f" At step {step}, the same comparison is {at_step.mean:+.2f} points {at_step.interval(2)} "
+            f"({at_step.n} pairs, unadjusted {100 * c.confidence:g}%)."
+        )
+    return text
 
 
 def reference_sentence(
@@ -557,8 +581,9 @@ def answer_section(
     ]
     if runs_of:
         lines += [
-            f"Per arm, mean ± standard deviation over its seeds, unpaired: the arms' seeds differ, so two rows "
-            "are not a comparison (those are the family's, seed by seed, above). "
+            f"Per arm, mean ± standard deviation over its seeds, unpaired: each row's spread holds the seeds' own "
+            "and the arms need not have the same seeds, so two rows are not a comparison (those are the family's, "
+            "seed by seed, above). "
             f"{_wer_name(*c.metric)} WER (%); the step of leaving the plateau: counted from step 1, the first step "
             f"at which the trailing {c.plateau_window}-step mean of the training objective is below "
             f"{c.plateau_loss:g}; % steps filtered: of all steps, those at which some sequence's gradient was over "
@@ -611,10 +636,11 @@ def setup_text(setup: ReportSetup, results: Sequence[RunResult], arms: Dict[str,
     ]
     if any(arms[a].value("clip_grad_norm_relative") for a in ran):
         lines[-1] += (
-            f" The running median of the relative clips: the median of the last {RELATIVE_CLIP_UPDATE_PERIOD} "
-            "global gradient norms (before clipping), re-estimated at steps 10, 20 and 40 and then every "
-            f"{RELATIVE_CLIP_UPDATE_PERIOD} steps, no clipping before step 10 (ScaledAdam's rule in icefall, on "
-            "raw norms: an approximation of it)."
+            " The running median of the relative clips: the upper median of the global gradient norms before "
+            "clipping, re-estimated at steps 11, 21 and 41 from every norm so far and at steps "
+            f"{RELATIVE_CLIP_UPDATE_PERIOD + 1}, {2 * RELATIVE_CLIP_UPDATE_PERIOD + 1}, ... from the last "
+            f"{RELATIVE_CLIP_UPDATE_PERIOD} (the step's own included); no clipping at steps 1-10 (ScaledAdam's rule "
+            "in icefall, on raw norms: an approximation of it)."
         )
     guard_why = setup.config.raw.get("arms", {}).get("guard_why")
     if guard_why and any(arms[a].value("clip_grad_norm") == setup.config.guard_clip_grad_norm for a in ran):
@@ -642,8 +668,8 @@ def column_notes(threshold: float, warm_ends: Sequence[int]) -> str:
         "max seq grad / median, max exp_avg_sq jump and recovery steps, whose tails one seed can dominate: median "
         "[smallest, largest] over the seeds. WER (%) at "
         f"the end of the budget. Warm-up: the steps before step {' / '.join(str(w) for w in warm_ends)} (2 x "
-        "`--model-warm-step`): the pruned loss's weight is 0 over its first half and 0.1 over its second (icefall's "
-        "step ramp), then 1. Losses are of the objective with its "
+        "`--model-warm-step`, W): the pruned loss's weight is 0 before step W, 1 at step W (icefall's step ramp at "
+        "warm-up exactly 1), 0.1 after it and 1 from step 2W. Losses are of the objective with its "
         f"weights after warm-up ({OBJECTIVE_SIMPLE_SCALE:g} x simple + pruned, per frame), at every step from 1; "
         "final train loss: the mean over the last "
         "tenth of the steps; valid loss: dev-clean + dev-other at the end. Loss spikes: steps after warm-up whose "
@@ -652,10 +678,11 @@ def column_notes(threshold: float, warm_ends: Sequence[int]) -> str:
         f"lowest. % steps > {OUTLIER_RATIO:g}x: steps after warm-up at which some layer's largest per-sequence "
         "gradient RMS was over that multiple of the batch median (measured before that layer's filter). % steps "
         "filtered: of all steps, those at which some layer's filter met a sequence whose gradient RMS n_b was "
-        "above its cutoff c (threshold x the batch median). The filter is soft and acts at every step: it scales "
-        "the gradient each sequence passes down to the layer's input by c / (c + n_b) "
-        f"({threshold / (threshold + 1):.3f} at the median for threshold {threshold:g}; below c after scaling, "
-        "however large n_b), and the layer's own parameter gradients uniformly by 1 / (1 + mean(n_b) / c). % steps "
+        "above its cutoff c (threshold x the batch median). The filter wraps each layer's LSTM, is soft and acts at "
+        "every step: it scales the gradient the LSTM sends back to its input by c / (c + n_b) per sequence "
+        f"({threshold / (threshold + 1):.3f} at the median for threshold {threshold:g}; that part stays below c "
+        "however large n_b, while the layer's residual path passes its gradient on unfiltered), and the LSTM's "
+        "weight gradients uniformly by 1 / (1 + mean(n_b) / c). % steps "
         "clipped: the clipping lowered the gradient norm. Max "
         "exp_avg_sq jump: after warm-up, the largest ratio of a parameter tensor's Adam second moment "
         f"(sum of exp_avg_sq) after a step to before it; % steps jump > {EVENT_JUMP:g}: how often a step inflated "
