@@ -17,7 +17,7 @@ from test_markdown_tables import cell_count, tables
 from conftest import RECIPE
 from studies.ablation.arms import STUDY, RunKey
 from studies.ablation.family import CONFIG_PATH, family_rows, load_config, power_now, verdict
-from studies.ablation.metrics import plateau_exit, spearman
+from studies.ablation.metrics import plateau_exit, spearman, within_group_spearman
 from studies.ablation.paired import student_t_cdf, student_t_quantile
 from studies.ablation.planning import (
     median_pre_clip_norm,
@@ -133,6 +133,21 @@ def test_the_plateau_measure_matches_the_issues_figures(round_1):
     steps = [plateau_exit(r) for r in round_1]
     rhos = [spearman(steps, [r.wer[("greedy_search", t)] for r in round_1]) for t in ("test-clean", "test-other")]
     assert [round(x, 2) for x in rhos] == [0.69, 0.72]
+
+
+def test_the_within_arm_correlation_leaves_out_differences_between_arms():
+    # Arm A: early steps, high WER; arm B: late steps, low WER. Pooled, the arms make the correlation negative;
+    # within each arm it is +1.
+    a = ([1.0, 2.0, 3.0], [10.0, 11.0, 12.0])
+    b = ([10.0, 11.0, 12.0], [1.0, 2.0, 3.0])
+    assert spearman(a[0] + b[0], a[1] + b[1]) < 0
+    assert within_group_spearman([a, b]) == (1.0, 6)
+    # By hand: A's centred ranks (-1, 0, 1) and (1, -1, 0); B's (-0.5, 0.5) twice; a one-run arm and a nan pair
+    # add nothing. sxy = -1 + 0.5, sxx = syy = 2 + 0.5: -0.2 over 5 runs.
+    rho, used = within_group_spearman(
+        [([1.0, 2.0, 3.0], [3.0, 1.0, 2.0]), ([5.0, 6.0, math.nan], [1.0, 2.0, 4.0]), ([7.0], [1.0])]
+    )
+    assert rho == pytest.approx(-0.2) and used == 5
 
 
 def test_the_budgets_reasons_quote_the_issues_pilot():

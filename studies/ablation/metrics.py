@@ -396,3 +396,25 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
     sxx = sum((a - mx) ** 2 for a in rx)
     syy = sum((b - my) ** 2 for b in ry)
     return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
+
+
+def within_group_spearman(groups: Sequence[Tuple[Sequence[float], Sequence[float]]]) -> Tuple[float, int]:
+    """Spearman's correlation within groups (the arms): each group's finite pairs ranked within the group (mid
+    ranks) and centred on the group's mean rank, then the Pearson correlation of all groups' centred ranks
+    pooled, so differences between groups do not count. ``(correlation, pairs used)``; a group of fewer than 2
+    pairs adds nothing; nan when nothing varies."""
+    cx: List[float] = []
+    cy: List[float] = []
+    for xs, ys in groups:
+        pairs = [(x, y) for x, y in zip(xs, ys) if math.isfinite(x) and math.isfinite(y)]
+        if len(pairs) < 2:
+            continue
+        rx = mid_ranks([x for x, _ in pairs])
+        ry = mid_ranks([y for _, y in pairs])
+        mx, my = statistics.mean(rx), statistics.mean(ry)
+        cx += [a - mx for a in rx]
+        cy += [b - my for b in ry]
+    sxy = sum(a * b for a, b in zip(cx, cy))
+    sxx = sum(a * a for a in cx)
+    syy = sum(b * b for b in cy)
+    return (sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")), len(cx)

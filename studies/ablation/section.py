@@ -51,6 +51,7 @@ from studies.ablation.metrics import (
     steps_acting,
     steps_clipped,
     steps_filtered,
+    within_group_spearman,
 )
 from studies.ablation.paired import PairedDifference, paired_difference
 from studies.ablation.pairing import NOT_RECORDED, cpu_of, pair_runs
@@ -340,20 +341,26 @@ def arms_table(runs_of: Dict[str, List[RunResult]], arms: Dict[str, Arm], config
 
 def plateau_sentence(runs_of: Dict[str, List[RunResult]], setup: ReportSetup) -> str:
     """Spearman's correlation, over the runs of the table, of the step of leaving the plateau with the WER at
-    the end of the budget (descriptive)."""
+    the end of the budget, pooled over arms and within arms (descriptive)."""
     c = setup.config
-    runs = [r for rs in runs_of.values() for r in rs]
-    steps = [plateau_exit(r, c.plateau_loss, c.plateau_window) for r in runs]
     method = setup.methods[0]
-    parts = []
+    steps_of = {arm: [plateau_exit(r, c.plateau_loss, c.plateau_window) for r in runs] for arm, runs in runs_of.items()}
+    pooled, within = [], []
     for t in TEST_SETS:
-        wers = [r.wer.get((method, t), math.nan) for r in runs]
+        wers_of = {arm: [r.wer.get((method, t), math.nan) for r in runs] for arm, runs in runs_of.items()}
+        steps = [s for arm in runs_of for s in steps_of[arm]]
+        wers = [w for arm in runs_of for w in wers_of[arm]]
         pairs = sum(1 for s, w in zip(steps, wers) if math.isfinite(s) and math.isfinite(w))
-        parts.append(f"{spearman(steps, wers):.2f} ({t}, {pairs} runs)")
+        pooled.append(f"{spearman(steps, wers):.2f} ({t}, {pairs} runs)")
+        rho, used = within_group_spearman([(steps_of[arm], wers_of[arm]) for arm in runs_of])
+        within.append(f"{rho:.2f} ({t}, {used} runs)")
     return (
         "Spearman's correlation of the step of leaving the plateau with the "
-        f"{method.replace('_search', '')} WER at the end of the budget, over the runs of the table (pooled over "
-        "arms, so it mixes the arms' differences with the seeds'; a description, not a test): " + ", ".join(parts) + "."
+        f"{method.replace('_search', '')} WER at the end of the budget, over the runs of the table (descriptions, "
+        "not tests): pooled over arms, which mixes the arms' differences with the seeds', "
+        + ", ".join(pooled)
+        + "; within arms (ranks taken and centred per arm, then pooled: does a seed that leaves the plateau "
+        "earlier than its arm's other seeds end lower?), " + ", ".join(within) + "."
     )
 
 
