@@ -109,8 +109,8 @@ def decoded(result: RunResult) -> Dict[int, Dict[Tuple[str, str], float]]:
 
 def steps_acting(result: RunResult, arm: Arm) -> float:
     """Fraction of steps at which the arm's control changed a gradient: some sequence was over the filter's
-    cutoff (arms with the filter on), the recurrent cap clipped a frame row, the error clip clipped an element, or the
-    clipping after backward lowered the norm (every other control, ScaledAdam's rule among them: with
+    cutoff (arms with the filter on), the recurrent cap clipped a frame row, the error clip clipped an element,
+    or the clipping after backward lowered the norm (every other control, ScaledAdam's rule among them: with
     --scaled-adam-clipping-scale the optimizer is Eve and the rule acts through the clip scale). nan for an
     arm without a control, and for an error clip run from before the error clip was logged."""
     if arm.filter_on:
@@ -385,17 +385,9 @@ def format_outlier_table(rows: Sequence[Dict[str, float]], thresholds: Sequence[
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Spearman's rank correlation of paired values (finite pairs; ties at mid-ranks): the Pearson correlation
-    of their ranks. nan with fewer than 3 pairs or a constant side."""
-    pairs = [(x, y) for x, y in zip(xs, ys) if math.isfinite(x) and math.isfinite(y)]
-    if len(pairs) < 3:
-        return float("nan")
-    rx = mid_ranks([x for x, _ in pairs])
-    ry = mid_ranks([y for _, y in pairs])
-    mx, my = statistics.mean(rx), statistics.mean(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sxx = sum((a - mx) ** 2 for a in rx)
-    syy = sum((b - my) ** 2 for b in ry)
-    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
+    of their ranks (:func:`within_group_spearman` of one group). nan with fewer than 3 pairs or a constant side."""
+    rho, pairs = within_group_spearman([(xs, ys)])
+    return rho if pairs >= 3 else float("nan")
 
 
 def within_group_spearman(groups: Sequence[Tuple[Sequence[float], Sequence[float]]]) -> Tuple[float, int]:
