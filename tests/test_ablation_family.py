@@ -346,6 +346,15 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
         "(alpha 0.05 / 5, as planned), [-3.73, +7.73], holds it. At step 600, the same comparison is -2.00 points "
         "[-4.48, +0.48] (3 pairs, unadjusted 95%)."
     )
+    # Differences +2.9, +3.0, +3.1 (sd 0.1): the 99% interval 3 -+ 9.925 * 0.1 / sqrt(3) = [+2.43, +3.57] leaves
+    # -1.83 out too. Not decoded at 600: no step-600 sentence.
+    far = [_run("none", s, 20) for s in (42, 43, 44)]
+    far += [_run("filter", s, 20 + d) for s, d in zip((42, 43, 44), (2.9, 3.0, 3.1))]
+    far_text = lead(family_rows(far, STUDY, "digits"), family_runs(far, STUDY, "digits"), [], setup)
+    assert far_text.endswith(
+        "its unadjusted 95% interval leaves out -1.83, and its 99% interval (alpha 0.05 / 5, as planned), "
+        "[+2.43, +3.57], leaves it out."
+    )
     # Runs of round 1 (another stored round): described, not counted against round 2's plan.
     old = dataclasses.replace(setup, stored={"round": "1"})
     assert lead(rows, runs_of, [], old).startswith("18 runs of round 1, made before the family of round 2 was fixed")

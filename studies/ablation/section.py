@@ -486,8 +486,8 @@ def planned_effect_sentence(row: FamilyRow, c: StudyConfig, runs_of: Dict[str, L
     level = 1 - c.alpha / len(c.family)
     wide = paired_difference(row.pairing.arm_values, row.pairing.baseline_values, level)
 
-    def holds(x: PairedDifference) -> str:
-        return "holds" if x.low <= mean <= x.high else "leaves out"
+    def holds(x: PairedDifference) -> bool:
+        return x.low <= mean <= x.high
 
     arm, baseline = row.comparison.arm, row.comparison.baseline
     step = c.decode_at[0]
@@ -501,8 +501,9 @@ def planned_effect_sentence(row: FamilyRow, c: StudyConfig, runs_of: Dict[str, L
         f" The planned effect comes from {planned['from']}, on {c.metric[1]}: {mean:+.2f} points, standardised "
         f"(mean over the standard deviation of the per-seed differences) {c.planned_effect:+.3f}; here `{arm}` − "
         f"`{baseline}` is {d.mean:+.2f} points, standardised {observed}: its unadjusted {100 * c.confidence:g}% "
-        f"interval {holds(d)} {mean:+.2f}, and its {100 * level:g}% interval (alpha {c.alpha:g} / {len(c.family)}, "
-        f"as planned), {wide.interval(2)}, {holds(wide)} it."
+        f"interval {'holds' if holds(d) else 'leaves out'} {mean:+.2f}, and its {100 * level:g}% interval (alpha "
+        f"{c.alpha:g} / {len(c.family)}, as planned), {wide.interval(2)}, "
+        f"{'holds it' if holds(wide) else 'leaves it out'}."
     )
     if at_step.n >= 2:
         text += (
