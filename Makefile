@@ -29,7 +29,8 @@ demo: setup
 # clip, guard, filter-clip, clip-relative 2x and 5x), each run decoded with icefall's averaging at 600 / 1,200 /
 # 1,800 steps, and 10 replayed outlier events with their controls -> RESULTS.md, ablation-runs-2/ (run
 # summaries) and PNG plots. About 17.7 h on 2 idle cores (8 h hold the pilot, seeds 42-44 of every arm and the
-# replays); resumable: a rerun skips finished runs, on the same CPU model (pairs across two are left out).
+# replays); resumable: a rerun skips finished runs, and the runs of a seed with runs made on another CPU (they
+# would pair with none of them).
 # The other sets: ablation.py --set secondary, --set landscape, --set depth.
 ablation: setup
 	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh --corpus digits --work-dir digits && python lstm_transducer_stateless/ablation.py

@@ -63,7 +63,7 @@ from studies.ablation.metrics import (
     range_cell,
     steps_filtered,
 )
-from studies.ablation.pairing import cpu_of, pair_runs
+from studies.ablation.pairing import cpu_name, cpu_of, pair_runs
 from studies.ablation.replay import (
     EVENT_ONLY,
     FILTER,
@@ -1115,22 +1115,33 @@ def test_a_budget_that_grew_trains_on_and_is_not_done(tmp_path, monkeypatch):
     assert study.run_done(s, run.key, steps=1800) and not study.run_done(s, run.key, steps=2700)
 
 
-def test_runs_are_not_added_to_summaries_made_on_another_cpu(tmp_path):
-    """Runs on two CPUs pair with none of each other's: the study refuses to add runs to a round made on
-    another CPU (model, flags digest or threads) rather than spend hours on runs that count for nothing."""
-    s = dataclasses.make_dataclass("S", ["summaries"])(tmp_path / "runs")
-    study.check_machine(s)  # no summaries yet: any machine may start the round
-    run = _run("none", 42, 1.0, {0: [1.0, 2.0]})
-    run.machine = dict(machine_record())
-    write_summary(s.summaries, run)
-    study.check_machine(s)  # this machine's own runs
-    run.key = RunKey("stress", "none", 43)
-    run.machine = {**machine_record(), "threads": "64"}
-    write_summary(s.summaries, run)
-    study.check_machine(s)  # one of the machines seen is this one
-    (s.summaries / "stress" / "none" / "seed-42.json").unlink()  # only the other machine's run is left
-    with pytest.raises(study.StudyError, match=r"64 threads\), this machine is .*: its runs would pair with none"):
-        study.check_machine(s)
+def test_a_run_whose_seed_ran_on_another_cpu_is_skipped(ablation, tiny_data, tmp_path, monkeypatch):
+    """Runs on two CPUs pair with none of each other's: run_plan makes a missing run only where no run of its
+    condition and seed was made on another CPU (model, flags digest or threads), and skips the others with a
+    warning rather than spend hours on runs that count for nothing; seeds with no runs yet are made here."""
+    out = ablation["out"]
+    shutil.copytree(out / "results", tmp_path / "results")
+    summaries = tmp_path / "results" / SUMMARIES
+    module = _load_ablation_script()
+    parser = module.get_parser()
+    args = ablation_args(tiny_data, tmp_path)[2:]
+    s = module.resolve_settings(parser, parser.parse_args(args))
+    assert study.runs_on_other_cpus(s, RunKey("digits", "filter", 43)) == []  # every run made here
+    other = {**machine_record(), "threads": "64"}
+    none_43 = summaries / "digits" / "none" / "seed-43.json"
+    data = json.loads(none_43.read_text())
+    none_43.write_text(json.dumps({**data, "machine": other}))
+    for arm in ("filter", "value"):
+        (summaries / "digits" / arm / "seed-43.json").unlink()
+    (summaries / "digits" / "filter" / "seed-42.json").unlink()
+    assert study.runs_on_other_cpus(s, RunKey("digits", "filter", 43)) == [f"none / seed-43 ({cpu_name(other)})"]
+    assert study.runs_on_other_cpus(s, RunKey("digits", "filter", 42)) == []
+    assert study.runs_on_other_cpus(s, RunKey("digits", "filter", 44)) == []  # no run of seed 44 yet
+    made = []
+    monkeypatch.setattr(study, "run_one", lambda s, key: made.append(key))
+    monkeypatch.setattr(study, "write_report", lambda s, command: None)
+    assert study.run_plan(s, "test") == 1
+    assert made == [RunKey("digits", "filter", 42)], "filter and value of seed 43 would pair with none of its runs"
 
 
 def test_a_retrained_none_run_must_reproduce_the_run(tmp_path):

@@ -191,21 +191,19 @@ def stored_bpe_model(summaries: Path, condition: str, work_dir: Path) -> Path:
     return work_dir / relpath
 
 
-def check_machine(s: Settings) -> None:
-    """Refuse to add runs to summaries made on another CPU (model, flags digest or threads): runs on two CPUs
-    round differently and pair with none of each other's, so hours of runs would count for nothing."""
+def runs_on_other_cpus(s: Settings, key: RunKey) -> List[str]:
+    """The runs of ``key``'s condition and seed, in any arm, made on another CPU than this one (model, flags
+    digest or threads). Runs on two CPUs round differently and pair with none of each other's, so a run of
+    ``key`` made here would count for nothing in their comparisons (its seed's runs are paired only with
+    each other)."""
     here = cpu_name(machine_record())
-    seen = set()
-    for path in s.summaries.rglob("*.json"):
+    found = []
+    for path in sorted((s.summaries / key.condition).glob(f"*/seed-{key.seed}.json")):
         machine = (read_json(path) or {}).get("machine")
-        if isinstance(machine, dict) and cpu_name(machine):
-            seen.add(cpu_name(machine))
-    if seen and here not in seen:
-        raise StudyError(
-            f"the runs in {s.summaries} were made on {'; '.join(sorted(seen))}, this machine is {here}: its runs "
-            "would pair with none of them. Go on where they were made (OMP_NUM_THREADS sets the threads), or "
-            "start the round over on this machine with another --summaries and --exp-root."
-        )
+        name = cpu_name(machine) if isinstance(machine, dict) else None
+        if name is not None and name != here:
+            found.append(f"{path.parent.name} / seed-{key.seed} ({name})")
+    return found
 
 
 def check_config(s: Settings) -> None:
@@ -782,15 +780,23 @@ def run_plan(s: Settings, command: str) -> int:
     made, replays_done = 0, len(replayed)
 
     def log_left(i: int) -> None:
-        runs_left = sum(1 for k in runs[i:] if not run_done(s, k))
+        runs_left = sum(1 for k in runs[i:] if not run_done(s, k) and k not in elsewhere)
         replays_left = max(0, replays_total - replays_done)
         per_run = progress.mean("run")
         left = runs_left * per_run + replays_left * progress.mean("replay", per_run * fraction)
         logging.info(f"{progress.eta(left)} for {runs_left} run(s) and {replays_left} replay(s)")
 
+    elsewhere = {k: runs_on_other_cpus(s, k) for k in runs if not run_done(s, k)}
+    elsewhere = {k: found for k, found in elsewhere.items() if found}
     for i, key in enumerate(runs, 1):
         if run_done(s, key):
             logging.info(f"[{i}/{len(runs)}] {key.relpath}: done earlier - skipped")
+        elif key in elsewhere:
+            logging.warning(
+                f"[{i}/{len(runs)}] {key.relpath}: skipped, its seed's runs {'; '.join(elsewhere[key])} were made "
+                f"on another CPU than this one ({cpu_name(machine_record())}) and would pair with none of its "
+                "runs; make it where they were made"
+            )
         else:
             logging.info(f"[{i}/{len(runs)}] {key.relpath} ({s.arms[key.arm].label}): starting")
             with progress.timing("run"):
