@@ -432,6 +432,7 @@ def lead(
         if setup.planned_replays:
             text += f" and {len(replays)} of the {setup.planned_replays} planned replays"
         text += " are in. "
+        text += missing_sentence(runs_of, c)
     text += wall_sentence([r for runs in runs_of.values() for r in runs], replays)
     tested = [r for r in rows if r.difference.n >= 2]
     holding = [r for r in tested if r.holm_p <= c.alpha]
@@ -467,6 +468,26 @@ def lead(
         )
         text += planned_effect_sentence(rows[0], c, runs_of)
     return text
+
+
+def missing_sentence(runs_of: Dict[str, List[RunResult]], c: StudyConfig) -> str:
+    """The planned runs passed over, those not in while a later seed of their arm is, each with the CPU models
+    its seed's runs that are in were made on (a run whose seed ran on another CPU is not made: it would pair
+    with none of them); empty when none was passed over."""
+    by_seed: Dict[int, List[RunResult]] = {}
+    for runs in runs_of.values():
+        for r in runs:
+            by_seed.setdefault(r.key.seed, []).append(r)
+    parts = []
+    for arm, n in c.seeds_per_arm.items():
+        have = {r.key.seed for r in runs_of.get(arm, [])}
+        for seed in seeds_of(c.first_seed, n):
+            if seed in have or not have or seed > max(have):
+                continue
+            cpus = sorted({cpu_of(r) or NOT_RECORDED for r in by_seed.get(seed, [])})
+            where = f"its seed's runs in were made on {'; '.join(cpus)}" if cpus else "no run of its seed is in"
+            parts.append(f"`{arm}` / seed {seed} ({where})")
+    return f"Passed over: {', '.join(parts)}. " if parts else ""
 
 
 def planned_effect_sentence(row: FamilyRow, c: StudyConfig, runs_of: Dict[str, List[RunResult]]) -> str:
