@@ -52,6 +52,7 @@ from studies.ablation.arms import (
     arm as new_arm,
 )
 from studies.ablation.compare import format_comparisons, paired_comparisons
+from studies.ablation.cpus import Reproduction, computes_as, first_difference, read_reproductions, write_reproduction
 from studies.ablation.metrics import (
     Spread,
     diverged,
@@ -1142,6 +1143,108 @@ def test_a_run_whose_seed_ran_on_another_cpu_is_skipped(ablation, tiny_data, tmp
     monkeypatch.setattr(study, "write_report", lambda s, command: None)
     assert study.run_plan(s, "test") == 1
     assert made == [RunKey("digits", "filter", 42)], "filter and value of seed 43 would pair with none of its runs"
+
+
+def _series_run(**series) -> RunResult:
+    run = RunResult(RunKey("digits", "none", 42), {}, {name: list(values) for name, values in series.items()})
+    run.machine = {"cpu_model": "AMD EPYC", "cpu_flags": "aaa", "threads": "2"}
+    return run
+
+
+def test_first_difference_compares_every_step_to_the_summarys_seven_digits():
+    summary = {
+        "batch_digest": [(1, 11.0), (2, 22.0), (3, 33.0)],
+        "simple_loss": [(1, 1.234568), (2, 0.9876543), (3, 0.5)],
+        "pruned_loss": [(1, 2.0), (2, 1.5), (3, 1.25)],
+        "grad_norm": [(1, 812.3457), (2, 400.0), (3, 300.0)],
+    }
+    original = _series_run(**summary)
+    # The retraining's float32 values, before the summary's rounding to 7 significant digits.
+    same = {**summary, "simple_loss": [(1, 1.2345678), (2, 0.98765432), (3, 0.5)], "grad_norm": [(1, 812.34567)]}
+    same["grad_norm"] += summary["grad_norm"][1:]
+    assert first_difference(original, same, 3) is None
+    assert first_difference(original, same, 2) is None, "only the steps asked for"
+    assert first_difference(original, {**same, "pruned_loss": [(1, 2.0), (2, 1.5), (3, 1.250001)]}, 3) == 3
+    assert first_difference(original, {**same, "batch_digest": [(1, 11.0), (2, 23.0), (3, 33.0)]}, 3) == 2
+    assert first_difference(original, {**same, "grad_norm": [(1, 812.3457), (3, 300.0)]}, 3) == 2, "missing step"
+    assert first_difference(original, same, 4) == 4, "past the run's end"
+    with pytest.raises(ValueError, match="digits/none/seed-42: its summary has no grad_norm"):
+        first_difference(_series_run(**{k: v for k, v in summary.items() if k != "grad_norm"}), same, 3)
+
+
+def test_a_cpu_recorded_as_reproducing_anothers_runs_pairs_with_them(tmp_path):
+    """cpus.json: a reproduction that matched every step maps its CPU onto the other's when summaries are
+    read (runs of the two then pair); one that parted maps nothing; a newer record of the same two CPUs
+    replaces the older."""
+    old = {"cpu_model": "AMD EPYC", "cpu_flags": "aaa", "threads": "2"}
+    new = {"cpu_model": "AMD EPYC", "cpu_flags": "bbb", "threads": "2"}
+    none = _series_run(grad_norm=[(1, 1.0)])
+    none.machine = old
+    filt = _series_run(grad_norm=[(1, 1.0)])
+    filt.key, filt.machine = RunKey("digits", "filter", 42), new
+    filt.wer = {("greedy_search", "test-other"): 7.0}
+    none.wer = {("greedy_search", "test-other"): 8.0}
+    for run in (none, filt):
+        write_summary(tmp_path, run)
+
+    def pairing():
+        runs = [read_summary(tmp_path, RunKey("digits", arm, 42)) for arm in ("filter", "none")]
+        return pair_runs([runs[0]], [runs[1]], lambda r: r.wer[("greedy_search", "test-other")])
+
+    assert pairing().straddling == [42] and not pairing().differences
+    parted = Reproduction(cpu_name(new), cpu_name(old), 200, {"digits/none/seed-42": 17}, "d", ["cmd"])
+    write_reproduction(tmp_path, parted)
+    assert not parted.reproduced and computes_as(tmp_path) == {} and pairing().straddling == [42]
+    matched = dataclasses.replace(parted, runs={"digits/none/seed-42": None, "digits/filter/seed-42": None})
+    write_reproduction(tmp_path, matched)
+    assert read_reproductions(tmp_path) == [matched], "the newer record of the two CPUs replaces the older"
+    assert computes_as(tmp_path) == {cpu_name(new): cpu_name(old)}
+    assert read_summary(tmp_path, filt.key).computes_as == cpu_name(old)
+    assert read_summary(tmp_path, none.key).computes_as is None
+    assert pairing().differences == {42: -1.0} and not pairing().straddling
+    assert "computes_as" not in json.loads((tmp_path / "digits" / "filter" / "seed-42.json").read_text())
+
+
+def test_verify_cpu_retrains_another_cpus_runs_and_records_whether_they_reproduce(
+    ablation, tiny_data, tmp_path, monkeypatch
+):
+    """--verify-cpu on the tiny study, its summaries relabelled as made on another CPU: retrained here, every
+    arm's newest seed matches every step, so this CPU is recorded as computing as that one and its runs pair
+    with them (none is skipped any more); with one summary's loss changed at step 2, the check records the
+    run parting there and the CPU pairs with nothing."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    shutil.copytree(ablation["out"] / "results", tmp_path / "results")
+    summaries = tmp_path / "results" / SUMMARIES
+    other = {**machine_record(), "cpu_flags": "another"}
+    for path in (summaries / "digits").glob("*/seed-*.json"):
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({**data, "machine": other}))
+    module = _load_ablation_script()
+    parser = module.get_parser()
+    s = module.resolve_settings(parser, parser.parse_args(ablation_args(tiny_data, tmp_path)[2:]))
+    assert study.runs_on_other_cpus(s, RunKey("digits", "filter", 42)) == [
+        f"{arm} / seed-42 ({cpu_name(other)})" for arm in sorted(ARMS)
+    ]
+    assert module.main([*ablation_args(tiny_data, tmp_path)[2:], "--verify-cpu", "3"]) == 0
+    (reproduction,) = read_reproductions(summaries)
+    assert (reproduction.cpu, reproduction.of, reproduction.steps) == (cpu_name(machine_record()), cpu_name(other), 3)
+    assert reproduction.runs == {f"digits/{arm}/seed-43": None for arm in ARMS} and reproduction.reproduced
+    assert len(reproduction.commands) == 3 and all("--max-batches 3 " in c for c in reproduction.commands)
+    assert not (tmp_path / "exp" / study.VERIFY_DIR).exists(), "the retrainings are removed"
+    assert study.runs_on_other_cpus(s, RunKey("digits", "filter", 42)) == []
+    study.write_report(s, "test")
+    text = (tmp_path / "results" / "RESULTS.md").read_text()
+    assert f"{cpu_name(machine_record())} reproduced every one of the first 3 steps of 3 runs made on" in text
+    assert "Pairs left out because their two runs ran on different CPU models: 0." in text
+
+    changed = summaries / "digits" / "value" / "seed-43.json"
+    data = json.loads(changed.read_text())
+    data["scalars"]["simple_loss"][1][1] *= 1.001
+    changed.write_text(json.dumps(data))
+    (reproduction,) = study.verify_cpu(s, 3)
+    assert reproduction.runs == {"digits/none/seed-43": None, "digits/filter/seed-43": None, "digits/value/seed-43": 2}
+    assert read_reproductions(summaries) == [reproduction] and not reproduction.reproduced
+    assert study.runs_on_other_cpus(s, RunKey("digits", "filter", 42)) != []
 
 
 def test_a_retrained_none_run_must_reproduce_the_run(tmp_path):

@@ -20,9 +20,10 @@ NOT_RECORDED = "CPU model not recorded"
 
 
 def cpu_of(result: RunResult) -> Optional[str]:
-    """The CPU a run was made on: its model, with its instruction-set digest and thread count where the
-    summary records them (round 2 on); None when the summary does not say."""
-    return cpu_name(result.machine)
+    """The CPU a run counts as made on: its model, with its instruction-set digest and thread count where the
+    summary records them (round 2 on), or the CPU that one was shown to compute as
+    (:mod:`studies.ablation.cpus`); None when the summary does not say."""
+    return result.computes_as or cpu_name(result.machine)
 
 
 def cpu_name(machine: Dict[str, str]) -> Optional[str]:

@@ -18,6 +18,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from icefall_lite.train.tb_tags import TrainingScalarTags
 from icefall_lite.utils import write_text_atomic
 from studies.ablation.arms import RunKey
+from studies.ablation.cpus import computes_as
+from studies.ablation.pairing import cpu_name
 from studies.runner import read_json, read_wers, write_json_atomic
 from studies.tb_reader import Series, read_scalars
 
@@ -98,7 +100,8 @@ class RunResult:
     the per-layer GradientFilter statistics (the observing filter's too); ``warm_end``: the first step at the
     full loss weights; ``machine``: the CPU model, flags digest, threads and torch version it ran on (empty in
     summaries written before they were recorded); ``commands``: the commands that made it, as typed from the
-    recipe folder (empty in older summaries).
+    recipe folder (empty in older summaries); ``computes_as``: the CPU whose runs ``machine``'s CPU reproduced
+    step for step (:mod:`studies.ablation.cpus`; set when the summary is read, not stored in it), else None.
     """
 
     key: RunKey
@@ -111,6 +114,7 @@ class RunResult:
     wer_at: Dict[int, Dict[Tuple[str, str], float]] = field(default_factory=dict)
     decoding: Dict = field(default_factory=dict)
     commands: List[str] = field(default_factory=list)
+    computes_as: Optional[str] = None
 
     def series(self, name: str) -> Series:
         return self.scalars.get(name, [])
@@ -212,9 +216,14 @@ def write_summary(summaries_dir: Path, result) -> Path:
 
 
 def read_summary(summaries_dir: Path, key: RunKey) -> Optional[RunResult]:
-    """The run's summary, or None when it has none yet."""
+    """The run's summary, or None when it has none yet; with the CPU its CPU computes as, where
+    ``<summaries_dir>/cpus.json`` records a reproduction."""
     data = read_json(summary_path(summaries_dir, key))
-    return None if data is None else RunResult.from_json(data)
+    if data is None:
+        return None
+    result = RunResult.from_json(data)
+    result.computes_as = computes_as(summaries_dir).get(cpu_name(result.machine) or "")
+    return result
 
 
 # --------------------------------------------------------------------------

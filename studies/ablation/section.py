@@ -17,6 +17,7 @@ from icefall_lite.train.grad_control import RELATIVE_CLIP_UPDATE_PERIOD
 from icefall_lite.train.optimizer_state import EVENT_JUMP, RECOVERED_RATIO
 from studies.ablation.arms import Arm, Thresholds, seeds_of
 from studies.ablation.compare import Comparison, format_comparisons, paired_comparisons
+from studies.ablation.cpus import Reproduction
 from studies.ablation.family import (
     FamilyComparison,
     FamilyRow,
@@ -54,7 +55,7 @@ from studies.ablation.metrics import (
     within_group_spearman,
 )
 from studies.ablation.paired import PairedDifference, paired_difference
-from studies.ablation.pairing import NOT_RECORDED, cpu_of, pair_runs
+from studies.ablation.pairing import NOT_RECORDED, cpu_name, pair_runs
 from studies.ablation.replay import (
     CONTROLS,
     LABELS,
@@ -95,7 +96,7 @@ def icefall_greedy() -> Dict[str, Tuple[float, float]]:
 class ReportSetup:
     """What the study says about its runs: the command, the round's configuration, where the summaries are and
     the settings stored with them, the thresholds, the decoding methods, the replays planned, the date and
-    the machine of the report."""
+    the machine of the report, and the CPUs shown to compute as others (:mod:`studies.ablation.cpus`)."""
 
     command: str
     config: StudyConfig
@@ -106,6 +107,7 @@ class ReportSetup:
     planned_replays: int
     date: str
     machine: str
+    reproductions: Sequence[Reproduction] = ()
 
 
 def _wer_name(method: str, test_set: str) -> str:
@@ -115,9 +117,31 @@ def _wer_name(method: str, test_set: str) -> str:
 def _cpu_line(results: Sequence[RunResult], replays: Sequence[ReplayResult]) -> str:
     counts: Dict[str, int] = {}
     for r in [*results, *replays]:
-        name = cpu_of(r) or NOT_RECORDED
+        name = cpu_name(r.machine) or NOT_RECORDED
         counts[name] = counts.get(name, 0) + 1
     return "; ".join(f"{name}: {n} run(s)/replay(s)" for name, n in sorted(counts.items()))
+
+
+def reproductions_sentence(reproductions: Sequence[Reproduction], summaries: str) -> str:
+    """What each check of one CPU against another's runs found (empty without one)."""
+    parts = []
+    for r in reproductions:
+        found = (
+            f"reproduced every one of the first {r.steps} steps of {_plural(len(r.runs), 'run', 'runs')} made on "
+            f"{r.of} ({', '.join(sorted(r.runs))}: batch digest, losses and gradient norm to the summaries' 7 "
+            "digits), so its runs are paired with that CPU's"
+            if r.reproduced
+            else f"did not reproduce runs made on {r.of} ("
+            + ", ".join(
+                f"{relpath} {'matched' if step is None else f'parts at step {step}'}"
+                for relpath, step in sorted(r.runs.items())
+            )
+            + f", of {r.steps} steps retrained): its runs do not pair with that CPU's"
+        )
+        parts.append(f"On {r.date}, {r.cpu} {found}")
+    if not parts:
+        return ""
+    return " " + "; ".join(parts) + f" (`{summaries}/cpus.json`, `ablation.py --verify-cpu`)."
 
 
 def fixed_before(setup: StudyConfig, stored: Dict) -> bool:
@@ -484,7 +508,7 @@ def missing_sentence(runs_of: Dict[str, List[RunResult]], c: StudyConfig) -> str
         for seed in seeds_of(c.first_seed, n):
             if seed in have or not have or seed > max(have):
                 continue
-            cpus = sorted({cpu_of(r) or NOT_RECORDED for r in by_seed.get(seed, [])})
+            cpus = sorted({cpu_name(r.machine) or NOT_RECORDED for r in by_seed.get(seed, [])})
             where = f"its seed's runs in were made on {'; '.join(cpus)}" if cpus else "no run of its seed is in"
             parts.append(f"`{arm}` / seed {seed} ({where})")
     return f"Passed over: {', '.join(parts)}. " if parts else ""
@@ -846,7 +870,8 @@ def render_section(
         "",
         f"Date: {setup.date}. Machine: {setup.machine}.",
         "",
-        f"CPU models of the summaries: {_cpu_line(results, replays)}.",
+        f"CPU models of the summaries: {_cpu_line(results, replays)}."
+        + reproductions_sentence(setup.reproductions, setup.summaries),
         "",
         f"Command (from `egs/librispeech/ASR`, once its corpus is prepared: `make ablation` from the repository "
         f"root prepares it and runs this; the runs' summaries are in `{setup.summaries}/`):",

@@ -23,9 +23,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.train.tb_tags import TB_TAGS
 from studies.ablation.arms import Arm, Condition, Plan, RunKey, Thresholds, same_controls
+from studies.ablation.cpus import (
+    CPUS_FILE,
+    Reproduction,
+    computes_as,
+    first_difference,
+    read_reproductions,
+    write_reproduction,
+)
 from studies.ablation.family import StudyConfig
 from studies.ablation.metrics import format_table
-from studies.ablation.pairing import cpu_name
+from studies.ablation.pairing import cpu_name, cpu_of
 from studies.ablation.plots import write_plots
 from studies.ablation.replay import (
     FILTER,
@@ -47,6 +55,7 @@ from studies.ablation.replay import (
     second_moment_sums,
 )
 from studies.ablation.runs import (
+    EXACT_SCALARS,
     WALL_FILE,
     RunResult,
     kept_scalars,
@@ -77,6 +86,7 @@ MACHINE_FILE = "ablation-machine.json"  # in every run dir: the machine of every
 OBSERVING_ARM = "none"
 FILTER_ARM = "filter"
 PILOT = "pilot"  # <exp-root>/pilot/..., <summaries>/pilot/...
+VERIFY_DIR = "verify-cpu"  # <exp-root>/verify-cpu/...: retrainings of another CPU's runs, removed when checked
 
 
 # --------------------------------------------------------------------------
@@ -193,17 +203,60 @@ def stored_bpe_model(summaries: Path, condition: str, work_dir: Path) -> Path:
 
 def runs_on_other_cpus(s: Settings, key: RunKey) -> List[str]:
     """The runs of ``key``'s condition and seed, in any arm, made on another CPU than this one (model, flags
-    digest or threads). Runs on two CPUs round differently and pair with none of each other's, so a run of
-    ``key`` made here would count for nothing in their comparisons (its seed's runs are paired only with
-    each other)."""
+    digest or threads) that this one has not been shown to compute as (:func:`verify_cpu`). Runs on two CPUs
+    round differently and pair with none of each other's, so a run of ``key`` made here would count for
+    nothing in their comparisons (its seed's runs are paired only with each other)."""
     here = cpu_name(machine_record())
+    here_as = computes_as(s.summaries).get(here, here)
     found = []
     for path in sorted((s.summaries / key.condition).glob(f"*/seed-{key.seed}.json")):
-        machine = (read_json(path) or {}).get("machine")
-        name = cpu_name(machine) if isinstance(machine, dict) else None
-        if name is not None and name != here:
-            found.append(f"{path.parent.name} / seed-{key.seed} ({name})")
+        other = read_summary(s.summaries, RunKey(key.condition, path.parent.name, key.seed))
+        if other is not None and cpu_of(other) not in (None, here_as):
+            found.append(f"{path.parent.name} / seed-{key.seed} ({cpu_name(other.machine)})")
     return found
+
+
+def verify_cpu(s: Settings, steps: int) -> List[Reproduction]:
+    """Retrain from scratch, on this CPU, the newest seed of every arm made on each other CPU, ``steps``
+    steps each, and compare every step with its summary (:mod:`studies.ablation.cpus`); record the outcome
+    per other CPU in ``<summaries>/cpus.json`` and return it. The retrainings are removed afterwards."""
+    here = cpu_name(machine_record())
+    newest: Dict[str, Dict[Tuple[str, str], RunResult]] = {}
+    for result in finished_results(s):
+        name = cpu_name(result.machine)
+        if name is not None and name != here:
+            newest.setdefault(name, {})[(result.key.condition, result.key.arm)] = result  # seeds ascend
+    if not newest:
+        raise StudyError(f"every run in {s.summaries} was made on this CPU ({here}): nothing to verify")
+    out = []
+    for other, runs in sorted(newest.items()):
+        outcome: Dict[str, Optional[int]] = {}
+        commands: List[str] = []
+        for original in runs.values():
+            exp_dir = s.exp_root / VERIFY_DIR / original.key.relpath
+            shutil.rmtree(exp_dir, ignore_errors=True)  # from scratch: a checkpoint left would be resumed
+            cmd = train_command(s, original.key, exp_dir=exp_dir, max_batches=steps, save_every_n=0)
+            commands.append(shown(s, original.key.condition, cmd))
+            run(s, original.key.condition, cmd, f"{original.key.relpath}: retraining {steps} steps", exp_dir)
+            scalars, _ = kept_scalars(read_scalars(exp_dir / "tensorboard"), TB_TAGS, extra=EXACT_SCALARS)
+            outcome[original.key.relpath] = first_difference(original, scalars, steps)
+            logging.info(
+                f"{original.key.relpath} (made on {other}): "
+                + (
+                    f"every one of {steps} steps reproduced"
+                    if outcome[original.key.relpath] is None
+                    else f"parts at step {outcome[original.key.relpath]}"
+                )
+            )
+        reproduction = Reproduction(here, other, steps, outcome, today(), commands)
+        write_reproduction(s.summaries, reproduction)
+        shutil.rmtree(s.exp_root / VERIFY_DIR, ignore_errors=True)
+        logging.info(
+            f"{here} {'computes as' if reproduction.reproduced else 'does not compute as'} {other} "
+            f"({len(outcome)} runs, {steps} steps each): recorded in {s.summaries / CPUS_FILE}"
+        )
+        out.append(reproduction)
+    return out
 
 
 def check_config(s: Settings) -> None:
@@ -746,6 +799,7 @@ def write_report(
         planned_replays=s.replay_events if any(s.replays_on(c) for c in s.conditions) else 0,
         date=date or today(),
         machine=machine or machine_summary(),
+        reproductions=read_reproductions(s.summaries),
     )
     results_md = s.results_dir / "RESULTS.md"
     SECTION.write(results_md, render_section(results, replays, s.arms, plots, setup, pilot, OBSERVING_ARM))

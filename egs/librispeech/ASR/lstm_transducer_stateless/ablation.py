@@ -78,7 +78,9 @@ seed gives the same weights on the same CPU model). The settings that make
 runs comparable are stored in <summaries>/ablation-config.json; a rerun
 with other settings, or another threshold for an arm with runs, is refused.
 A run whose seed has runs made on another CPU (model, flags digest or
-threads) is skipped with a warning: it would pair with none of them.
+threads) is skipped with a warning: it would pair with none of them, unless
+`--verify-cpu 200` has shown here that this CPU computes as that one (it
+retrains the newest seed of each arm that CPU made and compares every step).
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ from studies.ablation.study import (
     run_pilot,
     run_plan,
     stored_bpe_model,
+    verify_cpu,
     with_budget,
     write_report,
 )
@@ -192,6 +195,15 @@ def get_parser() -> argparse.ArgumentParser:
     add("--save-every-n", type=int, default=STUDY.save_every_n, help="checkpoint every N steps (averaging, replays)")
     add("--avg", type=int, default=STUDY.avg, help="decode.py's --avg: checkpoints averaged over (icefall's)")
     add("--average-period", type=int, default=STUDY.average_period, help="train.py's: model_avg every N steps")
+    add(
+        "--verify-cpu",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="instead of the runs: retrain here, from scratch, the newest seed of every arm made on another CPU "
+        "for STEPS steps, compare every step with its summary, and record in <summaries>/cpus.json whether this "
+        "CPU computes as that one (then its runs pair with that CPU's)",
+    )
     add("--list", action="store_true", help="print the runs of this invocation and exit")
     return parser
 
@@ -327,6 +339,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"seeds {s.plan.all_seeds}; {s.replay_events} replay(s)"
     )
     try:
+        if args.verify_cpu > 0:
+            verify_cpu(s, args.verify_cpu)
+            return 0
         check_config(s)
         if args.pilot == "only" or (args.pilot == "auto" and args.set == "primary"):
             stands, text = pilot_verdict(run_pilot(s), s.config)

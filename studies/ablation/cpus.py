@@ -1,0 +1,112 @@
+"""Which CPUs compute a round's runs alike.
+
+A seed pairs two runs only where they round alike: the same command on a CPU with another instruction set
+parts from the first after a few steps, by as much as an arm's effect. Two CPUs are told apart by their
+model, flags digest and thread count (:func:`studies.ablation.pairing.cpu_name`), which is stricter than
+the rounding: a new CPU generation may add instructions the kernels never use. So the study can check a CPU
+instead of assuming: it retrains, from scratch, runs another CPU made (the newest seed of each arm) for some
+steps and compares every step's batch digest, losses and gradient norm with the run's summary. A chaotic
+training parts within a few steps of its first rounding difference, so a CPU that matches every step of
+every arm checked computes those arms as the other CPU does. Such a reproduction is recorded in
+``<summaries>/cpus.json`` with the runs, the steps and the commands, and from then on the CPU's runs pair
+with the other's (:attr:`RunResult.computes_as`); one that parts is recorded too, with the step each run
+parted at, and pairs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+from studies.runner import read_json, write_json_atomic
+from studies.tb_reader import Series
+
+if TYPE_CHECKING:  # runs reads this module's record when it reads a summary
+    from studies.ablation.runs import RunResult
+
+CPUS_FILE = "cpus.json"
+
+# The summary's scalars a retraining must match at every step: the batches (exactly), the losses, and the
+# gradient's norm before any control acts.
+CHECKED = ("batch_digest", "simple_loss", "pruned_loss", "grad_norm")
+
+
+@dataclass
+class Reproduction:
+    """``cpu`` retrained ``runs`` made on ``of`` for ``steps`` steps each: per run (its relpath) the first step
+    whose values differ from its summary's, None when every step matched."""
+
+    cpu: str
+    of: str
+    steps: int
+    runs: Dict[str, Optional[int]]
+    date: str
+    commands: List[str]
+
+    @property
+    def reproduced(self) -> bool:
+        return bool(self.runs) and all(step is None for step in self.runs.values())
+
+    def to_json(self) -> Dict:
+        return {
+            "cpu": self.cpu,
+            "of": self.of,
+            "steps": self.steps,
+            "runs": self.runs,
+            "reproduced": self.reproduced,
+            "date": self.date,
+            "commands": self.commands,
+        }
+
+    @staticmethod
+    def from_json(data: Dict) -> "Reproduction":
+        runs = {relpath: None if step is None else int(step) for relpath, step in data["runs"].items()}
+        return Reproduction(data["cpu"], data["of"], int(data["steps"]), runs, data["date"], list(data["commands"]))
+
+
+def _seven_digits(v: float) -> float:
+    """A value as a summary keeps it (:func:`studies.ablation.runs._rounded`)."""
+    return float(f"{v:.7g}")
+
+
+def first_difference(original: RunResult, retrained: Dict[str, Series], steps: int) -> Optional[int]:
+    """The first of steps 1..``steps`` at which the retrained run's :data:`CHECKED` scalars (``{name:
+    series}``, as :func:`studies.ablation.runs.kept_scalars` reads them) differ from ``original``'s summary, to
+    its 7 digits (the digest exactly); a step either lacks counts as differing. None when none differs."""
+    for name in CHECKED:
+        if not original.series(name):
+            raise ValueError(f"{original.key.relpath}: its summary has no {name} to check a retraining against")
+    theirs = {name: dict(original.series(name)) for name in CHECKED}
+    mine = {name: dict(retrained.get(name, [])) for name in CHECKED}
+    for step in range(1, steps + 1):
+        for name in CHECKED:
+            a, b = theirs[name].get(step), mine[name].get(step)
+            if a is None or b is None:
+                return step
+            if name == "batch_digest":
+                if int(a) != int(b):
+                    return step
+            elif not (math.isnan(a) and math.isnan(b)) and _seven_digits(b) != a:
+                return step
+    return None
+
+
+def read_reproductions(summaries: Path) -> List[Reproduction]:
+    """Every reproduction recorded beside the summaries (none when the file is absent)."""
+    data = read_json(summaries / CPUS_FILE) or {}
+    return [Reproduction.from_json(entry) for entry in data.get("reproductions", [])]
+
+
+def write_reproduction(summaries: Path, reproduction: Reproduction) -> Path:
+    """Record ``reproduction`` in ``<summaries>/cpus.json``, in place of an earlier one of the same two CPUs."""
+    kept = [r for r in read_reproductions(summaries) if (r.cpu, r.of) != (reproduction.cpu, reproduction.of)]
+    path = summaries / CPUS_FILE
+    write_json_atomic(path, {"reproductions": [r.to_json() for r in [*kept, reproduction]]})
+    return path
+
+
+def computes_as(summaries: Path) -> Dict[str, str]:
+    """``{cpu: the CPU whose runs it reproduced}``, from the reproductions that matched at every step."""
+    return {r.cpu: r.of for r in read_reproductions(summaries) if r.reproduced}
