@@ -30,7 +30,7 @@ demo: setup
 # 1,800 steps, and 10 replayed outlier events with their controls -> RESULTS.md, ablation-runs-2/ (run
 # summaries) and PNG plots. About 17.7 h on 2 idle cores (8 h hold the pilot, seeds 42-44 of every arm and the
 # replays); resumable: a rerun skips finished runs, and the runs of a seed with runs made on another CPU (they
-# would pair with none of them).
+# would pair with none of them) unless `ablation.py --verify-cpu 300` has shown this CPU computes as theirs.
 # The other sets: ablation.py --set secondary, --set landscape, --set depth.
 ablation: setup
 	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh --corpus digits --work-dir digits && python lstm_transducer_stateless/ablation.py
