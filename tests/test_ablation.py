@@ -1172,18 +1172,24 @@ def test_first_difference_compares_every_step_to_the_summarys_seven_digits():
         first_difference(_series_run(**{k: v for k, v in summary.items() if k != "grad_norm"}), same, 3)
 
 
+def _cpu(flags: str) -> Dict[str, str]:
+    return {"cpu_model": "AMD EPYC", "cpu_flags": flags, "threads": "2", "torch": "2.13.0+cpu"}
+
+
+def _record(cpu: str, of: str, parted=None, condition="digits", torch="2.13.0+cpu") -> Reproduction:
+    runs = {f"{condition}/none/seed-42": parted, f"{condition}/filter/seed-42": None}
+    return Reproduction(cpu_name(_cpu(cpu)), cpu_name(_cpu(of)), 200, runs, "d", ["cmd"], torch)
+
+
 def test_a_cpu_recorded_as_reproducing_anothers_runs_pairs_with_them(tmp_path):
-    """cpus.json: a reproduction that matched every step maps its CPU onto the other's when summaries are
-    read (runs of the two then pair); one that parted maps nothing; a newer record of the same two CPUs
-    replaces the older."""
-    old = {"cpu_model": "AMD EPYC", "cpu_flags": "aaa", "threads": "2"}
-    new = {"cpu_model": "AMD EPYC", "cpu_flags": "bbb", "threads": "2"}
+    """cpus.json: a reproduction that matched every step joins its two CPUs when summaries are read (runs of
+    the two then pair), for its condition and torch only; one that parted joins nothing; a newer record of the
+    same two CPUs replaces the older; records join transitively whichever way they point."""
     none = _series_run(grad_norm=[(1, 1.0)])
-    none.machine = old
+    none.machine, none.wer = _cpu("aaa"), {("greedy_search", "test-other"): 8.0}
     filt = _series_run(grad_norm=[(1, 1.0)])
-    filt.key, filt.machine = RunKey("digits", "filter", 42), new
+    filt.key, filt.machine = RunKey("digits", "filter", 42), _cpu("bbb")
     filt.wer = {("greedy_search", "test-other"): 7.0}
-    none.wer = {("greedy_search", "test-other"): 8.0}
     for run in (none, filt):
         write_summary(tmp_path, run)
 
@@ -1192,59 +1198,74 @@ def test_a_cpu_recorded_as_reproducing_anothers_runs_pairs_with_them(tmp_path):
         return pair_runs([runs[0]], [runs[1]], lambda r: r.wer[("greedy_search", "test-other")])
 
     assert pairing().straddling == [42] and not pairing().differences
-    parted = Reproduction(cpu_name(new), cpu_name(old), 200, {"digits/none/seed-42": 17}, "d", ["cmd"])
-    write_reproduction(tmp_path, parted)
-    assert not parted.reproduced and computes_as(tmp_path) == {} and pairing().straddling == [42]
-    matched = dataclasses.replace(parted, runs={"digits/none/seed-42": None, "digits/filter/seed-42": None})
-    write_reproduction(tmp_path, matched)
-    assert read_reproductions(tmp_path) == [matched], "the newer record of the two CPUs replaces the older"
-    assert computes_as(tmp_path) == {cpu_name(new): cpu_name(old)}
-    assert read_summary(tmp_path, filt.key).computes_as == cpu_name(old)
-    assert read_summary(tmp_path, none.key).computes_as is None
+    write_reproduction(tmp_path, _record("bbb", "aaa", parted=17))
+    assert computes_as(tmp_path, "digits", "2.13.0+cpu") == {} and pairing().straddling == [42]
+    write_reproduction(tmp_path, _record("bbb", "aaa", condition="stress"))
+    write_reproduction(tmp_path, _record("bbb", "aaa", torch="2.14.1"))
+    assert computes_as(tmp_path, "digits", "2.13.0+cpu") == {}, "another condition, another torch"
+    assert pairing().straddling == [42]
+    write_reproduction(tmp_path, _record("bbb", "aaa"))
+    assert len(read_reproductions(tmp_path)) == 3, "the newer record of the two CPUs replaces the older"
+    a, b, c = (cpu_name(_cpu(f)) for f in ("aaa", "bbb", "ccc"))
+    assert computes_as(tmp_path, "digits", "2.13.0+cpu") == {a: a, b: a}
+    assert read_summary(tmp_path, filt.key).computes_as == a and read_summary(tmp_path, none.key).computes_as == a
     assert pairing().differences == {42: -1.0} and not pairing().straddling
     assert "computes_as" not in json.loads((tmp_path / "digits" / "filter" / "seed-42.json").read_text())
+    # ccc reproduced bbb, and aaa reproduced bbb too (the other way round): all three count as one.
+    write_reproduction(tmp_path, _record("ccc", "bbb"))
+    write_reproduction(tmp_path, _record("aaa", "bbb"))
+    assert computes_as(tmp_path, "digits", "2.13.0+cpu") == {a: a, b: a, c: a}
 
 
 def test_verify_cpu_retrains_another_cpus_runs_and_records_whether_they_reproduce(
     ablation, tiny_data, tmp_path, monkeypatch
 ):
-    """--verify-cpu on the tiny study, its summaries relabelled as made on another CPU: retrained here, every
-    arm's newest seed matches every step, so this CPU is recorded as computing as that one and its runs pair
-    with them (none is skipped any more); with one summary's loss changed at step 2, the check records the
-    run parting there and the CPU pairs with nothing."""
+    """--verify-cpu on the tiny study, its `none` runs relabelled as made on another CPU (so every pair
+    straddles two): retrained here, the newest `none` run matches every step, so this CPU is recorded as
+    computing as that one and the pairs are kept (no run or replay is skipped any more); with the summary's
+    loss changed at step 2, the check records the run parting there and the pairs are left out again."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     shutil.copytree(ablation["out"] / "results", tmp_path / "results")
     summaries = tmp_path / "results" / SUMMARIES
     other = {**machine_record(), "cpu_flags": "another"}
-    for path in (summaries / "digits").glob("*/seed-*.json"):
+    for path in (summaries / "digits" / "none").glob("seed-*.json"):
         data = json.loads(path.read_text())
         path.write_text(json.dumps({**data, "machine": other}))
     module = _load_ablation_script()
     parser = module.get_parser()
     s = module.resolve_settings(parser, parser.parse_args(ablation_args(tiny_data, tmp_path)[2:]))
-    assert study.runs_on_other_cpus(s, RunKey("digits", "filter", 42)) == [
-        f"{arm} / seed-42 ({cpu_name(other)})" for arm in sorted(ARMS)
-    ]
+    none_42 = read_summary(summaries, RunKey("digits", "none", 42))
+    assert study.runs_on_other_cpus(s, RunKey("digits", "filter", 42)) == [f"none / seed-42 ({cpu_name(other)})"]
+    assert not study.pairs_here(s, none_42), "its replays would be skipped"
+    results_md = tmp_path / "results" / "RESULTS.md"
+    study.write_report(s, "test")
+    left_out = re.compile(r"Pairs left out because their two runs ran on different CPU models: (\d+)\.")
+    assert int(left_out.search(results_md.read_text())[1]) > 0
+
     assert module.main([*ablation_args(tiny_data, tmp_path)[2:], "--verify-cpu", "3"]) == 0
     (reproduction,) = read_reproductions(summaries)
     assert (reproduction.cpu, reproduction.of, reproduction.steps) == (cpu_name(machine_record()), cpu_name(other), 3)
-    assert reproduction.runs == {f"digits/{arm}/seed-43": None for arm in ARMS} and reproduction.reproduced
-    assert len(reproduction.commands) == 3 and all("--max-batches 3 " in c for c in reproduction.commands)
+    assert reproduction.runs == {"digits/none/seed-43": None} and reproduction.reproduced
+    assert reproduction.torch == torch.__version__
+    assert len(reproduction.commands) == 1 and "--max-batches 3 " in reproduction.commands[0]
     assert not (tmp_path / "exp" / study.VERIFY_DIR).exists(), "the retrainings are removed"
     assert study.runs_on_other_cpus(s, RunKey("digits", "filter", 42)) == []
+    assert study.pairs_here(s, read_summary(summaries, RunKey("digits", "none", 42)))
     study.write_report(s, "test")
-    text = (tmp_path / "results" / "RESULTS.md").read_text()
-    assert f"{cpu_name(machine_record())} reproduced every one of the first 3 steps of 3 runs made on" in text
-    assert "Pairs left out because their two runs ran on different CPU models: 0." in text
+    text = results_md.read_text()
+    assert int(left_out.search(text)[1]) == 0
+    assert f"{cpu_name(machine_record())} with torch {torch.__version__} reproduced every one of the first 3" in text
 
-    changed = summaries / "digits" / "value" / "seed-43.json"
+    changed = summaries / "digits" / "none" / "seed-43.json"
     data = json.loads(changed.read_text())
     data["scalars"]["simple_loss"][1][1] *= 1.001
     changed.write_text(json.dumps(data))
     (reproduction,) = study.verify_cpu(s, 3)
-    assert reproduction.runs == {"digits/none/seed-43": None, "digits/filter/seed-43": None, "digits/value/seed-43": 2}
-    assert read_reproductions(summaries) == [reproduction] and not reproduction.reproduced
+    assert reproduction.runs == {"digits/none/seed-43": 2} and not reproduction.reproduced
+    assert read_reproductions(summaries) == [reproduction]
     assert study.runs_on_other_cpus(s, RunKey("digits", "filter", 42)) != []
+    study.write_report(s, "test")
+    assert int(left_out.search(results_md.read_text())[1]) > 0
 
 
 def test_a_retrained_none_run_must_reproduce_the_run(tmp_path):

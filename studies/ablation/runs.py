@@ -100,8 +100,8 @@ class RunResult:
     the per-layer GradientFilter statistics (the observing filter's too); ``warm_end``: the first step at the
     full loss weights; ``machine``: the CPU model, flags digest, threads and torch version it ran on (empty in
     summaries written before they were recorded); ``commands``: the commands that made it, as typed from the
-    recipe folder (empty in older summaries); ``computes_as``: the CPU whose runs ``machine``'s CPU reproduced
-    step for step (:mod:`studies.ablation.cpus`; set when the summary is read, not stored in it), else None.
+    recipe folder (empty in older summaries); ``computes_as``: the name of the CPUs ``machine``'s CPU was shown
+    to compute as (:mod:`studies.ablation.cpus`; set when the summary is read, not stored in it), else None.
     """
 
     key: RunKey
@@ -222,7 +222,8 @@ def read_summary(summaries_dir: Path, key: RunKey) -> Optional[RunResult]:
     if data is None:
         return None
     result = RunResult.from_json(data)
-    result.computes_as = computes_as(summaries_dir).get(cpu_name(result.machine) or "")
+    joined = computes_as(summaries_dir, key.condition, result.machine.get("torch", ""))
+    result.computes_as = joined.get(cpu_name(result.machine) or "")
     return result
 
 

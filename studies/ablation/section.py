@@ -127,11 +127,13 @@ def reproductions_sentence(reproductions: Sequence[Reproduction], summaries: str
     parts = []
     for r in reproductions:
         found = (
-            f"reproduced every one of the first {r.steps} steps of {_plural(len(r.runs), 'run', 'runs')} made on "
-            f"{r.of} ({', '.join(sorted(r.runs))}: batch digest, losses and gradient norm to the summaries' 7 "
-            "digits), so its runs are paired with that CPU's"
+            f"with torch {r.torch} reproduced every one of the first {r.steps} steps of "
+            f"{_plural(len(r.runs), 'run', 'runs')} made on {r.of} ({', '.join(sorted(r.runs))}: batch digest, "
+            "losses and gradient norm to the summaries' 7 digits), so on "
+            f"{', '.join(f'`{c}`' for c in r.conditions)} its runs pair with that CPU's (the other seeds, the later "
+            "steps and the decodings are assumed to reproduce too, not checked)"
             if r.reproduced
-            else f"did not reproduce runs made on {r.of} ("
+            else f"with torch {r.torch} did not reproduce runs made on {r.of} ("
             + ", ".join(
                 f"{relpath} {'matched' if step is None else f'parts at step {step}'}"
                 for relpath, step in sorted(r.runs.items())
@@ -495,9 +497,8 @@ def lead(
 
 
 def missing_sentence(runs_of: Dict[str, List[RunResult]], c: StudyConfig) -> str:
-    """The planned runs passed over, those not in while a later seed of their arm is, each with the CPU models
-    its seed's runs that are in were made on (a run whose seed ran on another CPU is not made: it would pair
-    with none of them); empty when none was passed over."""
+    """The planned runs not in while a later seed of their arm is (as a run skipped because its seed ran on
+    another CPU is), each with the CPU models of its seed's runs that are in; empty when there is none."""
     by_seed: Dict[int, List[RunResult]] = {}
     for runs in runs_of.values():
         for r in runs:
@@ -509,9 +510,13 @@ def missing_sentence(runs_of: Dict[str, List[RunResult]], c: StudyConfig) -> str
             if seed in have or not have or seed > max(have):
                 continue
             cpus = sorted({cpu_name(r.machine) or NOT_RECORDED for r in by_seed.get(seed, [])})
-            where = f"its seed's runs in were made on {'; '.join(cpus)}" if cpus else "no run of its seed is in"
+            where = (
+                f"the runs of its seed that are in were made on {'; '.join(cpus)}"
+                if cpus
+                else "no run of its seed is in"
+            )
             parts.append(f"`{arm}` / seed {seed} ({where})")
-    return f"Passed over: {', '.join(parts)}. " if parts else ""
+    return f"Not in while a later seed of its arm is: {', '.join(parts)}. " if parts else ""
 
 
 def planned_effect_sentence(row: FamilyRow, c: StudyConfig, runs_of: Dict[str, List[RunResult]]) -> str:

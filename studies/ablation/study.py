@@ -201,33 +201,52 @@ def stored_bpe_model(summaries: Path, condition: str, work_dir: Path) -> Path:
     return work_dir / relpath
 
 
+def pairs_here(s: Settings, result: RunResult) -> bool:
+    """Whether ``result`` counts as made on this CPU (its own, or one this CPU was shown to compute as, for
+    its condition and this torch), or does not record its CPU."""
+    machine = machine_record()
+    here = cpu_name(machine)
+    here_as = computes_as(s.summaries, result.key.condition, machine["torch"]).get(here, here)
+    return cpu_of(result) in (None, here_as)
+
+
 def runs_on_other_cpus(s: Settings, key: RunKey) -> List[str]:
     """The runs of ``key``'s condition and seed, in any arm, made on another CPU than this one (model, flags
     digest or threads) that this one has not been shown to compute as (:func:`verify_cpu`). Runs on two CPUs
     round differently and pair with none of each other's, so a run of ``key`` made here would count for
     nothing in their comparisons (its seed's runs are paired only with each other)."""
-    here = cpu_name(machine_record())
-    here_as = computes_as(s.summaries).get(here, here)
     found = []
     for path in sorted((s.summaries / key.condition).glob(f"*/seed-{key.seed}.json")):
         other = read_summary(s.summaries, RunKey(key.condition, path.parent.name, key.seed))
-        if other is not None and cpu_of(other) not in (None, here_as):
+        if other is not None and not pairs_here(s, other):
             found.append(f"{path.parent.name} / seed-{key.seed} ({cpu_name(other.machine)})")
     return found
 
 
 def verify_cpu(s: Settings, steps: int) -> List[Reproduction]:
-    """Retrain from scratch, on this CPU, the newest seed of every arm made on each other CPU, ``steps``
-    steps each, and compare every step with its summary (:mod:`studies.ablation.cpus`); record the outcome
-    per other CPU in ``<summaries>/cpus.json`` and return it. The retrainings are removed afterwards."""
-    here = cpu_name(machine_record())
+    """Retrain from scratch, on this CPU, the newest seed of every arm each other CPU made on each condition
+    with this torch, ``steps`` steps each, and compare every step with its summary
+    (:mod:`studies.ablation.cpus`); record the outcome per other CPU in ``<summaries>/cpus.json`` and return
+    it. Runs made with another torch are not checked (logged with their count). The retrainings are removed
+    afterwards."""
+    machine = machine_record()
+    here = cpu_name(machine)
     newest: Dict[str, Dict[Tuple[str, str], RunResult]] = {}
+    other_torch = 0
     for result in finished_results(s):
         name = cpu_name(result.machine)
-        if name is not None and name != here:
-            newest.setdefault(name, {})[(result.key.condition, result.key.arm)] = result  # seeds ascend
+        if name is None or name == here:
+            continue
+        if result.machine.get("torch") != machine["torch"]:
+            other_torch += 1
+            continue
+        newest.setdefault(name, {})[(result.key.condition, result.key.arm)] = result  # seeds ascend
+    if other_torch:
+        logging.warning(f"{other_torch} run(s) made with another torch than this one ({machine['torch']}): not checked")
     if not newest:
-        raise StudyError(f"every run in {s.summaries} was made on this CPU ({here}): nothing to verify")
+        raise StudyError(
+            f"no run in {s.summaries} was made on another CPU with torch {machine['torch']}: nothing to verify"
+        )
     out = []
     for other, runs in sorted(newest.items()):
         outcome: Dict[str, Optional[int]] = {}
@@ -239,20 +258,16 @@ def verify_cpu(s: Settings, steps: int) -> List[Reproduction]:
             commands.append(shown(s, original.key.condition, cmd))
             run(s, original.key.condition, cmd, f"{original.key.relpath}: retraining {steps} steps", exp_dir)
             scalars, _ = kept_scalars(read_scalars(exp_dir / "tensorboard"), TB_TAGS, extra=EXACT_SCALARS)
-            outcome[original.key.relpath] = first_difference(original, scalars, steps)
+            step = outcome[original.key.relpath] = first_difference(original, scalars, steps)
             logging.info(
                 f"{original.key.relpath} (made on {other}): "
-                + (
-                    f"every one of {steps} steps reproduced"
-                    if outcome[original.key.relpath] is None
-                    else f"parts at step {outcome[original.key.relpath]}"
-                )
+                + (f"every one of {steps} steps reproduced" if step is None else f"parts at step {step}")
             )
-        reproduction = Reproduction(here, other, steps, outcome, today(), commands)
+        reproduction = Reproduction(here, other, steps, outcome, today(), commands, machine["torch"])
         write_reproduction(s.summaries, reproduction)
         shutil.rmtree(s.exp_root / VERIFY_DIR, ignore_errors=True)
         logging.info(
-            f"{here} {'computes as' if reproduction.reproduced else 'does not compute as'} {other} "
+            f"{here} {'reproduced' if reproduction.reproduced else 'did not reproduce'} {other}'s runs "
             f"({len(outcome)} runs, {steps} steps each): recorded in {s.summaries / CPUS_FILE}"
         )
         out.append(reproduction)
@@ -848,8 +863,8 @@ def run_plan(s: Settings, command: str) -> int:
         elif key in elsewhere:
             logging.warning(
                 f"[{i}/{len(runs)}] {key.relpath}: skipped, its seed's runs {'; '.join(elsewhere[key])} were made "
-                f"on another CPU than this one ({cpu_name(machine_record())}) and would pair with none of its "
-                "runs; make it where they were made"
+                f"on another CPU than this one ({cpu_name(machine_record())}), so it would pair with none of them; "
+                "make it where they were made, or check first whether this CPU computes as theirs (--verify-cpu)"
             )
         else:
             logging.info(f"[{i}/{len(runs)}] {key.relpath} ({s.arms[key.arm].label}): starting")
@@ -864,10 +879,18 @@ def run_plan(s: Settings, command: str) -> int:
         for condition in s.plan.conditions:
             if not s.replays_on(condition) or not run_done(s, RunKey(condition, OBSERVING_ARM, key.seed)):
                 continue
+            observed = read_summary(s.summaries, RunKey(condition, OBSERVING_ARM, key.seed))
             for rkey, event, matched in replay_plan(s, condition, key.seed):
                 done = read_replay_summary(s.summaries, rkey)
                 if done is not None and _start(done.matched) == _start(matched):
                     logging.info(f"{rkey.relpath}: done earlier - skipped")
+                    continue
+                if not pairs_here(s, observed):
+                    logging.warning(
+                        f"{rkey.relpath}: skipped, its run {observed.key.relpath} was made on another CPU "
+                        f"({cpu_name(observed.machine)}), whose steps this one would not reproduce; make it there, "
+                        "or check first whether this CPU computes as that one (--verify-cpu)"
+                    )
                     continue
                 if done is not None:
                     what = "made again" if matched is not None else "removed (no matched start now)"

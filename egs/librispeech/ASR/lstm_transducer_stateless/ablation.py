@@ -79,7 +79,7 @@ runs comparable are stored in <summaries>/ablation-config.json; a rerun
 with other settings, or another threshold for an arm with runs, is refused.
 A run whose seed has runs made on another CPU (model, flags digest or
 threads) is skipped with a warning: it would pair with none of them, unless
-`--verify-cpu 200` has shown here that this CPU computes as that one (it
+`--verify-cpu 300` has shown here that this CPU computes as that one (it
 retrains the newest seed of each arm that CPU made and compares every step).
 """
 
@@ -339,10 +339,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"seeds {s.plan.all_seeds}; {s.replay_events} replay(s)"
     )
     try:
+        check_config(s)
         if args.verify_cpu > 0:
             verify_cpu(s, args.verify_cpu)
             return 0
-        check_config(s)
         if args.pilot == "only" or (args.pilot == "auto" and args.set == "primary"):
             stands, text = pilot_verdict(run_pilot(s), s.config)
             logging.info(f"Pilot: {text}")
