@@ -362,13 +362,13 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
         lead([], {}, [], setup)
         == "0 of the 59 runs planned for round 2 are in. No comparison of the family has 2 pairs yet."
     )
-    # A planned run passed over (not in while a later seed of its arm is) is named with the CPU models of its
-    # seed's runs; a run not yet made (no later seed in) is not.
+    # A planned run not in while a later seed of its arm is (as one skipped for its seed's CPU) is named with the
+    # CPU models of its seed's runs; a run not yet made (no later seed in) is not.
     gap = [_run(arm, seed, 20) for seed in (42, 43, 44) for arm in ("none", "filter") if (arm, seed) != ("filter", 43)]
     gap[2].machine = {"cpu_model": "AMD EPYC", "cpu_flags": "bbb", "threads": "2"}  # none / 43
     assert lead(family_rows(gap, STUDY, "digits"), family_runs(gap, STUDY, "digits"), [], setup).startswith(
-        "5 of the 59 runs planned for round 2 are in. Passed over: `filter` / seed 43 (its seed's runs in were "
-        "made on AMD EPYC (flags bbb, 2 threads)). "
+        "5 of the 59 runs planned for round 2 are in. Not in while a later seed of its arm is: `filter` / seed 43 "
+        "(the runs of its seed that are in were made on AMD EPYC (flags bbb, 2 threads)). "
     )
     # Wall time: summed over the summaries that recorded it (here 2 runs: 1 h + 0.5 h; 1 replay: 0.25 h).
     runs_of["none"][0].wall_s = {"train": 3000.0, "decode/greedy_search": 600.0}
