@@ -334,11 +334,41 @@ def test_results_md_ablation_section_is_the_committed_summaries_rendered(tmp_pat
     parser = module.get_parser()
     args = parser.parse_args(["--results-dir", str(tmp_path), "--summaries", summaries])
     s = module.resolve_settings(parser, args, need_data=False)
-    assert study.write_report(s, module.invocation([]), date, machine) == tmp_path / "RESULTS.md"
+    assert study.write_report(s, module.report_command(s, []), date, machine) == tmp_path / "RESULTS.md"
     rendered = SECTION.read(tmp_path / "RESULTS.md")
     assert rendered == held
     images = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", rendered)
     assert len(images) >= 7 and all((tmp_path / name).is_file() for name in images)
+
+
+def test_a_sets_report_covers_the_whole_round_and_names_every_sets_command(tmp_path):
+    """Run as --set depth, the report keeps the round's runs beside the deep condition's (not instead of them),
+    and its commands are the primary one and each set with runs (the running one included), whichever set
+    writes it, so re-rendering from the default invocation gives the same section."""
+    module = _load_ablation_script()
+    parser = module.get_parser()
+    summaries = tmp_path / SUMMARIES
+    for condition, arm in (("digits", "none"), ("digits-12", "none")):
+        run = _run(arm, 42, 1.0, {0: [1.0, 2.0]})
+        run.key = RunKey(condition, arm, 42)
+        write_summary(summaries, run)
+    bpe = {"bpe_model": "data/lang_bpe_30/bpe.model"}
+    (summaries / study.CONFIG_FILE).write_text(json.dumps({"conditions": {"digits": bpe, "digits-12": bpe}}))
+    deep = module.resolve_settings(
+        parser, parser.parse_args(["--results-dir", str(tmp_path), "--set", "depth"]), need_data=False
+    )
+    assert list(deep.conditions) == ["digits-12"]
+    assert [r.key.condition for r in study.finished_results(deep)] == ["digits-12", "digits"]
+    primary = module.resolve_settings(parser, parser.parse_args(["--results-dir", str(tmp_path)]), need_data=False)
+    expected = (
+        "./lstm_transducer_stateless/ablation.py --num-seeds 2\n"
+        "./lstm_transducer_stateless/ablation.py --num-seeds 2 --set depth"
+    )
+    assert module.report_command(deep, ["--set", "depth", "--num-seeds", "2"]) == expected
+    assert module.report_command(primary, ["--num-seeds", "2"]) == expected
+    (summaries / "digits-12").rename(tmp_path / "elsewhere")
+    assert module.report_command(primary, ["--set=primary"]) == "./lstm_transducer_stateless/ablation.py"
+    assert module.report_command(deep, []).endswith("--set depth"), "the set running now"
 
 
 def test_arms_set_every_control_and_switch_the_others_off():

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.train.tb_tags import TB_TAGS
-from studies.ablation.arms import Arm, Condition, Plan, RunKey, Thresholds, same_controls
+from studies.ablation.arms import CONDITIONS, Arm, Condition, Plan, RunKey, Thresholds, same_controls
 from studies.ablation.cpus import (
     CPUS_FILE,
     Reproduction,
@@ -777,10 +777,16 @@ def finish_replay(s: Settings, result: ReplayResult) -> ReplayResult:
 # --------------------------------------------------------------------------
 
 
+def report_conditions(s: Settings) -> List[str]:
+    """The conditions the report covers: this invocation's, then every other known one with summaries (a set
+    such as depth reports beside the round's runs, not instead of them)."""
+    return list(dict.fromkeys([*s.conditions, *(c for c in CONDITIONS if (s.summaries / c).is_dir())]))
+
+
 def finished_results(s: Settings) -> List[RunResult]:
-    """Every summary of the conditions and arms this invocation knows (any seed), in table order."""
+    """Every summary of the report's conditions and every arm (any seed), in table order."""
     out = []
-    for condition in s.conditions:
+    for condition in report_conditions(s):
         for arm in s.arms:
             paths = (s.summaries / condition / arm).glob("seed-*.json")
             for seed in sorted(int(p.stem.split("-", 1)[1]) for p in paths):
@@ -798,7 +804,7 @@ def write_report(
     results = finished_results(s)
     if not results:
         return None
-    replays = [r for c in s.conditions for r in read_replay_summaries(s.summaries, c)]
+    replays = [r for c in report_conditions(s) for r in read_replay_summaries(s.summaries, c)]
     pilot = read_summary(s.summaries / PILOT, RunKey(s.config.condition, OBSERVING_ARM, s.config.pilot.seed))
     sweep = sorted({s.thresholds.grad_filter_threshold, *s.thresholds.filter_sweep})
     landscape = [comparison.arm for comparison in s.config.landscape_family]
@@ -811,7 +817,12 @@ def write_report(
         stored=read_json(s.summaries / CONFIG_FILE) or {},
         thresholds=s.thresholds,
         methods=s.methods,
-        planned_replays=s.replay_events if any(s.replays_on(c) for c in s.conditions) else 0,
+        # A set without replays (depth, landscape) reports the round's plan for the replays it made.
+        planned_replays=(
+            s.replay_events
+            if any(s.replays_on(c) for c in s.conditions)
+            else (s.config.replay_events if replays else 0)
+        ),
         date=date or today(),
         machine=machine or machine_summary(),
         reproductions=read_reproductions(s.summaries),

@@ -303,6 +303,26 @@ def invocation(argv: Sequence[str]) -> str:
     return shlex.join(["./lstm_transducer_stateless/ablation.py", *argv])
 
 
+def report_command(s: Settings, argv: Sequence[str]) -> str:
+    """The commands that make the runs the report covers, whichever set writes it: ``argv`` without its --set
+    (the primary set), then each other set that is running now or whose runs are in the summaries: secondary
+    where `stress` has runs, depth where its condition has, landscape where its arms have runs on the round's
+    condition."""
+    base, skip = [], False
+    for a in argv:
+        if skip or a == "--set" or a.startswith("--set="):
+            skip = a == "--set"
+            continue
+        base.append(a)
+    has = {
+        "secondary": (s.summaries / "stress").is_dir(),
+        "depth": (s.summaries / STUDY.depth_condition).is_dir(),
+        "landscape": any((s.summaries / STUDY.condition / c.arm).is_dir() for c in STUDY.landscape_family),
+    }
+    sets = [name for name, made in has.items() if made or s.args.set == name]
+    return "\n".join([invocation(base), *(invocation([*base, "--set", name]) for name in sets)])
+
+
 def list_plan(s: Settings) -> None:
     for key in s.plan.runs:
         state = "done" if run_done(s, key) else "to run"
@@ -347,10 +367,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             stands, text = pilot_verdict(run_pilot(s), s.config)
             logging.info(f"Pilot: {text}")
             if args.pilot == "only" or not stands:
-                write_report(s, invocation(argv))
+                write_report(s, report_command(s, argv))
                 return 0 if args.pilot == "only" else 1
-        if run_plan(s, invocation(argv)) == 0:
-            write_report(s, invocation(argv))
+        if run_plan(s, report_command(s, argv)) == 0:
+            write_report(s, report_command(s, argv))
     except (StudyError, FileNotFoundError) as e:
         logging.error(str(e))
         return 1
