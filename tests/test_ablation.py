@@ -358,7 +358,7 @@ def test_a_sets_report_covers_the_whole_round_and_names_every_sets_command(tmp_p
         parser, parser.parse_args(["--results-dir", str(tmp_path), "--set", "depth"]), need_data=False
     )
     assert list(deep.conditions) == ["digits-12"]
-    assert [r.key.condition for r in study.finished_results(deep)] == ["digits-12", "digits"]
+    assert [r.key.condition for r in study.finished_results(deep)] == ["digits", "digits-12"], "table order"
     primary = module.resolve_settings(parser, parser.parse_args(["--results-dir", str(tmp_path)]), need_data=False)
     expected = (
         "./lstm_transducer_stateless/ablation.py --num-seeds 2\n"

@@ -778,9 +778,9 @@ def finish_replay(s: Settings, result: ReplayResult) -> ReplayResult:
 
 
 def report_conditions(s: Settings) -> List[str]:
-    """The conditions the report covers: this invocation's, then every other known one with summaries (a set
-    such as depth reports beside the round's runs, not instead of them)."""
-    return list(dict.fromkeys([*s.conditions, *(c for c in CONDITIONS if (s.summaries / c).is_dir())]))
+    """The conditions the report covers, in their table order whichever set writes it: this invocation's and
+    every other known one with summaries (a set such as depth reports beside the round's runs, not instead)."""
+    return [c for c in CONDITIONS if c in s.conditions or (s.summaries / c).is_dir()]
 
 
 def finished_results(s: Settings) -> List[RunResult]:
