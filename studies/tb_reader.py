@@ -21,6 +21,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 Series = List[Tuple[int, float]]
 
 
+def seven_digits(v: float) -> float:
+    """A finite scalar to 7 significant digits: all a float32 TensorBoard value holds, so a value kept this
+    way compares exactly with the same value read again."""
+    return float(f"{v:.7g}")
+
+
 def read_scalars(log_dir: Path, tags: Optional[Sequence[str]] = None) -> Dict[str, Series]:
     """``{tag: [(step, value), ...]}`` sorted by step, for ``tags`` (all scalar tags if None).
 

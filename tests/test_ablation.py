@@ -1300,24 +1300,32 @@ def test_verify_cpu_retrains_another_cpus_runs_and_records_whether_they_reproduc
 
 def test_a_retrained_none_run_must_reproduce_the_run(tmp_path):
     """Branches that start from a retrained none run start from the run's own weights only if the retraining
-    took the run's path: its loss at every step it trained must be the run's (to the summary's 7 digits)."""
+    took the run's path: at every step it trained, its batch digest, losses and gradient norm must be the
+    run's (to the summary's 7 digits)."""
     from torch.utils.tensorboard import SummaryWriter
 
     s = dataclasses.make_dataclass("S", ["summaries"])(tmp_path / "runs")
-    run = _run("none", 42, 1.0, {0: [1.0, 2.0, 3.0, 4.0]})
-    run.scalars["pruned_loss"] = [(1, 0.4), (2, 0.3), (3, 0.25), (4, 0.2)]
+    summary = {
+        "batch_digest": [(1, 11.0), (2, 22.0), (3, 33.0), (4, 44.0)],
+        "simple_loss": [(1, 1.2), (2, 1.1), (3, 1.0), (4, 0.9)],
+        "pruned_loss": [(1, 0.4), (2, 0.3), (3, 0.25), (4, 0.2)],
+        "grad_norm": [(1, 812.3457), (2, 400.0), (3, 300.0), (4, 200.0)],
+    }
+    run = _series_run(**summary)
     write_summary(s.summaries, run)
 
-    def retrained(name: str, pruned: Dict[int, float]) -> Path:
+    def retrained(name: str, **changed: Dict[int, float]) -> Path:
         redo = tmp_path / name
         with SummaryWriter(str(redo / "tensorboard")) as writer:
-            for step, value in pruned.items():
-                writer.add_scalar(TB_TAGS.simple_loss, 1.2, step)
-                writer.add_scalar(TB_TAGS.pruned_loss, value, step)
+            for field, series in summary.items():
+                for step, value in {**dict(series[:3]), **changed.get(field, {})}.items():  # to step 3 of 4
+                    writer.add_scalar(getattr(TB_TAGS, field), value, step)
         return redo
 
-    study.check_retrained(s, run.key, retrained("same", {1: 0.4, 2: 0.3, 3: 0.25}))  # to step 3 of 4
-    with pytest.raises(study.StudyError, match=r"does not reproduce the run's loss at 1 of 3 steps \(first: \[2\]\)"):
-        study.check_retrained(s, run.key, retrained("other", {1: 0.4, 2: 0.3001, 3: 0.25}))
-    with pytest.raises(study.StudyError, match="at any of 0 steps"):
-        study.check_retrained(s, run.key, retrained("no-loss", {}))
+    study.check_retrained(s, run.key, retrained("same"), 3)  # float32 in TensorBoard, 7 digits in the summary
+    with pytest.raises(study.StudyError, match=r"parts from the run at step 2 of 3"):
+        study.check_retrained(s, run.key, retrained("loss", pruned_loss={2: 0.3001}), 3)
+    with pytest.raises(study.StudyError, match=r"parts from the run at step 3 of 3"):
+        study.check_retrained(s, run.key, retrained("batches", batch_digest={3: 34.0}), 3)
+    with pytest.raises(study.StudyError, match=r"at step 4 of 4"):
+        study.check_retrained(s, run.key, retrained("short"), 4)

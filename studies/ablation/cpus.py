@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from studies.runner import read_json, write_json_atomic
-from studies.tb_reader import Series
+from studies.tb_reader import Series, seven_digits
 
 if TYPE_CHECKING:  # runs reads this module's record when it reads a summary
     from studies.ablation.runs import RunResult
@@ -78,11 +78,6 @@ class Reproduction:
         )
 
 
-def _seven_digits(v: float) -> float:
-    """A value as a summary keeps it (:func:`studies.ablation.runs._rounded`)."""
-    return float(f"{v:.7g}")
-
-
 def first_difference(original: RunResult, retrained: Dict[str, Series], steps: int) -> Optional[int]:
     """The first of steps 1..``steps`` at which the retrained run's :data:`CHECKED` scalars (``{name:
     series}``, as :func:`studies.ablation.runs.kept_scalars` reads them) differ from ``original``'s summary, to
@@ -100,7 +95,7 @@ def first_difference(original: RunResult, retrained: Dict[str, Series], steps: i
             if name == "batch_digest":
                 if int(a) != int(b):
                     return step
-            elif not (math.isnan(a) and math.isnan(b)) and _seven_digits(b) != a:
+            elif not (math.isnan(a) and math.isnan(b)) and seven_digits(b) != a:
                 return step
     return None
 

@@ -21,7 +21,7 @@ from studies.ablation.arms import RunKey
 from studies.ablation.cpus import computes_as
 from studies.ablation.pairing import cpu_name
 from studies.runner import read_json, read_wers, write_json_atomic
-from studies.tb_reader import Series, read_scalars
+from studies.tb_reader import Series, read_scalars, seven_digits
 
 WALL_FILE = "ablation-wall.json"  # in every run dir: wall seconds per phase, kept across reruns
 # The losses of the report are of the transducer objective after warm-up, 0.5 x simple + pruned per frame,
@@ -192,8 +192,8 @@ def _exact(series: Series) -> List[List[float]]:
 
 
 def _rounded(series: Series) -> List[List[float]]:
-    """7 significant digits (the float32 TensorBoard values need no more); non-finite values as strings."""
-    return [[s, float(f"{v:.7g}") if math.isfinite(v) else str(v)] for s, v in series]
+    """:func:`studies.tb_reader.seven_digits`; non-finite values as strings."""
+    return [[s, seven_digits(v) if math.isfinite(v) else str(v)] for s, v in series]
 
 
 # --------------------------------------------------------------------------

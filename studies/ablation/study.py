@@ -579,24 +579,23 @@ def run_checkpoint(s: Settings, condition: str, seed: int, step: int, commands: 
     cmd = train_command(s, original, exp_dir=redo, max_batches=step)
     if not path.is_file():
         run(s, condition, cmd, f"{condition}/none/seed-{seed}: retraining to step {step}", redo)
-        check_retrained(s, original, redo)
+        check_retrained(s, original, redo, step)
     if shown(s, condition, cmd) not in commands:
         commands.append(shown(s, condition, cmd))
     return path
 
 
-def check_retrained(s: Settings, original: RunKey, redo: Path) -> None:
-    """StudyError unless the run retrained in ``redo`` has the original run's loss at every step it trained
-    (to its summary's 7 digits): the same weights, else the branches from its checkpoints start elsewhere."""
-    scalars, _ = kept_scalars(read_scalars(redo / "tensorboard"), TB_TAGS)
-    mine = RunResult(original, {}, scalars, {}).objective()
-    theirs = dict(read_summary(s.summaries, original).objective())
-    differ = [step for step, v in mine if step in theirs and not math.isclose(v, theirs[step], rel_tol=1e-6)]
-    if not mine or differ:
+def check_retrained(s: Settings, original: RunKey, redo: Path, steps: int) -> None:
+    """StudyError unless the run retrained in ``redo`` to step ``steps`` took the original run's path at every
+    one of them (:func:`studies.ablation.cpus.first_difference`: batch digest, losses and gradient norm to its
+    summary's 7 digits): the same weights, else the branches from its checkpoints start elsewhere."""
+    scalars, _ = kept_scalars(read_scalars(redo / "tensorboard"), TB_TAGS, extra=EXACT_SCALARS)
+    step = first_difference(read_summary(s.summaries, original), scalars, steps)
+    if step is not None:
         raise StudyError(
-            f"{original.relpath} retrained in {redo} does not reproduce the run's loss at "
-            f"{len(differ) if mine else 'any'} of {len(mine)} steps (first: {differ[:1] or '-'}): the retrained "
-            f"weights differ; remove {redo} and run the study on the CPU model that made the run"
+            f"{original.relpath} retrained in {redo} parts from the run at step {step} of {steps} (batch digest, "
+            f"losses and gradient norm to the summary's 7 digits): the retrained weights differ; remove {redo} "
+            "and run the study on the CPU model that made the run"
         )
 
 
