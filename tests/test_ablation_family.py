@@ -606,6 +606,7 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
         runs += [run("digits", "none", seed, 10.0), run("digits", "filter", seed, 10.0 + shallow)]
         runs += [run("digits-12", "none", seed, 20.0), run("digits-12", "filter", seed, 20.0 + deep_effect)]
     runs += [run("digits-12", "none", 45, 20.0), run("digits-12", "filter", 45, 10.0)]
+    runs.append(run("digits-12", "guard", 42, 35.0))  # over the bar: the deep condition did not learn in it
     d = depth_interaction(runs, STUDY, "digits")
     per_seed = [-3.0 - -1.0, -3.0 - -2.0, -4.5 - -1.5]  # -2, -1, -3
     mean, sem = statistics.mean(per_seed), statistics.stdev(per_seed) / math.sqrt(3)
@@ -613,6 +614,13 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     assert d.high - d.mean == pytest.approx(student_t_quantile(0.975, 2) * sem)
     lines = depth_section(runs, {}, SimpleNamespace(config=STUDY))
     text = "\n".join(lines)
-    assert lines[0] == "### Depth: `digits-12`" and f"over the 3 seed(s) both have: {mean:+.2f}" in text
-    assert "| filter − none | 4 |" in text and "| guard − none | 0 |" in text
+    assert lines[0] == "### Depth: `digits-12`"
+    assert f"over the 3 seed(s) both have (42, 43, 44): {mean:+.2f}, 95% interval {d.interval(2)}" in text
+    # Each depth's effect over those seeds, with its own interval: at 12 layers -3, -3, -4.5; at 4 -1, -2, -1.5.
+    for effects, where in (([-3.0, -3.0, -4.5], "digits-12"), ([-1.0, -2.0, -1.5], "digits")):
+        m, half = statistics.mean(effects), student_t_quantile(0.975, 2) * statistics.stdev(effects) / math.sqrt(3)
+        assert f"{m:+.2f} [{m - half:+.2f}, {m + half:+.2f}] at `{where}`" in text
+    assert "Learns (at most 30% greedy test-other WER at the end of the budget in every run" in text
+    assert "): 8 of 9 run(s); the highest 35.00 (`guard`, seed 42)." in text
+    assert "| filter − none | 4 |" in text and "| guard − none | 1 |" in text
     assert depth_section([r for r in runs if r.key.condition == "digits"], {}, SimpleNamespace(config=STUDY)) == []

@@ -262,34 +262,77 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
     ]
 
 
+def filter_effects(results: Sequence[RunResult], config: StudyConfig, condition: str) -> Dict[int, float]:
+    """``{seed: filter - none}`` on the metric at ``condition``, per seed with both runs on one CPU."""
+    runs = [r for r in results if r.key.condition == condition]
+    pairing = pair_runs(
+        [r for r in runs if r.key.arm == "filter"],
+        [r for r in runs if r.key.arm == "none"],
+        lambda r: r.wer.get(config.metric, math.nan),
+    )
+    return pairing.differences
+
+
 def depth_interaction(results: Sequence[RunResult], config: StudyConfig, shallow: str) -> PairedDifference:
     """The filter's effect on the metric at the deep condition minus its effect at ``shallow``, per seed both
     conditions share (each effect: filter - none of that seed, on one CPU): mean and interval."""
-
-    def effects(condition: str) -> Dict[int, float]:
-        runs = [r for r in results if r.key.condition == condition]
-        pairing = pair_runs(
-            [r for r in runs if r.key.arm == "filter"],
-            [r for r in runs if r.key.arm == "none"],
-            lambda r: r.wer.get(config.metric, math.nan),
-        )
-        return pairing.differences
-
-    deep, flat = effects(config.depth_condition), effects(shallow)
+    deep, flat = filter_effects(results, config, config.depth_condition), filter_effects(results, config, shallow)
     seeds = sorted(set(deep) & set(flat))
     return paired_difference({k: deep[k] for k in seeds}, {k: flat[k] for k in seeds}, config.confidence)
 
 
+def learns_sentence(results: Sequence[RunResult], config: StudyConfig) -> str:
+    """Whether the deep condition learns by family.json's bar (depth.learns_at_most): how many of its runs end
+    at or below it on the metric (a run without a finite value does not), and the highest."""
+    bar = config.raw["depth"]["learns_at_most"]
+    ended = [
+        (r.wer.get(config.metric, math.nan), r.key.arm, r.key.seed)
+        for r in results
+        if r.key.condition == config.depth_condition
+    ]
+    if not ended:
+        return ""
+    under = sum(1 for wer, _, _ in ended if wer <= bar)
+    worst, arm, seed = max(ended, key=lambda x: x[0] if math.isfinite(x[0]) else math.inf)
+    return (
+        f"Learns (at most {bar:g}% {_wer_name(*config.metric)} WER at the end of the budget in every run, "
+        f'`studies/ablation/family.json`, "depth"): {under} of {len(ended)} run(s); the highest {worst:.2f} '
+        f"(`{arm}`, seed {seed})."
+    )
+
+
+def interaction_sentence(results: Sequence[RunResult], config: StudyConfig) -> str:
+    deep_condition, shallow = config.depth_condition, config.condition
+    deep, flat = filter_effects(results, config, deep_condition), filter_effects(results, config, shallow)
+    seeds = sorted(set(deep) & set(flat))
+    d = depth_interaction(results, config, shallow)
+    text = f"The filter's effect at `{deep_condition}` minus its effect at `{shallow}`, over the {d.n} seed(s) both have"
+    if d.n < 2:
+        return text + ": -."
+    ci = f"{100 * config.confidence:g}%"
+
+    def over_seeds(effects: Dict[int, float]) -> PairedDifference:
+        return paired_difference({k: effects[k] for k in seeds}, {k: 0.0 for k in seeds}, config.confidence)
+
+    a, b = over_seeds(deep), over_seeds(flat)
+    return (
+        f"{text} ({', '.join(str(k) for k in seeds)}): {d.mean:+.2f}, {ci} interval {d.interval(2)} (Student's t "
+        f"over the seeds; outside the families). `filter` − `none` over those seeds: {a.mean:+.2f} {a.interval(2)} "
+        f"at `{deep_condition}`, {b.mean:+.2f} {b.interval(2)} at `{shallow}`."
+    )
+
+
 def depth_section(results: Sequence[RunResult], labels: Dict[str, str], setup: ReportSetup) -> List[str]:
-    """The deep condition's family (family.json's "depth") and the filter's interaction with depth, once the
-    deep condition has runs."""
+    """The deep condition's family (family.json's "depth"), whether it learns, and the filter's interaction with
+    depth, once the deep condition has runs."""
     c = setup.config
     if not any(r.key.condition == c.depth_condition for r in results):
         return []
     rows = family_rows(results, c, c.depth_condition, c.depth_family)
-    d = depth_interaction(results, c, c.condition)
     return [
         f"### Depth: `{c.depth_condition}`",
+        "",
+        learns_sentence(results, c),
         "",
         f"Every arm minus `none` on `{c.depth_condition}`, seed by seed, on {_wer_name(*c.metric)} WER (%) at the end "
         f"of the budget; Holm over these {len(rows)} comparisons, apart from the other families "
@@ -297,8 +340,7 @@ def depth_section(results: Sequence[RunResult], labels: Dict[str, str], setup: R
         "",
         format_family_table(rows, labels, c),
         "",
-        f"The filter's effect at `{c.depth_condition}` minus its effect at `{c.condition}`, over the {d.n} seed(s) "
-        f"both have: " + ("-" if d.n < 2 else f"{d.mean:+.2f}, {100 * c.confidence:g}% interval {d.interval(2)}") + ".",
+        interaction_sentence(results, c),
         "",
     ]
 
