@@ -26,7 +26,7 @@ from studies.ablation.planning import (
     seconds_per_decoding,
     seconds_per_step,
 )
-from studies.ablation.power import noncentral_t_sf, paired_t_power, pairs_for_power
+from studies.ablation.power import effect_for_power, noncentral_t_sf, paired_t_power, pairs_for_power
 from studies.ablation.replay import Event, ReplayKey, ReplayResult
 from studies.ablation.runs import RunResult, read_summary
 
@@ -205,6 +205,23 @@ def test_pairs_for_power_is_the_first_count_that_reaches_the_target():
         pairs_for_power(0.0, 0.05, 0.8, most=30)
     with pytest.raises(ValueError, match="at least 2 pairs"):
         paired_t_power(1.0, 1, 0.05)
+
+
+@pytest.mark.parametrize("n,alpha", [(5, 0.05 / 3), (5, 0.05 / 10), (17, 0.01)])
+def test_effect_for_power_is_where_a_monte_carlo_paired_t_test_reaches_the_target(n, alpha):
+    """At the effect returned, simulated paired t-tests reject in 80% of draws; a tenth below it, fewer."""
+    effect = effect_for_power(n, alpha, 0.8)
+    rng = np.random.default_rng(11)
+    critical = student_t_quantile(1 - alpha / 2, n - 1)
+
+    def simulated(e: float) -> float:
+        x = rng.normal(e, 1.0, (200_000, n))
+        return float((np.abs(x.mean(axis=1) / (x.std(axis=1, ddof=1) / math.sqrt(n))) > critical).mean())
+
+    assert simulated(effect) == pytest.approx(0.8, abs=0.005)
+    assert simulated(0.9 * effect) < 0.8 - 0.02
+    with pytest.raises(ValueError, match=r"target power must be in \(alpha, 1\)"):
+        effect_for_power(n, alpha, alpha / 2)
 
 
 # --------------------------------------------------------------------------
@@ -567,6 +584,9 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     assert "| ScaledAdam's clipping, scale 2 | global | relative in time | 50.0 | 3 |" in table
     assert "| error clip 0.0002 on layer outputs | per element of that tensor | absolute | 25.0 | 3 |" in table
     assert "| AutoClip, percentile 10 | global | relative in time | - | 0 |" in table
+    # No filter - none pairs on digits here: the effect alone, without its size in points.
+    assert f"Holm's first step) reaches power 0.8 only at a standardised effect" in table
+    assert f"differences) of at least {effect_for_power(5, 0.05 / 10, 0.8):.2f}.\n" in table
     for _, rows in tables(table):
         assert len({cell_count(line) for _, line in rows}) == 1
     assert landscape_section([r for r in runs if r.key.arm == "none"], arms, SimpleNamespace(config=STUDY)) == []
@@ -623,4 +643,9 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     assert "Learns (at most 30% greedy test-other WER at the end of the budget in every run" in text
     assert "): 8 of 9 run(s); the highest 35.00 (`guard`, seed 42)." in text
     assert "| filter − none | 4 |" in text and "| guard − none | 1 |" in text
+    # The round's filter - none on digits (-1, -2, -1.5: standard deviation 0.5) sizes what 5 pairs at 0.05 / 3 see.
+    effect = effect_for_power(5, 0.05 / 3, 0.8)
+    assert f"What 5 pairs can see: the paired t at 0.05 / 3" in text
+    assert f"of at least {effect:.2f}: at the spread of `filter` − `none` on `digits` (standard deviation 0.50 " in text
+    assert f"points over its 3 pairs), about {effect * 0.5:.1f} points of WER." in text
     assert depth_section([r for r in runs if r.key.condition == "digits"], {}, SimpleNamespace(config=STUDY)) == []

@@ -79,3 +79,18 @@ def pairs_for_power(effect: float, alpha: float, target: float, most: int = 200)
         if paired_t_power(effect, n, alpha) >= target:
             return n
     raise ValueError(f"power {target} at effect {effect:g} and alpha {alpha:g} needs more than {most} pairs")
+
+
+def effect_for_power(n: int, alpha: float, target: float) -> float:
+    """The smallest standardised effect (mean / standard deviation of the differences) at which the two-sided
+    paired t-test with ``n`` pairs at level ``alpha`` reaches ``target`` power: what a null at ``n`` pairs
+    leaves possible. Bisection to 1e-6 on the power, which grows with the effect."""
+    if not alpha < target < 1.0:
+        raise ValueError(f"the target power must be in (alpha, 1) = ({alpha:g}, 1), got {target}")
+    low, high = 0.0, 1.0
+    while paired_t_power(high, n, alpha) < target:
+        high *= 2.0
+    while high - low > 1e-6:
+        mid = (low + high) / 2.0
+        low, high = (mid, high) if paired_t_power(mid, n, alpha) < target else (low, mid)
+    return high

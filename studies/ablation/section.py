@@ -56,6 +56,7 @@ from studies.ablation.metrics import (
 )
 from studies.ablation.paired import PairedDifference, paired_difference
 from studies.ablation.pairing import NOT_RECORDED, cpu_name, pair_runs
+from studies.ablation.power import effect_for_power
 from studies.ablation.replay import (
     CONTROLS,
     LABELS,
@@ -259,7 +260,31 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "",
         markdown_table(header, cells),
         "",
+        sensitivity_sentence(results, c, c.landscape_seeds, len(rows)),
+        "",
     ]
+
+
+def sensitivity_sentence(results: Sequence[RunResult], config: StudyConfig, pairs: int, m: int) -> str:
+    """What a family of ``m`` comparisons at ``pairs`` pairs each can see: the standardised effect at which
+    Holm's first step (alpha / m) reaches the planned power, and that effect in WER points at the spread of the
+    round's first comparison (``filter`` − ``none`` on the round's condition)."""
+    effect = effect_for_power(pairs, config.alpha / m, config.power_target)
+    text = (
+        f"What {pairs} pairs can see: the paired t at {config.alpha:g} / {m} (Holm's first step) reaches power "
+        f"{config.power_target:g} only at a standardised effect (mean over the standard deviation of the per-seed "
+        f"differences) of at least {effect:.2f}"
+    )
+    first = config.family[0]
+    reference = family_rows(results, config, config.condition, config.family)[0].per_seed
+    if len(reference) < 2:
+        return text + "."
+    sd = statistics.stdev(reference.values())
+    return (
+        f"{text}: at the spread of `{first.arm}` − `{first.baseline}` on `{config.condition}` (standard deviation "
+        f"{sd:.2f} points over its {len(reference)} pairs), about {effect * sd:.1f} points of WER. A smaller "
+        "difference can sit inside a null here."
+    )
 
 
 def filter_effects(results: Sequence[RunResult], config: StudyConfig, condition: str) -> Dict[int, float]:
@@ -339,6 +364,8 @@ def depth_section(results: Sequence[RunResult], labels: Dict[str, str], setup: R
         '(`studies/ablation/family.json`, "depth").',
         "",
         format_family_table(rows, labels, c),
+        "",
+        sensitivity_sentence(results, c, c.depth_seeds, len(rows)),
         "",
         interaction_sentence(results, c),
         "",
