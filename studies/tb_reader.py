@@ -22,8 +22,9 @@ Series = List[Tuple[int, float]]
 
 
 def seven_digits(v: float) -> float:
-    """A finite scalar to 7 significant digits: all a float32 TensorBoard value holds, so a value kept this
-    way compares exactly with the same value read again."""
+    """``v`` to 7 significant digits, as the run summaries keep TensorBoard's float32 scalars: the same value
+    read again compares equal; two float32 neighbours may too (round-tripping one needs 9), so a comparison at
+    these digits is close, not bit for bit."""
     return float(f"{v:.7g}")
 
 

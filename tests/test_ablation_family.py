@@ -585,7 +585,7 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     assert "| error clip 0.0002 on layer outputs | per element of that tensor | absolute | 25.0 | 3 |" in table
     assert "| AutoClip, percentile 10 | global | relative in time | - | 0 |" in table
     # No filter - none pairs on digits here: the effect alone, without its size in points.
-    assert f"Holm's first step) reaches power 0.8 only at a standardised effect" in table
+    assert "Holm's first step) reaches power 0.8 only at a standardised effect" in table
     assert f"differences) of at least {effect_for_power(5, 0.05 / 10, 0.8):.2f}.\n" in table
     for _, rows in tables(table):
         assert len({cell_count(line) for _, line in rows}) == 1
@@ -596,7 +596,7 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     from types import SimpleNamespace
 
     from studies.ablation.arms import CONDITIONS, RUN_SETS
-    from studies.ablation.section import depth_interaction, depth_section
+    from studies.ablation.section import depth_interaction, depth_section, filter_effects
 
     deep = CONDITIONS[STUDY.depth_condition]
     flags = dict(zip(deep.model_flags[::2], deep.model_flags[1::2]))
@@ -626,26 +626,40 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
         runs += [run("digits", "none", seed, 10.0), run("digits", "filter", seed, 10.0 + shallow)]
         runs += [run("digits-12", "none", seed, 20.0), run("digits-12", "filter", seed, 20.0 + deep_effect)]
     runs += [run("digits-12", "none", 45, 20.0), run("digits-12", "filter", 45, 10.0)]
-    runs.append(run("digits-12", "guard", 42, 35.0))  # over the bar: the deep condition did not learn in it
-    d = depth_interaction(runs, STUDY, "digits")
+    d = depth_interaction(filter_effects(runs, STUDY, "digits-12"), filter_effects(runs, STUDY, "digits"), 0.95)
     per_seed = [-3.0 - -1.0, -3.0 - -2.0, -4.5 - -1.5]  # -2, -1, -3
     mean, sem = statistics.mean(per_seed), statistics.stdev(per_seed) / math.sqrt(3)
     assert d.n == 3 and d.mean == pytest.approx(mean)
     assert d.high - d.mean == pytest.approx(student_t_quantile(0.975, 2) * sem)
-    lines = depth_section(runs, {}, SimpleNamespace(config=STUDY))
-    text = "\n".join(lines)
-    assert lines[0] == "### Depth: `digits-12`"
+    # 4 seeds planned, not the landscape's 5: the sensitivity is the depth family's.
+    config = dataclasses.replace(STUDY, depth_seeds=4)
+    text = "\n".join(depth_section(runs, {}, SimpleNamespace(config=config)))
+    assert text.startswith("### Depth: `digits-12`")
     assert f"over the 3 seed(s) both have (42, 43, 44): {mean:+.2f}, 95% interval {d.interval(2)}" in text
     # Each depth's effect over those seeds, with its own interval: at 12 layers -3, -3, -4.5; at 4 -1, -2, -1.5.
     for effects, where in (([-3.0, -3.0, -4.5], "digits-12"), ([-1.0, -2.0, -1.5], "digits")):
         m, half = statistics.mean(effects), student_t_quantile(0.975, 2) * statistics.stdev(effects) / math.sqrt(3)
         assert f"{m:+.2f} [{m - half:+.2f}, {m + half:+.2f}] at `{where}`" in text
-    assert "Learns (at most 30% greedy test-other WER at the end of the budget in every run" in text
-    assert "): 8 of 9 run(s); the highest 35.00 (`guard`, seed 42)." in text
-    assert "| filter − none | 4 |" in text and "| guard − none | 1 |" in text
-    # The round's filter - none on digits (-1, -2, -1.5: standard deviation 0.5) sizes what 5 pairs at 0.05 / 3 see.
-    effect = effect_for_power(5, 0.05 / 3, 0.8)
-    assert f"What 5 pairs can see: the paired t at 0.05 / 3" in text
+    filter_mean = statistics.mean([17.0, 17.0, 15.5, 10.0])
+    assert (
+        "Learns (every arm's mean greedy test-other WER at the end of the budget at most 30%, "
+        f'`studies/ablation/family.json`, "depth"): so far (no run yet of guard, scaled-adam); per arm `none` 20.00, '
+        f"`filter` {filter_mean:.2f}; the highest run 20.00 (`none`, seed 42)." in text
+    )
+    every_arm = [*runs, run("digits-12", "guard", 42, 29.0), run("digits-12", "scaled-adam", 42, 12.0)]
+    assert '"depth"): yes; per arm' in "\n".join(depth_section(every_arm, {}, SimpleNamespace(config=config)))
+    assert "| filter − none | 4 |" in text and "| guard − none | 0 |" in text
+    # The round's filter - none on digits (-1, -2, -1.5: standard deviation 0.5) sizes what 4 pairs at 0.05 / 3 see.
+    effect = effect_for_power(4, 0.05 / 3, 0.8)
+    assert "What 4 pairs can see: the paired t at 0.05 / 3" in text
     assert f"of at least {effect:.2f}: at the spread of `filter` − `none` on `digits` (standard deviation 0.50 " in text
     assert f"points over its 3 pairs), about {effect * 0.5:.1f} points of WER." in text
+    # An arm over the bar, and a run without a WER (it does not learn; the highest is of the finite ones).
+    worse = [*runs, run("digits-12", "guard", 42, 35.0), run("digits-12", "scaled-adam", 42, math.nan)]
+    text = "\n".join(depth_section(worse, {}, SimpleNamespace(config=config)))
+    assert (
+        '"depth"): no; per arm `none` 20.00, `filter` '
+        f"{filter_mean:.2f}, `guard` 35.00, `scaled-adam` nan; the highest run 35.00 (`guard`, seed 42); 1 run "
+        "without a value (not learning)." in text
+    )
     assert depth_section([r for r in runs if r.key.condition == "digits"], {}, SimpleNamespace(config=STUDY)) == []

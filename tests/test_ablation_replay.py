@@ -347,9 +347,10 @@ def test_a_finished_replay_keeps_its_summary_and_drops_its_checkpoints_only_when
     assert checkpoint.exists() and not read_replay_summaries(s.summaries, "digits")[0].identical_batches
 
 
-def test_a_retrained_checkpoint_lists_the_command_that_retrains_it_once(tmp_path):
+def test_a_retrained_checkpoint_lists_the_command_that_retrains_it_once(tmp_path, monkeypatch):
     """run_checkpoint: the run's own checkpoint adds no command; one gone from the run comes from
-    ``none/seed-<s>-retrained`` with train.py to that step listed (once, also when an earlier replay made it)."""
+    ``none/seed-<s>-retrained`` with train.py to that step listed (once, also when an earlier replay made it),
+    and is checked against the run every time it is used (a study stopped by a failed check leaves it)."""
     from test_ablation import _load_ablation_script
 
     from studies.ablation import study
@@ -369,11 +370,13 @@ def test_a_retrained_checkpoint_lists_the_command_that_retrains_it_once(tmp_path
     redo.parent.mkdir(parents=True)
     redo.write_bytes(b"x")
 
+    checked = []
+    monkeypatch.setattr(study, "check_retrained", lambda s, key, folder, step: checked.append((folder, step)))
     commands = []
-    assert study.run_checkpoint(s, "digits", 42, 500, commands) == own and commands == []
+    assert study.run_checkpoint(s, "digits", 42, 500, commands) == own and commands == [] and checked == []
     assert study.run_checkpoint(s, "digits", 42, 600, commands) == redo
     assert study.run_checkpoint(s, "digits", 42, 600, commands) == redo
-    assert len(commands) == 1
+    assert len(commands) == 1 and checked == [(redo.parent, 600)] * 2
     words = commands[0].split()
     assert words[words.index("--exp-dir") + 1].endswith("digits/none/seed-42-retrained")
     assert words[words.index("--max-batches") + 1] == "600" and words[words.index("--seed") + 1] == "42"

@@ -95,6 +95,7 @@ class StudyConfig:
     )
     depth_family: Tuple[FamilyComparison, ...]
     depth_seeds: int
+    depth_learns_at_most: float  # the deep condition learns when every arm's mean metric is at most this
     raw: Dict
 
     @property
@@ -190,6 +191,7 @@ def load_config(path: Path = CONFIG_PATH) -> StudyConfig:
         depth_condition=raw["depth"]["condition"],
         depth_family=tuple(FamilyComparison(a, b) for a, b in raw["depth"]["family"]),
         depth_seeds=int(raw["depth"]["seeds_per_arm"]),
+        depth_learns_at_most=float(raw["depth"]["learns_at_most"]),
         raw=raw,
     )
     _check(config)

@@ -84,7 +84,7 @@ def pairs_for_power(effect: float, alpha: float, target: float, most: int = 200)
 def effect_for_power(n: int, alpha: float, target: float) -> float:
     """The smallest standardised effect (mean / standard deviation of the differences) at which the two-sided
     paired t-test with ``n`` pairs at level ``alpha`` reaches ``target`` power: what a null at ``n`` pairs
-    leaves possible. Bisection to 1e-6 on the power, which grows with the effect."""
+    leaves possible. The power grows with the effect: bisection on the effect, to 1e-6."""
     if not alpha < target < 1.0:
         raise ValueError(f"the target power must be in (alpha, 1) = ({alpha:g}, 1), got {target}")
     low, high = 0.0, 1.0

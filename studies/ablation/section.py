@@ -268,22 +268,21 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
 def sensitivity_sentence(results: Sequence[RunResult], config: StudyConfig, pairs: int, m: int) -> str:
     """What a family of ``m`` comparisons at ``pairs`` pairs each can see: the standardised effect at which
     Holm's first step (alpha / m) reaches the planned power, and that effect in WER points at the spread of the
-    round's first comparison (``filter`` − ``none`` on the round's condition)."""
+    round's ``filter`` − ``none`` on its condition (the most pairs this study has)."""
     effect = effect_for_power(pairs, config.alpha / m, config.power_target)
     text = (
         f"What {pairs} pairs can see: the paired t at {config.alpha:g} / {m} (Holm's first step) reaches power "
         f"{config.power_target:g} only at a standardised effect (mean over the standard deviation of the per-seed "
         f"differences) of at least {effect:.2f}"
     )
-    first = config.family[0]
-    reference = family_rows(results, config, config.condition, config.family)[0].per_seed
-    if len(reference) < 2:
+    reference = filter_effects(results, config, config.condition)
+    sd = statistics.stdev(reference.values()) if len(reference) >= 2 else 0.0
+    if sd == 0:
         return text + "."
-    sd = statistics.stdev(reference.values())
     return (
-        f"{text}: at the spread of `{first.arm}` − `{first.baseline}` on `{config.condition}` (standard deviation "
-        f"{sd:.2f} points over its {len(reference)} pairs), about {effect * sd:.1f} points of WER. A smaller "
-        "difference can sit inside a null here."
+        f"{text}: at the spread of `filter` − `none` on `{config.condition}` (standard deviation {sd:.2f} points "
+        f"over its {len(reference)} pairs), about {effect * sd:.1f} points of WER. A smaller difference can sit "
+        "inside a null here."
     )
 
 
@@ -298,52 +297,68 @@ def filter_effects(results: Sequence[RunResult], config: StudyConfig, condition:
     return pairing.differences
 
 
-def depth_interaction(results: Sequence[RunResult], config: StudyConfig, shallow: str) -> PairedDifference:
-    """The filter's effect on the metric at the deep condition minus its effect at ``shallow``, per seed both
-    conditions share (each effect: filter - none of that seed, on one CPU): mean and interval."""
-    deep, flat = filter_effects(results, config, config.depth_condition), filter_effects(results, config, shallow)
-    seeds = sorted(set(deep) & set(flat))
-    return paired_difference({k: deep[k] for k in seeds}, {k: flat[k] for k in seeds}, config.confidence)
+def depth_interaction(deep: Dict[int, float], shallow: Dict[int, float], confidence: float) -> PairedDifference:
+    """The filter's effect at the deep condition minus its effect at the shallow one (``{seed: filter -
+    none}`` each, :func:`filter_effects`), over the seeds both have: mean and interval."""
+    seeds = sorted(set(deep) & set(shallow))
+    return paired_difference({k: deep[k] for k in seeds}, {k: shallow[k] for k in seeds}, confidence)
 
 
 def learns_sentence(results: Sequence[RunResult], config: StudyConfig) -> str:
-    """Whether the deep condition learns by family.json's bar (depth.learns_at_most): how many of its runs end
-    at or below it on the metric (a run without a finite value does not), and the highest."""
-    bar = config.raw["depth"]["learns_at_most"]
+    """Whether the deep condition learns by family.json's bar: every arm's mean metric over its seeds at most
+    ``depth_learns_at_most``; beside it, the highest run and the runs without a value (which do not learn)."""
+    bar = config.depth_learns_at_most
     ended = [
         (r.wer.get(config.metric, math.nan), r.key.arm, r.key.seed)
         for r in results
         if r.key.condition == config.depth_condition
     ]
-    if not ended:
-        return ""
-    under = sum(1 for wer, _, _ in ended if wer <= bar)
-    worst, arm, seed = max(ended, key=lambda x: x[0] if math.isfinite(x[0]) else math.inf)
-    return (
-        f"Learns (at most {bar:g}% {_wer_name(*config.metric)} WER at the end of the budget in every run, "
-        f'`studies/ablation/family.json`, "depth"): {under} of {len(ended)} run(s); the highest {worst:.2f} '
-        f"(`{arm}`, seed {seed})."
+    by_arm: Dict[str, List[float]] = {}
+    for wer, arm, _ in ended:
+        by_arm.setdefault(arm, []).append(wer)
+    means = {arm: statistics.mean(v) if all(math.isfinite(x) for x in v) else math.nan for arm, v in by_arm.items()}
+    learns = all(m <= bar for m in means.values())
+    planned = dict.fromkeys(x for c in config.depth_family for x in (c.baseline, c.arm))
+    waiting = [arm for arm in planned if arm not in means]
+    verdict = "no" if not learns else "yes" if not waiting else f"so far (no run yet of {', '.join(waiting)})"
+    text = (
+        f"Learns (every arm's mean {_wer_name(*config.metric)} WER at the end of the budget at most {bar:g}%, "
+        f'`studies/ablation/family.json`, "depth"): {verdict}; per arm '
+        + ", ".join(f"`{arm}` {m:.2f}" for arm, m in means.items())
     )
+    finite = [x for x in ended if math.isfinite(x[0])]
+    if finite:
+        worst, arm, seed = max(finite, key=lambda x: x[0])
+        text += f"; the highest run {worst:.2f} (`{arm}`, seed {seed})"
+    if len(finite) < len(ended):
+        text += f"; {_plural(len(ended) - len(finite), 'run', 'runs')} without a value (not learning)"
+    return text + "."
 
 
 def interaction_sentence(results: Sequence[RunResult], config: StudyConfig) -> str:
-    deep_condition, shallow = config.depth_condition, config.condition
-    deep, flat = filter_effects(results, config, deep_condition), filter_effects(results, config, shallow)
-    seeds = sorted(set(deep) & set(flat))
-    d = depth_interaction(results, config, shallow)
-    text = f"The filter's effect at `{deep_condition}` minus its effect at `{shallow}`, over the {d.n} seed(s) both have"
+    """The filter's effect at the deep condition minus its effect at the round's, with each depth's effect over
+    the same seeds beside it (Student's t intervals, outside the families)."""
+    deep = filter_effects(results, config, config.depth_condition)
+    shallow = filter_effects(results, config, config.condition)
+    d = depth_interaction(deep, shallow, config.confidence)
+    text = (
+        f"The filter's effect at `{config.depth_condition}` minus its effect at `{config.condition}`, over the "
+        f"{d.n} seed(s) both have"
+    )
     if d.n < 2:
         return text + ": -."
+    seeds = sorted(set(deep) & set(shallow))
     ci = f"{100 * config.confidence:g}%"
 
     def over_seeds(effects: Dict[int, float]) -> PairedDifference:
         return paired_difference({k: effects[k] for k in seeds}, {k: 0.0 for k in seeds}, config.confidence)
 
-    a, b = over_seeds(deep), over_seeds(flat)
+    a, b = over_seeds(deep), over_seeds(shallow)
     return (
         f"{text} ({', '.join(str(k) for k in seeds)}): {d.mean:+.2f}, {ci} interval {d.interval(2)} (Student's t "
-        f"over the seeds; outside the families). `filter` − `none` over those seeds: {a.mean:+.2f} {a.interval(2)} "
-        f"at `{deep_condition}`, {b.mean:+.2f} {b.interval(2)} at `{shallow}`."
+        f"over the seeds; outside the families). `filter` − `none` over those seeds, with {ci} intervals: "
+        f"{a.mean:+.2f} {a.interval(2)} at `{config.depth_condition}`, {b.mean:+.2f} {b.interval(2)} at "
+        f"`{config.condition}`."
     )
 
 

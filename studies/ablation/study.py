@@ -579,7 +579,7 @@ def run_checkpoint(s: Settings, condition: str, seed: int, step: int, commands: 
     cmd = train_command(s, original, exp_dir=redo, max_batches=step)
     if not path.is_file():
         run(s, condition, cmd, f"{condition}/none/seed-{seed}: retraining to step {step}", redo)
-        check_retrained(s, original, redo, step)
+    check_retrained(s, original, redo, step)  # also when made earlier: a study stopped by a failed check
     if shown(s, condition, cmd) not in commands:
         commands.append(shown(s, condition, cmd))
     return path
