@@ -360,6 +360,8 @@ def test_a_sets_report_covers_the_whole_round_and_names_every_sets_command(tmp_p
     assert list(deep.conditions) == ["digits-12"]
     assert [r.key.condition for r in study.finished_results(deep)] == ["digits", "digits-12"], "table order"
     primary = module.resolve_settings(parser, parser.parse_args(["--results-dir", str(tmp_path)]), need_data=False)
+    # The budget is checked on the round's condition and on the deep one (the pilot of each set that has one).
+    assert study.pilot_conditions(deep) == ["digits-12"] and study.pilot_conditions(primary) == ["digits"]
     expected = (
         "./lstm_transducer_stateless/ablation.py --num-seeds 2\n"
         "./lstm_transducer_stateless/ablation.py --num-seeds 2 --set depth"
@@ -1047,7 +1049,7 @@ def test_the_pilot_trains_decodes_and_judges_the_budget(ablation, tiny_data, iso
     parser = module.get_parser()
     s = module.resolve_settings(parser, parser.parse_args(ablation_args(tiny_data, out)[2:]))
     s.config = dataclasses.replace(s.config, steps=4, pilot=Pilot(42, STEPS, (4, STEPS), 100.0, 0.0))
-    pilot = study.run_pilot(s)
+    pilot = study.run_pilot(s, "digits")
     run_dir = out / "exp" / "pilot" / "digits" / "none" / "seed-42"
     assert sorted(pilot.wer_at) == [4, STEPS] and pilot.steps == STEPS
     for point in (4, STEPS):
@@ -1065,7 +1067,7 @@ def test_the_pilot_trains_decodes_and_judges_the_budget(ablation, tiny_data, iso
     stands, text = pilot_verdict(pilot, strict)
     assert stands is False and "does not stand: change budget.steps in studies/ablation/family.json" in text
     assert pilot_section(pilot, s.config)[0] == "### Pilot: the budget"
-    assert study.run_pilot(s).wer_at == pilot.wer_at, "done earlier: read back"
+    assert study.run_pilot(s, "digits").wer_at == pilot.wer_at, "done earlier: read back"
 
 
 def test_the_plan_replays_each_seeds_events_then_prunes_its_none_run(ablation, tiny_data, tmp_path, monkeypatch):

@@ -646,6 +646,18 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
         f'`studies/ablation/family.json`, "depth"): so far (no run yet of guard, scaled-adam); per arm `none` 20.00, '
         f"`filter` {filter_mean:.2f}; the highest run 20.00 (`none`, seed 42)." in text
     )
+    assert "Budget check at `digits-12` (the round's pilot rule, family.json's \"depth\"): not made yet" in text
+    # The deep condition's pilot: the round's rule on its WER at 1,800 and 2,700 steps (moved +0.9: stands).
+    pilot = run("digits-12", "none", 42, 0.0)
+    pilot.wer_at = {1800: {("greedy_search", "test-clean"): 1.2, ("greedy_search", "test-other"): 9.1}}
+    pilot.wer_at[2700] = {("greedy_search", "test-clean"): 1.0, ("greedy_search", "test-other"): 10.0}
+    pilot.scalars = {"grad_norm": [(2700, 1.0)]}
+    text = "\n".join(depth_section(runs, {}, SimpleNamespace(config=config), pilot))
+    assert (
+        "`none` / seed 42 trained to 2700 steps, greedy test-clean / greedy test-other WER 1.20 / 9.10 at 1800; "
+        "1.00 / 10.00 at 2700; from 1800 to 2700 steps test-other moves +0.90 (at most 1 allowed) and is 9.10 at "
+        "1800 (at least 1 required; test-clean 1.20): the budget of 1800 steps stands." in text
+    )
     every_arm = [*runs, run("digits-12", "guard", 42, 29.0), run("digits-12", "scaled-adam", 42, 12.0)]
     assert '"depth"): yes; per arm' in "\n".join(depth_section(every_arm, {}, SimpleNamespace(config=config)))
     assert "| filter − none | 4 |" in text and "| guard − none | 0 |" in text

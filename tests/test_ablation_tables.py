@@ -166,7 +166,7 @@ def test_a_full_rounds_section_has_well_formed_tables():
         date="2026-12-01",
         machine="x86_64",
     )
-    text = render_section(results, replays, arms, {}, setup, pilot)
+    text = render_section(results, replays, arms, {}, setup, [pilot])
     assert assert_tables_well_formed(text) == 11 and "### The clipping landscape" in text
     # The answer: the plan's 7 arms x 3 seeds of its 59 runs (17 + 17 + 5 x 5), the landscape's not counted.
     assert "21 of the 59 runs planned for round 2 and 2 of the 10 planned replays are in." in text

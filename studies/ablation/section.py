@@ -362,15 +362,36 @@ def interaction_sentence(results: Sequence[RunResult], config: StudyConfig) -> s
     )
 
 
-def depth_section(results: Sequence[RunResult], labels: Dict[str, str], setup: ReportSetup) -> List[str]:
-    """The deep condition's family (family.json's "depth"), whether it learns, and the filter's interaction with
-    depth, once the deep condition has runs."""
+def depth_pilot_sentence(pilot: Optional[RunResult], config: StudyConfig) -> str:
+    """The budget check of the deep condition (family.json's "depth" "pilot": the round's pilot rule), or how
+    to make it."""
+    head = f"Budget check at `{config.depth_condition}` (the round's pilot rule, family.json's \"depth\"): "
+    if pilot is None:
+        return head + "not made yet (`ablation.py --set depth --pilot only`, or before the set's next runs)."
+    method, other = config.metric
+    clean = (method, "test-clean")
+    points = "; ".join(
+        f"{pilot.wer_at[s][clean]:.2f} / {pilot.wer_at[s][config.metric]:.2f} at {s}" for s in sorted(pilot.wer_at)
+    )
+    return (
+        f"{head}`none` / seed {pilot.key.seed} trained to {pilot.steps} steps, {_wer_name(method, 'test-clean')} / "
+        f"{_wer_name(method, other)} WER {points}; {pilot_verdict(pilot, config)[1]}"
+    )
+
+
+def depth_section(
+    results: Sequence[RunResult], labels: Dict[str, str], setup: ReportSetup, pilot: Optional[RunResult] = None
+) -> List[str]:
+    """The deep condition's budget check and family (family.json's "depth"), whether it learns, and the
+    filter's interaction with depth, once the deep condition has runs."""
     c = setup.config
     if not any(r.key.condition == c.depth_condition for r in results):
         return []
     rows = family_rows(results, c, c.depth_condition, c.depth_family)
     return [
         f"### Depth: `{c.depth_condition}`",
+        "",
+        depth_pilot_sentence(pilot, c),
         "",
         learns_sentence(results, c),
         "",
@@ -944,11 +965,13 @@ def render_section(
     arms: Dict[str, Arm],
     plots: Dict[str, Path],
     setup: ReportSetup,
-    pilot: Optional[RunResult] = None,
+    pilots: Sequence[RunResult] = (),
     observing_arm: str = "none",
 ) -> str:
-    """The ablation section of RESULTS.md."""
+    """The ablation section of RESULTS.md; ``pilots``: the budget checks made, of the round's condition and of
+    the deep one."""
     labels = {name: f"`{name}`" for name in arms}
+    pilot_of = {p.key.condition: p for p in pilots}
     conditions = [r.key.condition for r in results]
     condition = setup.config.condition if setup.config.condition in conditions else conditions[0]
     rows = family_rows(results, setup.config, condition)
@@ -974,7 +997,7 @@ def render_section(
         ),
         *family_section(rows, setup, results, condition),
         *landscape_section(results, arms, setup),
-        *depth_section(results, labels, setup),
+        *depth_section(results, labels, setup, pilot_of.get(setup.config.depth_condition)),
         "### WER at a third, two thirds and the whole budget",
         "",
         format_wer_curves(results, arms, setup.methods),
@@ -1017,7 +1040,7 @@ def render_section(
         format_comparisons(comparisons, arms),
         "",
         *replay_section(replays, measures, setup, originals),
-        *pilot_section(pilot, setup.config),
+        *pilot_section(pilot_of.get(setup.config.condition), setup.config),
         "### Plots",
         "",
         *[f"![{kind}]({p.name})" for kind, p in plots.items()],
@@ -1025,7 +1048,7 @@ def render_section(
         "<details><summary>Every command the ablation ran (from egs/librispeech/ASR)</summary>",
         "",
         "```bash",
-        *[cmd for r in [*([pilot] if pilot else []), *results, *replays] for cmd in r.commands],
+        *[cmd for r in [*pilots, *results, *replays] for cmd in r.commands],
         "```",
         "",
         "</details>",

@@ -521,12 +521,17 @@ def run_one(s: Settings, key: RunKey) -> RunResult:
     return result
 
 
-def run_pilot(s: Settings) -> RunResult:
-    """The pilot (family.json's budget.pilot): the ``none`` run of the pilot's seed trained to the pilot's
-    steps in ``<exp-root>/pilot/``, decoded at its points the way every run is; its summary in
+def pilot_conditions(s: Settings) -> List[str]:
+    """The conditions of the plan whose budget the pilot checks: the round's and the deep one (family.json's
+    budget and "depth"); not the stress condition, where nothing learns."""
+    return [c for c in s.conditions if c in (s.config.condition, s.config.depth_condition)]
+
+
+def run_pilot(s: Settings, condition: str) -> RunResult:
+    """The pilot (family.json's budget.pilot) on ``condition``: the ``none`` run of the pilot's seed trained
+    to the pilot's steps in ``<exp-root>/pilot/``, decoded at its points the way every run is; its summary in
     ``<summaries>/pilot/``."""
     pilot = s.config.pilot
-    condition = s.config.condition
     key = RunKey(condition, OBSERVING_ARM, pilot.seed)
     run_dir = s.exp_root / PILOT / key.relpath
     summaries = s.summaries / PILOT
@@ -804,7 +809,10 @@ def write_report(
     if not results:
         return None
     replays = [r for c in report_conditions(s) for r in read_replay_summaries(s.summaries, c)]
-    pilot = read_summary(s.summaries / PILOT, RunKey(s.config.condition, OBSERVING_ARM, s.config.pilot.seed))
+    pilots = [
+        read_summary(s.summaries / PILOT, RunKey(c, OBSERVING_ARM, s.config.pilot.seed))
+        for c in (s.config.condition, s.config.depth_condition)
+    ]
     sweep = sorted({s.thresholds.grad_filter_threshold, *s.thresholds.filter_sweep})
     landscape = [comparison.arm for comparison in s.config.landscape_family]
     depths = (s.config.condition, s.config.depth_condition)
@@ -827,7 +835,9 @@ def write_report(
         reproductions=read_reproductions(s.summaries),
     )
     results_md = s.results_dir / "RESULTS.md"
-    SECTION.write(results_md, render_section(results, replays, s.arms, plots, setup, pilot, OBSERVING_ARM))
+    SECTION.write(
+        results_md, render_section(results, replays, s.arms, plots, setup, [p for p in pilots if p], OBSERVING_ARM)
+    )
     logging.info(f"wrote {results_md} and {len(plots)} plots ({len(results)} runs, {len(replays)} replays)")
     print(format_table(results, s.arms, s.methods))
     return results_md

@@ -68,7 +68,7 @@ runs the pilot, then, if the budget stands, the primary set):
   ./lstm_transducer_stateless/ablation.py                        # the pilot, then (if it stands) the primary set
   ./lstm_transducer_stateless/ablation.py --set secondary        # (stress needs: bash prepare.sh)
   ./lstm_transducer_stateless/ablation.py --set landscape        # after the primary set
-  ./lstm_transducer_stateless/ablation.py --set depth            # after the primary set
+  ./lstm_transducer_stateless/ablation.py --set depth            # its pilot on digits-12, then (if it stands) its runs
   ./lstm_transducer_stateless/ablation.py --arms none filter --num-seeds 2 --list
 
 Resuming: a run with a summary is skipped; a run cut off part-way resumes
@@ -102,6 +102,7 @@ from studies.ablation.study import (
     Settings,
     check_config,
     find_bpe_model,
+    pilot_conditions,
     run_done,
     run_pilot,
     run_plan,
@@ -138,8 +139,8 @@ def get_parser() -> argparse.ArgumentParser:
         "--pilot",
         choices=["auto", "only", "skip"],
         default="auto",
-        help="the pilot of family.json (the budget check): auto: before the primary set's runs, which go on only "
-        "if the budget stands; only: the pilot alone; skip: none",
+        help="the pilot of family.json (the budget check, on the round's and the deep condition): auto: before "
+        "the primary and depth sets' runs, which go on only if the budget stands; only: the pilot alone; skip: none",
     )
     add("--conditions", nargs="+", default=None, choices=list(CONDITIONS), help="conditions (default: the set's)")
     add("--arms", nargs="+", default=None, help="arms (default: the set's; --list shows the plan)")
@@ -363,10 +364,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.verify_cpu > 0:
             verify_cpu(s, args.verify_cpu)
             return 0
-        if args.pilot == "only" or (args.pilot == "auto" and args.set == "primary"):
-            stands, text = pilot_verdict(run_pilot(s), s.config)
-            logging.info(f"Pilot: {text}")
-            if args.pilot == "only" or not stands:
+        if args.pilot == "only" or (args.pilot == "auto" and args.set in ("primary", "depth")):
+            verdicts = [pilot_verdict(run_pilot(s, c), s.config) for c in pilot_conditions(s)]
+            for c, (_, text) in zip(pilot_conditions(s), verdicts):
+                logging.info(f"Pilot on {c}: {text}")
+            if args.pilot == "only" or not all(stands for stands, _ in verdicts):
                 write_report(s, report_command(s, argv))
                 return 0 if args.pilot == "only" else 1
         if run_plan(s, report_command(s, argv)) == 0:
