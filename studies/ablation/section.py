@@ -369,13 +369,9 @@ def depth_pilot_sentence(pilot: Optional[RunResult], config: StudyConfig) -> str
     if pilot is None:
         return head + "not made yet (`ablation.py --set depth --pilot only`, or before the set's next runs)."
     method, other = config.metric
-    clean = (method, "test-clean")
-    points = "; ".join(
-        f"{pilot.wer_at[s][clean]:.2f} / {pilot.wer_at[s][config.metric]:.2f} at {s}" for s in sorted(pilot.wer_at)
-    )
     return (
         f"{head}`none` / seed {pilot.key.seed} trained to {pilot.steps} steps, {_wer_name(method, 'test-clean')} / "
-        f"{_wer_name(method, other)} WER {points}; {pilot_verdict(pilot, config)[1]}"
+        f"{_wer_name(method, other)} WER {pilot_points(pilot, config)}; {pilot_verdict(pilot, config)[1]}"
     )
 
 
@@ -941,19 +937,25 @@ def pilot_verdict(pilot: RunResult, config: StudyConfig) -> Tuple[Optional[bool]
     return stands, text
 
 
+def pilot_points(pilot: RunResult, config: StudyConfig) -> str:
+    """The pilot's test-clean / primary-metric WER at each point it was decoded at."""
+    clean = (config.metric[0], "test-clean")
+    return "; ".join(
+        f"{pilot.wer_at[s][clean]:.2f} / {pilot.wer_at[s][config.metric]:.2f} at {s}" for s in sorted(pilot.wer_at)
+    )
+
+
 def pilot_section(pilot: Optional[RunResult], config: StudyConfig) -> List[str]:
     if pilot is None:
         return []
     method, other = config.metric
-    clean = (method, "test-clean")
-    points = sorted(pilot.wer_at)
     _, verdict_text = pilot_verdict(pilot, config)
     return [
         "### Pilot: the budget",
         "",
         f"`none` / seed {pilot.key.seed} trained to {pilot.steps} steps and decoded as every run, "
         f"{_wer_name(method, 'test-clean')} / {_wer_name(method, other)} WER: "
-        + "; ".join(f"{pilot.wer_at[s][clean]:.2f} / {pilot.wer_at[s][config.metric]:.2f} at {s}" for s in points)
+        + pilot_points(pilot, config)
         + f"; {verdict_text}",
         "",
     ]

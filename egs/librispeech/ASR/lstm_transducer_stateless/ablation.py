@@ -365,9 +365,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             verify_cpu(s, args.verify_cpu)
             return 0
         if args.pilot == "only" or (args.pilot == "auto" and args.set in ("primary", "depth")):
-            verdicts = [pilot_verdict(run_pilot(s, c), s.config) for c in pilot_conditions(s)]
-            for c, (_, text) in zip(pilot_conditions(s), verdicts):
-                logging.info(f"Pilot on {c}: {text}")
+            verdicts = []
+            for c in pilot_conditions(s):
+                verdicts.append(pilot_verdict(run_pilot(s, c), s.config))
+                logging.info(f"Pilot on {c}: {verdicts[-1][1]}")
             if args.pilot == "only" or not all(stands for stands, _ in verdicts):
                 write_report(s, report_command(s, argv))
                 return 0 if args.pilot == "only" else 1
