@@ -368,6 +368,37 @@ def test_a_sets_report_covers_the_whole_round_and_names_every_sets_command(tmp_p
     )
     assert module.report_command(deep, ["--set", "depth", "--num-seeds", "2"]) == expected
     assert module.report_command(primary, ["--num-seeds", "2"]) == expected
+    # The deep condition has its own budget and decoding points (family.json's depth.budget); a run made before
+    # the budget grew is not done (it trains on), and the stored settings accept the grown budget, not a shrunk one.
+    assert deep.conditions["digits-12"].steps == 2700 and deep.points_of("digits-12") == [600, 1200, 1800, 2700]
+    assert primary.points_of("digits") == [600, 1200, 1800]
+    assert not study.run_done(deep, RunKey("digits-12", "none", 42))
+    assert study.run_done(deep, RunKey("digits-12", "none", 42), steps=2)
+    deep.exp_root = primary.exp_root = tmp_path / "exp"
+    stored = deep.stored_config()
+    for steps, grows in ((1800, True), (3600, False)):
+        stored["conditions"]["digits-12"]["steps"] = steps
+        (summaries / study.CONFIG_FILE).write_text(json.dumps(stored))
+        if grows:
+            study.check_config(deep)
+            assert json.loads((summaries / study.CONFIG_FILE).read_text()) == deep.stored_config()
+        else:
+            with pytest.raises(study.StudyError, match="condition digits-12: was .*'steps': 3600"):
+                study.check_config(deep)
+    # The report pairs runs at their condition's budget (stored with the summaries) only: digits-12 / none at
+    # 1,800 waits, named, left out.
+    (summaries / study.CONFIG_FILE).write_text(json.dumps(deep.stored_config()))
+    for condition in ("digits", "digits-12"):
+        run = _run("none", 42, 1.0, {0: [1.0] * 1800})
+        run.key = RunKey(condition, "none", 42)
+        write_summary(summaries, run)
+    assert study.write_report(primary, "cmd", "2026-11-27", "m") == tmp_path / "RESULTS.md"
+    section = SECTION.read(tmp_path / "RESULTS.md")
+    assert (
+        "(`ablation.py --set depth` resumes them from their last checkpoint): digits-12/none/seed-42 (1800 of 2700)."
+        in section
+    )
+    assert "- **digits**: 1800 steps" in section and "- **digits-12**" not in section
     (summaries / "digits-12").rename(tmp_path / "elsewhere")
     assert module.report_command(primary, ["--set=primary"]) == "./lstm_transducer_stateless/ablation.py"
     assert module.report_command(deep, []).endswith("--set depth"), "the set running now"

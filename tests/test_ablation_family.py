@@ -570,7 +570,10 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     assert acting["error-clip"] == 0.25 and acting["value"] == 0.5 and math.isnan(acting["agc"])
     assert math.isnan(steps_acting(by_arm["none"], arms["none"]))
 
-    lines = landscape_section(runs, arms, SimpleNamespace(config=STUDY))
+    # A run of a landscape rule at another condition (the deep one) counts in neither column.
+    deep = _run("autoclip", 42, 10.0)
+    deep.key, deep.scalars = RunKey(STUDY.depth_condition, "autoclip", 42), {"clip_scale": [(1, 0.5)]}
+    lines = landscape_section([*runs, deep], arms, SimpleNamespace(config=STUDY))
     assert lines[0] == "### The clipping landscape"
     table = "\n".join(lines)
     diffs = [-1.0, -3.0, -2.0]
@@ -596,7 +599,7 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     from types import SimpleNamespace
 
     from studies.ablation.arms import CONDITIONS, RUN_SETS
-    from studies.ablation.section import depth_interaction, depth_section, filter_effects
+    from studies.ablation.section import depth_interaction, depth_section, filter_effects, pilot_verdict
 
     deep = CONDITIONS[STUDY.depth_condition]
     flags = dict(zip(deep.model_flags[::2], deep.model_flags[1::2]))
@@ -606,14 +609,20 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
         "--rnn-hidden-size": "128",
         "--dim-feedforward": "512",
     }
-    assert deep.steps == STUDY.steps and deep.train_flags == CONDITIONS[STUDY.condition].train_flags
+    assert deep.steps == STUDY.depth_budget.steps and deep.train_flags == CONDITIONS[STUDY.condition].train_flags
     assert dict(RUN_SETS["depth"].seeds_per_arm) == {"none": 5, "filter": 5, "guard": 5, "scaled-adam": 5}
     assert RUN_SETS["depth"].conditions == (STUDY.depth_condition,)
     # The quoted figures of the reason: 1000 / 251.4 and the minutes a run takes.
     why, time = RAW["depth"]["why"], RAW["depth"]["time"]
     assert f"{STUDY.guard_clip_grad_norm / 251.4:.1f}x" in why and "(251.4)" in why
-    minutes = (STUDY.steps * 0.463 + 3 * 14) / 60
-    assert f"about {minutes:.1f} min" in time and f"= {20 * minutes / 60:.1f} h" in time
+    # The time at the depth budget: 11 new runs, the 9 made at 1,800 steps trained on, the pilot's extra steps.
+    b = STUDY.depth_budget
+    new = (b.steps * 0.463 + len(b.decode_at) * 14) / 60
+    on = ((b.steps - 1800) * 0.463 + 14) / 60
+    pilot = ((b.pilot.steps - b.steps) * 0.463 + 14) / 60
+    assert f"a new run about {new:.1f} min" in time and f"11 of them {11 * new / 60:.1f} h" in time
+    assert f"about {on:.1f} min each, {9 * on / 60:.1f} h" in time and f"about {pilot:.1f} min" in time
+    assert f"about {(11 * new + 9 * on + pilot) / 60:.1f} h in all" in time
 
     def run(condition, arm, seed, other):
         r = _run(arm, seed, other)
@@ -633,7 +642,7 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     assert d.high - d.mean == pytest.approx(student_t_quantile(0.975, 2) * sem)
     # 4 seeds planned, not the landscape's 5: the sensitivity is the depth family's.
     config = dataclasses.replace(STUDY, depth_seeds=4)
-    text = "\n".join(depth_section(runs, {}, SimpleNamespace(config=config)))
+    text = "\n".join(depth_section(runs, {}, SimpleNamespace(config=config, waiting=())))
     assert text.startswith("### Depth: `digits-12`")
     assert f"over the 3 seed(s) both have (42, 43, 44): {mean:+.2f}, 95% interval {d.interval(2)}" in text
     # Each depth's effect over those seeds, with its own interval: at 12 layers -3, -3, -4.5; at 4 -1, -2, -1.5.
@@ -647,19 +656,41 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
         f"`filter` {filter_mean:.2f}; the highest run 20.00 (`none`, seed 42)." in text
     )
     assert "Budget check at `digits-12` (the round's pilot rule, family.json's \"depth\"): not made yet" in text
-    # The deep condition's pilot: the round's rule on its WER at 1,800 and 2,700 steps (moved +0.9: stands).
+    # The deep condition's pilot: the round's rule on its own budget, WER at 2,700 and 4,100 steps (moved +0.9:
+    # stands); decoded only to 2,700 (the first check's end), it does not check the budget yet.
     pilot = run("digits-12", "none", 42, 0.0)
-    pilot.wer_at = {1800: {("greedy_search", "test-clean"): 1.2, ("greedy_search", "test-other"): 9.1}}
-    pilot.wer_at[2700] = {("greedy_search", "test-clean"): 1.0, ("greedy_search", "test-other"): 10.0}
+    pilot.wer_at = {2700: {("greedy_search", "test-clean"): 1.2, ("greedy_search", "test-other"): 9.1}}
     pilot.scalars = {"grad_norm": [(2700, 1.0)]}
-    text = "\n".join(depth_section(runs, {}, SimpleNamespace(config=config), pilot))
+    text = "\n".join(depth_section(runs, {}, SimpleNamespace(config=config, waiting=()), pilot))
     assert (
-        "`none` / seed 42 trained to 2700 steps, greedy test-clean / greedy test-other WER 1.20 / 9.10 at 1800; "
-        "1.00 / 10.00 at 2700; from 1800 to 2700 steps test-other moves +0.90 (at most 1 allowed) and is 9.10 at "
-        "1800 (at least 1 required; test-clean 1.20): the budget of 1800 steps stands." in text
+        "1.20 / 9.10 at 2700; the pilot was not decoded at 2700 and 4100 steps: the budget is not checked yet." in text
+    )
+    pilot.wer_at[4100] = {("greedy_search", "test-clean"): 1.0, ("greedy_search", "test-other"): 10.0}
+    pilot.scalars = {"grad_norm": [(4100, 1.0)]}
+    text = "\n".join(depth_section(runs, {}, SimpleNamespace(config=config, waiting=()), pilot))
+    assert (
+        "`none` / seed 42 trained to 4100 steps, greedy test-clean / greedy test-other WER 1.20 / 9.10 at 2700; "
+        "1.00 / 10.00 at 4100; from 2700 to 4100 steps test-other moves +0.90 (at most 1 allowed) and is 9.10 at "
+        "2700 (at least 1 required; test-clean 1.20): the budget of 2700 steps stands." in text
+    )
+    pilot.wer_at[4100][("greedy_search", "test-other")] = 7.9
+    assert pilot_verdict(pilot, config) == (
+        False,
+        "from 2700 to 4100 steps test-other moves -1.20 (at most 1 allowed) and is 9.10 at 2700 (at least 1 "
+        "required; test-clean 1.20): the budget of 2700 steps does not stand: change depth.budget.steps in "
+        "studies/ablation/family.json before the runs, and say why.",
+    )
+    # Runs made before the budget grew wait to train on: named, left out of the comparisons.
+    waiting = ("digits-12/guard/seed-44 (1800 of 2700)", "digits/none/seed-50 (600 of 1800)")
+    only_waiting = "\n".join(depth_section([], {}, SimpleNamespace(config=config, waiting=waiting)))
+    assert only_waiting.startswith("### Depth: `digits-12`") and (
+        "Trained to fewer steps than the budget (2700), left out below until they train on (`ablation.py --set "
+        "depth` resumes them from their last checkpoint): digits-12/guard/seed-44 (1800 of 2700)." in only_waiting
     )
     every_arm = [*runs, run("digits-12", "guard", 42, 29.0), run("digits-12", "scaled-adam", 42, 12.0)]
-    assert '"depth"): yes; per arm' in "\n".join(depth_section(every_arm, {}, SimpleNamespace(config=config)))
+    assert '"depth"): yes; per arm' in "\n".join(
+        depth_section(every_arm, {}, SimpleNamespace(config=config, waiting=()))
+    )
     assert "| filter − none | 4 |" in text and "| guard − none | 0 |" in text
     # The round's filter - none on digits (-1, -2, -1.5: standard deviation 0.5) sizes what 4 pairs at 0.05 / 3 see.
     effect = effect_for_power(4, 0.05 / 3, 0.8)
@@ -668,10 +699,51 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     assert f"points over its 3 pairs), about {effect * 0.5:.1f} points of WER." in text
     # An arm over the bar, and a run without a WER (it does not learn; the highest is of the finite ones).
     worse = [*runs, run("digits-12", "guard", 42, 35.0), run("digits-12", "scaled-adam", 42, math.nan)]
-    text = "\n".join(depth_section(worse, {}, SimpleNamespace(config=config)))
+    text = "\n".join(depth_section(worse, {}, SimpleNamespace(config=config, waiting=())))
     assert (
         '"depth"): no; per arm `none` 20.00, `filter` '
         f"{filter_mean:.2f}, `guard` 35.00, `scaled-adam` nan; the highest run 35.00 (`guard`, seed 42); 1 run "
         "without a value (not learning)." in text
     )
-    assert depth_section([r for r in runs if r.key.condition == "digits"], {}, SimpleNamespace(config=STUDY)) == []
+    assert (
+        depth_section([r for r in runs if r.key.condition == "digits"], {}, SimpleNamespace(config=STUDY, waiting=()))
+        == []
+    )
+
+
+def test_the_deep_condition_has_its_own_budget_because_the_round_rule_failed_there(tmp_path):
+    """digits-12's budget (family.json's depth.budget) is the rule's next step after its first check: the
+    committed pilot (none / 42 to 2,700) moved test-other by more than the rule allows from 1,800 to 2,700, so
+    the budget is 2,700, checked by a pilot to the first step at or past 1.5 x 2,700 where the averaged decoding
+    is exact; the earlier runs' decoding points are kept. The round's condition keeps the round's budget."""
+    from studies.ablation.arms import CONDITIONS
+
+    pilot = read_summary(RECIPE / STUDY.summaries / "pilot", RunKey(STUDY.depth_condition, "none", 42))
+    other = STUDY.metric
+    at = {step: round(pilot.wer_at[step][other], 2) for step in (1800, 2700)}
+    late = at[2700] - at[1800]
+    assert abs(late) > STUDY.pilot.max_late_change, "the first check failed"
+    why = RAW["depth"]["budget"]["why"]
+    assert f"{at[1800]:.2f} at 1,800 and" in why and f"{at[2700]:.2f} at 2,700" in why and f"moved {late:+.2f}" in why
+    b = STUDY.depth_budget
+    assert b.steps == STUDY.pilot.steps == CONDITIONS[STUDY.depth_condition].steps == 2700
+    exact = [
+        p
+        for p in range(b.steps, 2 * b.steps, STUDY.save_every_n)
+        if p >= 1.5 * b.steps and (p - STUDY.average_window) % STUDY.average_period == 0
+    ]
+    assert b.pilot.steps == exact[0] == 4100
+    assert b.decode_at == (*STUDY.decode_at, b.steps) and b.pilot.decode_at == (*b.decode_at, b.pilot.steps)
+    assert (b.pilot.max_late_change, b.pilot.min_metric_wer) == (
+        STUDY.pilot.max_late_change,
+        STUDY.pilot.min_metric_wer,
+    )
+    assert STUDY.budget_of(STUDY.condition).steps == STUDY.steps == CONDITIONS[STUDY.condition].steps == 1800
+    assert STUDY.budget_of("stress").pilot == STUDY.pilot
+    # A budget whose pilot does not reach past it is refused when family.json is read.
+    broken = json.loads(CONFIG_PATH.read_text())
+    broken["depth"]["budget"]["pilot"]["steps"] = 2700
+    path = tmp_path / "family.json"
+    path.write_text(json.dumps(broken))
+    with pytest.raises(ValueError, match="depth.budget.pilot: it must go past the budget"):
+        load_config(path)

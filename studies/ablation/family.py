@@ -57,6 +57,16 @@ class Pilot:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """A condition's budget: its steps, the steps a run is decoded at (the last one the budget), and the pilot
+    that checks it."""
+
+    steps: int
+    decode_at: Tuple[int, ...]
+    pilot: Pilot
+
+
+@dataclass(frozen=True)
 class StudyConfig:
     """``family.json``, read and checked (see the file for the reasons of every value)."""
 
@@ -96,29 +106,33 @@ class StudyConfig:
     depth_family: Tuple[FamilyComparison, ...]
     depth_seeds: int
     depth_learns_at_most: float  # the deep condition learns when every arm's mean metric is at most this
+    depth_budget: Budget  # the deep condition's own budget (family.json's depth.budget)
     raw: Dict
+
+    def budget_of(self, condition: str) -> Budget:
+        """The budget of ``condition``: the deep condition's own, the round's for every other."""
+        if condition == self.depth_condition:
+            return self.depth_budget
+        return Budget(self.steps, self.decode_at, self.pilot)
 
     @property
     def average_window(self) -> int:
         """Steps the averaged model of a decoding spans: ``avg`` checkpoints of ``save_every_n`` steps."""
         return self.avg * self.save_every_n
 
-    def decode_points(self, steps: int) -> Tuple[int, ...]:
-        """Where a run of ``steps`` is decoded: this round's points scaled to ``steps`` (a third, two thirds
-        and the whole budget), on checkpoint steps."""
-        if steps == self.steps:
-            return self.decode_at
-        return tuple(
-            max(self.average_window, round(steps * p / self.steps / self.save_every_n) * self.save_every_n)
-            for p in self.decode_at
-        )
-
 
 def _check(config: StudyConfig) -> None:
     problems = []
-    if config.decode_at[-1] != config.steps:
-        problems.append(f"the last decoding point ({config.decode_at[-1]}) is not the budget ({config.steps})")
-    for point in (*config.decode_at, *config.pilot.decode_at):
+    points = []
+    for where, b in (("budget", config.budget_of(config.condition)), ("depth.budget", config.depth_budget)):
+        if b.decode_at[-1] != b.steps:
+            problems.append(f"{where}: the last decoding point ({b.decode_at[-1]}) is not the budget ({b.steps})")
+        if not {b.steps, b.pilot.steps} <= set(b.pilot.decode_at) or b.pilot.steps <= b.steps:
+            problems.append(
+                f"{where}.pilot: it must go past the budget ({b.steps}) and be decoded at the budget and its end"
+            )
+        points += [*b.decode_at, *b.pilot.decode_at]
+    for point in points:
         start = point - config.average_window
         if start < 0 or point % config.save_every_n or start % config.average_period:
             problems.append(
@@ -144,13 +158,22 @@ def _check(config: StudyConfig) -> None:
         raise ValueError("studies/ablation/family.json: " + "; ".join(problems))
 
 
+def _pilot(raw: Dict) -> Pilot:
+    return Pilot(
+        int(raw["seed"]),
+        int(raw["steps"]),
+        tuple(int(x) for x in raw["decode_at"]),
+        float(raw["max_late_change"]),
+        float(raw["min_metric_wer"]),
+    )
+
+
 def load_config(path: Path = CONFIG_PATH) -> StudyConfig:
     """Read ``family.json``; ValueError naming what does not fit together."""
     raw = json.loads(path.read_text(encoding="utf-8"))
     budget, test, seeds, replays = raw["budget"], raw["test"], raw["seeds"], raw["replays"]
     metric = tuple(raw["metric"])
     power = seeds["power"][metric[1]]
-    pilot = budget["pilot"]
     config = StudyConfig(
         round=raw["round"],
         fixed=raw["fixed"],
@@ -162,13 +185,7 @@ def load_config(path: Path = CONFIG_PATH) -> StudyConfig:
         average_period=int(budget["average_period"]),
         avg=int(budget["avg"]),
         use_averaged_model=bool(budget["use_averaged_model"]),
-        pilot=Pilot(
-            int(pilot["seed"]),
-            int(pilot["steps"]),
-            tuple(int(x) for x in pilot["decode_at"]),
-            float(pilot["max_late_change"]),
-            float(pilot["min_metric_wer"]),
-        ),
+        pilot=_pilot(budget["pilot"]),
         metric=metric,
         alpha=float(test["alpha"]),
         confidence=float(test["confidence"]),
@@ -192,6 +209,11 @@ def load_config(path: Path = CONFIG_PATH) -> StudyConfig:
         depth_family=tuple(FamilyComparison(a, b) for a, b in raw["depth"]["family"]),
         depth_seeds=int(raw["depth"]["seeds_per_arm"]),
         depth_learns_at_most=float(raw["depth"]["learns_at_most"]),
+        depth_budget=Budget(
+            int(raw["depth"]["budget"]["steps"]),
+            tuple(int(x) for x in raw["depth"]["budget"]["decode_at"]),
+            _pilot(raw["depth"]["budget"]["pilot"]),
+        ),
         raw=raw,
     )
     _check(config)

@@ -109,6 +109,7 @@ class ReportSetup:
     date: str
     machine: str
     reproductions: Sequence[Reproduction] = ()
+    waiting: Sequence[str] = ()  # runs trained to fewer steps than their condition's budget: "<relpath> (n of N)"
 
 
 def _wer_name(method: str, test_set: str) -> str:
@@ -231,7 +232,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
     for row in rows:
         arm = row.comparison.arm
         granularity, _, reacts = reasons[arm].rsplit(";", 1)[-1].strip().partition(", ")
-        runs = [r for r in results if r.key.arm == arm]
+        runs = [r for r in results if r.key.arm == arm and r.key.condition == c.condition]
         acting = [100 * steps_acting(r, arms[arm]) for r in runs]
         acting = [x for x in acting if math.isfinite(x)]
         d = row.difference
@@ -320,12 +321,14 @@ def learns_sentence(results: Sequence[RunResult], config: StudyConfig) -> str:
     learns = all(m <= bar for m in means.values())
     planned = dict.fromkeys(x for c in config.depth_family for x in (c.baseline, c.arm))
     waiting = [arm for arm in planned if arm not in means]
-    verdict = "no" if not learns else "yes" if not waiting else f"so far (no run yet of {', '.join(waiting)})"
-    text = (
+    head = (
         f"Learns (every arm's mean {_wer_name(*config.metric)} WER at the end of the budget at most {bar:g}%, "
-        f'`studies/ablation/family.json`, "depth"): {verdict}; per arm '
-        + ", ".join(f"`{arm}` {m:.2f}" for arm, m in means.items())
+        f'`studies/ablation/family.json`, "depth"): '
     )
+    if not means:
+        return head + "not known yet (no run at the budget)."
+    verdict = "no" if not learns else "yes" if not waiting else f"so far (no run yet of {', '.join(waiting)})"
+    text = f"{head}{verdict}; per arm " + ", ".join(f"`{arm}` {m:.2f}" for arm, m in means.items())
     finite = [x for x in ended if math.isfinite(x[0])]
     if finite:
         worst, arm, seed = max(finite, key=lambda x: x[0])
@@ -346,7 +349,7 @@ def interaction_sentence(results: Sequence[RunResult], config: StudyConfig) -> s
         f"{d.n} seed(s) both have"
     )
     if d.n < 2:
-        return text + ": -."
+        return text + ": not computed (it needs 2)."
     seeds = sorted(set(deep) & set(shallow))
     ci = f"{100 * config.confidence:g}%"
 
@@ -381,7 +384,8 @@ def depth_section(
     """The deep condition's budget check and family (family.json's "depth"), whether it learns, and the
     filter's interaction with depth, once the deep condition has runs."""
     c = setup.config
-    if not any(r.key.condition == c.depth_condition for r in results):
+    waiting = [w for w in setup.waiting if w.startswith(f"{c.depth_condition}/")]
+    if not any(r.key.condition == c.depth_condition for r in results) and pilot is None and not waiting:
         return []
     rows = family_rows(results, c, c.depth_condition, c.depth_family)
     return [
@@ -389,6 +393,15 @@ def depth_section(
         "",
         depth_pilot_sentence(pilot, c),
         "",
+        *(
+            [
+                f"Trained to fewer steps than the budget ({c.depth_budget.steps}), left out below until they train on "
+                f"(`ablation.py --set depth` resumes them from their last checkpoint): {', '.join(waiting)}.",
+                "",
+            ]
+            if waiting
+            else []
+        ),
         learns_sentence(results, c),
         "",
         f"Every arm minus `none` on `{c.depth_condition}`, seed by seed, on {_wer_name(*c.metric)} WER (%) at the end "
@@ -915,22 +928,24 @@ def pilot_verdict(pilot: RunResult, config: StudyConfig) -> Tuple[Optional[bool]
     ``max_late_change`` from the budget to the pilot's end (flattened) and is at least ``min_metric_wer`` at
     the budget (not floored); None when the pilot lacks those decodings. With the sentence that says so, and
     test-clean at the budget beside it."""
-    p = config.pilot
+    budget = config.budget_of(pilot.key.condition)
+    p, steps = budget.pilot, budget.steps
+    where = "depth.budget" if pilot.key.condition == config.depth_condition else "budget"
     method, other = config.metric
     clean = (method, "test-clean")
-    if config.steps not in pilot.wer_at or p.steps not in pilot.wer_at:
-        return None, f"the pilot was not decoded at {config.steps} and {p.steps} steps: the budget is not checked."
-    late = pilot.wer_at[p.steps][config.metric] - pilot.wer_at[config.steps][config.metric]
-    floor = pilot.wer_at[config.steps][config.metric]
+    if steps not in pilot.wer_at or p.steps not in pilot.wer_at:
+        return None, f"the pilot was not decoded at {steps} and {p.steps} steps: the budget is not checked yet."
+    late = pilot.wer_at[p.steps][config.metric] - pilot.wer_at[steps][config.metric]
+    floor = pilot.wer_at[steps][config.metric]
     stands = abs(late) <= p.max_late_change and floor >= p.min_metric_wer
     text = (
-        f"from {config.steps} to {p.steps} steps {other} moves {late:+.2f} (at most {p.max_late_change:g} "
-        f"allowed) and is {floor:.2f} at {config.steps} (at least {p.min_metric_wer:g} required; test-clean "
-        f"{pilot.wer_at[config.steps].get(clean, float('nan')):.2f}): "
+        f"from {steps} to {p.steps} steps {other} moves {late:+.2f} (at most {p.max_late_change:g} "
+        f"allowed) and is {floor:.2f} at {steps} (at least {p.min_metric_wer:g} required; test-clean "
+        f"{pilot.wer_at[steps].get(clean, float('nan')):.2f}): "
         + (
-            f"the budget of {config.steps} steps stands."
+            f"the budget of {steps} steps stands."
             if stands
-            else f"the budget of {config.steps} steps does not stand: change budget.steps in "
+            else f"the budget of {steps} steps does not stand: change {where}.steps in "
             "studies/ablation/family.json before the runs, and say why."
         )
     )

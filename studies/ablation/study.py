@@ -142,6 +142,13 @@ class Settings:
                 points.append(point)
         return sorted(set(points))
 
+    def points_of(self, condition: str, steps: Optional[int] = None) -> List[int]:
+        """Where a run of ``condition`` trained to ``steps`` (default: its budget) is decoded: its family.json
+        budget's points at that budget, else (a budget set by ``--steps``) :meth:`decode_points`."""
+        budget = self.config.budget_of(condition)
+        steps = self.conditions[condition].steps if steps is None else steps
+        return list(budget.decode_at) if steps == budget.steps else self.decode_points(steps)
+
     def decoding_of(self, point: int) -> Tuple[int, int, bool]:
         """``(iteration, avg, use_averaged_model)`` of the decoding at ``point``: icefall's averaged model over
         the ``avg`` checkpoints before it when there are that many, else the checkpoint alone."""
@@ -274,9 +281,20 @@ def verify_cpu(s: Settings, steps: int) -> List[Reproduction]:
     return out
 
 
+def _grew(s: Settings, condition: str, old: Dict, new: Dict) -> bool:
+    """Whether ``condition``'s stored settings ``old`` differ from ``new`` only by a longer budget whose
+    decoding points begin with the old budget's (the runs made at it keep those decodings; their earlier
+    checkpoints are gone)."""
+    if not old["steps"] < new["steps"] or {**old, "steps": new["steps"]} != new:
+        return False
+    before = s.points_of(condition, old["steps"])
+    return s.points_of(condition)[: len(before)] == before
+
+
 def check_config(s: Settings) -> None:
-    """Store the settings on the first run; refuse a rerun with other settings for a condition already run,
-    or with an arm whose controls differ from those its existing runs were trained with."""
+    """Store the settings on the first run; refuse a rerun with other settings for a condition already run
+    (but a budget that grew and keeps the earlier decoding points: its finished runs train on from their last
+    checkpoint), or with an arm whose controls differ from those its existing runs were trained with."""
     path = s.summaries / CONFIG_FILE
     wanted = s.stored_config()
     stored = read_json(path)
@@ -284,7 +302,9 @@ def check_config(s: Settings) -> None:
         changed = {k: (stored.get(k), v) for k, v in wanted.items() if k != "conditions" and stored.get(k) != v}
         for name, c in wanted["conditions"].items():
             old = stored.get("conditions", {}).get(name)
-            if old is not None and old != c:
+            if old is not None and _grew(s, name, old, c):
+                logging.info(f"condition {name}: the budget grew from {old['steps']} to {c['steps']} steps")
+            elif old is not None and old != c:
                 changed[f"condition {name}"] = (old, c)
         if changed:
             detail = "; ".join(f"{k}: was {old!r}, now {new!r}" for k, (old, new) in changed.items())
@@ -398,9 +418,12 @@ def run(s: Settings, condition: str, cmd: List[str], what: str, log_hint: Path) 
 # --------------------------------------------------------------------------
 
 
-def run_done(s: Settings, key: RunKey, summaries: Optional[Path] = None, steps: int = 0) -> bool:
-    """Whether ``key`` has a summary decoded with every method on every test set, trained to ``steps`` at least."""
+def run_done(s: Settings, key: RunKey, summaries: Optional[Path] = None, steps: Optional[int] = None) -> bool:
+    """Whether ``key`` has a summary decoded with every method on every test set, trained to ``steps`` at least
+    (default: its condition's budget; a run made before the budget grew is not done: it trains on)."""
     result = read_summary(summaries or s.summaries, key)
+    if steps is None:
+        steps = s.conditions[key.condition].steps
     return (
         result is not None and result.steps >= steps and all((m, t) in result.wer for m in s.methods for t in TEST_SETS)
     )
@@ -515,7 +538,7 @@ def run_one(s: Settings, key: RunKey) -> RunResult:
     """Train and decode one run at its decoding points; write its summary; prune its checkpoints unless
     replays may start from them (the ``none`` run: pruned after its seed's replays)."""
     steps = s.conditions[key.condition].steps
-    result = train_and_decode(s, key, s.run_dir(key), steps, s.decode_points(steps), s.summaries)
+    result = train_and_decode(s, key, s.run_dir(key), steps, s.points_of(key.condition), s.summaries)
     if not (key.arm == OBSERVING_ARM and s.replays_on(key.condition)):
         prune_run(s.run_dir(key), kept_checkpoints(s, steps))
     return result
@@ -528,10 +551,11 @@ def pilot_conditions(s: Settings) -> List[str]:
 
 
 def run_pilot(s: Settings, condition: str) -> RunResult:
-    """The pilot (family.json's budget.pilot) on ``condition``: the ``none`` run of the pilot's seed trained
-    to the pilot's steps in ``<exp-root>/pilot/``, decoded at its points the way every run is; its summary in
+    """The pilot of ``condition``'s budget (family.json's budget.pilot, or depth.budget.pilot): the ``none``
+    run of the pilot's seed trained to the pilot's steps in ``<exp-root>/pilot/`` (a pilot of an earlier, shorter
+    budget trains on from its checkpoint), decoded at its points the way every run is; its summary in
     ``<summaries>/pilot/``."""
-    pilot = s.config.pilot
+    pilot = s.config.budget_of(condition).pilot
     key = RunKey(condition, OBSERVING_ARM, pilot.seed)
     run_dir = s.exp_root / PILOT / key.relpath
     summaries = s.summaries / PILOT
@@ -805,12 +829,23 @@ def write_report(
 ) -> Optional[Path]:
     """RESULTS.md's ablation section and the plots, from every summary (None when there is none); ``date``
     and ``machine`` (default: today, this machine) are the section's."""
-    results = finished_results(s)
+    summaries = finished_results(s)
+    if not summaries:
+        return None
+    # A run made before its condition's budget grew trains on; until then it pairs with none of the others. The
+    # budget is the one stored with the summaries (check_config), which may be an earlier round's.
+    stored = read_json(s.summaries / CONFIG_FILE) or {}
+    steps_of = {c: v.get("steps") for c, v in stored.get("conditions", {}).items()}
+    budget = {c: steps_of.get(c) or CONDITIONS[c].steps for c in report_conditions(s)}
+    results = [r for r in summaries if r.steps >= budget[r.key.condition]]
+    waiting = [r for r in summaries if r.steps < budget[r.key.condition]]
+    if waiting:
+        logging.info(f"{len(waiting)} run(s) trained to fewer steps than their budget, left out of the report")
     if not results:
         return None
     replays = [r for c in report_conditions(s) for r in read_replay_summaries(s.summaries, c)]
     pilots = [
-        read_summary(s.summaries / PILOT, RunKey(c, OBSERVING_ARM, s.config.pilot.seed))
+        read_summary(s.summaries / PILOT, RunKey(c, OBSERVING_ARM, s.config.budget_of(c).pilot.seed))
         for c in (s.config.condition, s.config.depth_condition)
     ]
     sweep = sorted({s.thresholds.grad_filter_threshold, *s.thresholds.filter_sweep})
@@ -821,7 +856,7 @@ def write_report(
         command=command,
         config=s.config,
         summaries=os.path.relpath(s.summaries, s.results_dir),
-        stored=read_json(s.summaries / CONFIG_FILE) or {},
+        stored=stored,
         thresholds=s.thresholds,
         methods=s.methods,
         # A set without replays (depth, landscape) reports the round's plan for the replays it made.
@@ -833,6 +868,7 @@ def write_report(
         date=date or today(),
         machine=machine or machine_summary(),
         reproductions=read_reproductions(s.summaries),
+        waiting=tuple(f"{r.key.relpath} ({r.steps} of {budget[r.key.condition]})" for r in waiting),
     )
     results_md = s.results_dir / "RESULTS.md"
     SECTION.write(
