@@ -53,6 +53,7 @@ from studies.ablation.arms import (
 )
 from studies.ablation.compare import format_comparisons, paired_comparisons
 from studies.ablation.cpus import Reproduction, computes_as, first_difference, read_reproductions, write_reproduction
+from studies.ablation.family import Budget
 from studies.ablation.metrics import (
     Spread,
     diverged,
@@ -375,16 +376,43 @@ def test_a_sets_report_covers_the_whole_round_and_names_every_sets_command(tmp_p
     assert not study.run_done(deep, RunKey("digits-12", "none", 42))
     assert study.run_done(deep, RunKey("digits-12", "none", 42), steps=2)
     deep.exp_root = primary.exp_root = tmp_path / "exp"
-    stored = deep.stored_config()
-    for steps, grows in ((1800, True), (3600, False)):
+
+    def stored_as(steps, flags=None):
+        stored = deep.stored_config()
         stored["conditions"]["digits-12"]["steps"] = steps
+        stored["conditions"]["digits-12"]["flags"] = flags or stored["conditions"]["digits-12"]["flags"]
         (summaries / study.CONFIG_FILE).write_text(json.dumps(stored))
-        if grows:
-            study.check_config(deep)
-            assert json.loads((summaries / study.CONFIG_FILE).read_text()) == deep.stored_config()
-        else:
-            with pytest.raises(study.StudyError, match="condition digits-12: was .*'steps': 3600"):
-                study.check_config(deep)
+
+    # digits-12 / none / 42 was decoded at 600, 1,200 and 1,800 (the 1,800-step budget's points).
+    made = _run("none", 42, 1.0, {0: [1.0] * 1800})
+    made.key = RunKey("digits-12", "none", 42)
+    made.wer_at = {p: made.wer for p in (600, 1200, 1800)}
+    write_summary(summaries, made)
+    stored_as(1800)
+    study.check_config(deep)
+    assert json.loads((summaries / study.CONFIG_FILE).read_text()) == deep.stored_config()
+    moved = {"digits-12": dataclasses.replace(deep.conditions["digits-12"], steps=3000)}
+    refused = {
+        "a shrunk budget": (3600, None, deep),
+        "a grown budget with other flags": (1800, ["--base-lr", "0.01"], deep),
+        # --steps 3000: its points (1,000 / 2,000 / 3,000) do not begin with the run's 600 / 1,200 / 1,800.
+        "a grown budget that moves the decoding points": (1800, None, dataclasses.replace(deep, conditions=moved)),
+    }
+    for what, (steps, flags, s) in refused.items():
+        stored_as(steps, flags)
+        with pytest.raises(study.StudyError, match="condition digits-12: was "):
+            study.check_config(s)
+            pytest.fail(what)
+    # The budget grows again (2,700 -> 4,100 with the earlier points kept): accepted.
+    later = dataclasses.replace(
+        deep,
+        config=dataclasses.replace(STUDY, depth_budget=Budget(4100, (600, 1200, 1800, 2700, 4100), STUDY.pilot)),
+        conditions={"digits-12": dataclasses.replace(deep.conditions["digits-12"], steps=4100)},
+    )
+    stored_as(2700)
+    study.check_config(later)
+    assert json.loads((summaries / study.CONFIG_FILE).read_text())["conditions"]["digits-12"]["steps"] == 4100
+    (summaries / "digits-12" / "none" / "seed-42.json").unlink()
     # The report pairs runs at their condition's budget (stored with the summaries) only: digits-12 / none at
     # 1,800 waits, named, left out.
     (summaries / study.CONFIG_FILE).write_text(json.dumps(deep.stored_config()))
@@ -395,9 +423,10 @@ def test_a_sets_report_covers_the_whole_round_and_names_every_sets_command(tmp_p
     assert study.write_report(primary, "cmd", "2026-11-27", "m") == tmp_path / "RESULTS.md"
     section = SECTION.read(tmp_path / "RESULTS.md")
     assert (
-        "(`ablation.py --set depth` resumes them from their last checkpoint): digits-12/none/seed-42 (1800 of 2700)."
-        in section
+        "left out of every table until they train on (their set's command resumes them from their last checkpoint): "
+        "digits-12/none/seed-42 (1800 of 2700)." in section
     )
+    assert "Waiting to train on (above): 1 run of `digits-12`." in section
     assert "- **digits**: 1800 steps" in section and "- **digits-12**" not in section
     (summaries / "digits-12").rename(tmp_path / "elsewhere")
     assert module.report_command(primary, ["--set=primary"]) == "./lstm_transducer_stateless/ablation.py"
@@ -793,7 +822,7 @@ def test_results_md_sections_commands_and_plots(ablation):
     # The family: filter - none has its 2 pairs, the arms that did not run none.
     assert re.search(r"^\| `filter` − `none` \| 2 \| [+-]\d", text, re.M)
     assert "| `guard` − `none` | 0 | - | - | - | - | - | not tested: 0 pair(s) |" in text
-    assert "### WER at a third, two thirds and the whole budget" in text
+    assert "### WER at each decoding point" in text
     assert "greedy test-other at 4 | greedy test-clean at 6" in text
     commands = text.split("<summary>Every command")[1]
     runs = len(ARMS) * len(SEEDS)

@@ -242,7 +242,8 @@ CONDITIONS: Dict[str, Condition] = {
     "digits-12": Condition(
         "digits-12",
         "connected digits, 12 LSTM layers of 128 (feed-forward 512), --base-lr 0.003, --model-warm-step 50: the "
-        "depth of icefall's stack at a width whose run fits about 15 minutes on 2 cores (RESULTS.md, 'Depth pilot')",
+        "depth of icefall's stack at a width whose 1,800 steps fit about 15 minutes on 2 cores (RESULTS.md, 'Depth "
+        "pilot'); its budget is its own (family.json's depth.budget)",
         corpus="digits",
         corpus_dir="digits",
         steps=STUDY.depth_budget.steps,

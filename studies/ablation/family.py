@@ -64,6 +64,7 @@ class Budget:
     steps: int
     decode_at: Tuple[int, ...]
     pilot: Pilot
+    kept: str = ""  # why the budget stays although its pilot did not confirm it (family.json), or ""
 
 
 @dataclass(frozen=True)
@@ -158,13 +159,15 @@ def _check(config: StudyConfig) -> None:
         raise ValueError("studies/ablation/family.json: " + "; ".join(problems))
 
 
-def _pilot(raw: Dict) -> Pilot:
+def _pilot(raw: Dict, rule: Dict) -> Pilot:
+    """A pilot's seed, steps and points from ``raw``; its rule (the late change allowed, the floor) from ``rule``
+    (the round's budget.pilot: one rule for every budget)."""
     return Pilot(
         int(raw["seed"]),
         int(raw["steps"]),
         tuple(int(x) for x in raw["decode_at"]),
-        float(raw["max_late_change"]),
-        float(raw["min_metric_wer"]),
+        float(rule["max_late_change"]),
+        float(rule["min_metric_wer"]),
     )
 
 
@@ -185,7 +188,7 @@ def load_config(path: Path = CONFIG_PATH) -> StudyConfig:
         average_period=int(budget["average_period"]),
         avg=int(budget["avg"]),
         use_averaged_model=bool(budget["use_averaged_model"]),
-        pilot=_pilot(budget["pilot"]),
+        pilot=_pilot(budget["pilot"], budget["pilot"]),
         metric=metric,
         alpha=float(test["alpha"]),
         confidence=float(test["confidence"]),
@@ -212,7 +215,8 @@ def load_config(path: Path = CONFIG_PATH) -> StudyConfig:
         depth_budget=Budget(
             int(raw["depth"]["budget"]["steps"]),
             tuple(int(x) for x in raw["depth"]["budget"]["decode_at"]),
-            _pilot(raw["depth"]["budget"]["pilot"]),
+            _pilot(raw["depth"]["budget"]["pilot"], budget["pilot"]),
+            raw["depth"]["budget"].get("kept", ""),
         ),
         raw=raw,
     )

@@ -1,5 +1,5 @@
 """The ablation section of RESULTS.md: the answer (every sentence made from a number computed here), the
-family of comparisons fixed before the runs, WER at a third, two thirds and the whole budget, the set-up of
+family of comparisons fixed before the runs, WER at each decoding point, the set-up of
 the runs that ran, the table per arm, where the outliers arise, descriptive paired differences, the replays
 with their controls, icefall's own table and remarks beside it, the pilot, the plots and every command."""
 
@@ -394,11 +394,7 @@ def depth_section(
         depth_pilot_sentence(pilot, c),
         "",
         *(
-            [
-                f"Trained to fewer steps than the budget ({c.depth_budget.steps}), left out below until they train on "
-                f"(`ablation.py --set depth` resumes them from their last checkpoint): {', '.join(waiting)}.",
-                "",
-            ]
+            [f"Waiting to train on (above): {_plural(len(waiting), 'run', 'runs')} of `{c.depth_condition}`.", ""]
             if waiting
             else []
         ),
@@ -410,11 +406,37 @@ def depth_section(
         "",
         format_family_table(rows, labels, c),
         "",
+        *([at_round_budget_sentence(results, c), ""] if c.depth_budget.steps != c.steps else []),
         sensitivity_sentence(results, c, c.depth_seeds, len(rows)),
         "",
         interaction_sentence(results, c),
         "",
     ]
+
+
+def at_round_budget_sentence(results: Sequence[RunResult], config: StudyConfig) -> str:
+    """The deep condition's family at the round's budget as well (its runs are decoded there too): whether the
+    answer depends on the budget. Unadjusted intervals, beside the family."""
+    step, ci = config.steps, f"{100 * config.confidence:g}%"
+    deep = [r for r in results if r.key.condition == config.depth_condition]
+
+    def at_step(arm: str) -> List[RunResult]:
+        return [r for r in deep if r.key.arm == arm]
+
+    parts = []
+    for comparison in config.depth_family:
+        pairing = pair_runs(
+            at_step(comparison.arm),
+            at_step(comparison.baseline),
+            lambda r: decoded(r).get(step, {}).get(config.metric, math.nan),
+        )
+        d = paired_difference(pairing.arm_values, pairing.baseline_values, config.confidence)
+        mean = "-" if math.isnan(d.mean) else f"{d.mean:+.2f}"
+        parts.append(f"`{comparison.arm}` − `{comparison.baseline}` {mean} {d.interval(2)} ({d.n} pairs)")
+    return (
+        f"The same comparisons at the round's budget, {step} steps (every run here is decoded there too), "
+        f"{_wer_name(*config.metric)}, with unadjusted {ci} intervals: " + "; ".join(parts) + "."
+    )
 
 
 def acts_as(acted_percent: float) -> str:
@@ -945,6 +967,8 @@ def pilot_verdict(pilot: RunResult, config: StudyConfig) -> Tuple[Optional[bool]
         + (
             f"the budget of {steps} steps stands."
             if stands
+            else f"the budget of {steps} steps does not stand by the rule; kept ({where}.kept): {budget.kept}"
+            if budget.kept
             else f"the budget of {steps} steps does not stand: change {where}.steps in "
             "studies/ablation/family.json before the runs, and say why."
         )
@@ -1002,6 +1026,17 @@ def render_section(
         f"CPU models of the summaries: {_cpu_line(results, replays)}."
         + reproductions_sentence(setup.reproductions, setup.summaries),
         "",
+        *(
+            [
+                "Trained to fewer steps than their condition's budget (steps made of the budget), left out of every "
+                "table until they train on (their set's command resumes them from their last checkpoint): "
+                + ", ".join(setup.waiting)
+                + ".",
+                "",
+            ]
+            if setup.waiting
+            else []
+        ),
         f"Command (from `egs/librispeech/ASR`, once its corpus is prepared: `make ablation` from the repository "
         f"root prepares it and runs this; the runs' summaries are in `{setup.summaries}/`):",
         "",
@@ -1015,7 +1050,7 @@ def render_section(
         *family_section(rows, setup, results, condition),
         *landscape_section(results, arms, setup),
         *depth_section(results, labels, setup, pilot_of.get(setup.config.depth_condition)),
-        "### WER at a third, two thirds and the whole budget",
+        "### WER at each decoding point",
         "",
         format_wer_curves(results, arms, setup.methods),
         "",

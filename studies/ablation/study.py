@@ -1,5 +1,5 @@
-"""The ablation's runs, made: every run of the plan trained and decoded at a third, two thirds and the whole
-budget (resumable), the replayed outlier events with their controls, the pilot that checks the budget, the
+"""The ablation's runs, made: every run of the plan trained and decoded at its condition's decoding points
+(resumable), the replayed outlier events with their controls, the pilot that checks the budget, the
 checkpoints pruned as each run is done, and the report rewritten after each from every summary.
 
 The recipe's entry point (``lstm_transducer_stateless/ablation.py``) turns its flags into
@@ -283,12 +283,17 @@ def verify_cpu(s: Settings, steps: int) -> List[Reproduction]:
 
 def _grew(s: Settings, condition: str, old: Dict, new: Dict) -> bool:
     """Whether ``condition``'s stored settings ``old`` differ from ``new`` only by a longer budget whose
-    decoding points begin with the old budget's (the runs made at it keep those decodings; their earlier
-    checkpoints are gone)."""
+    decoding points begin with those of every run made before (they keep only their last checkpoints, so an
+    earlier point they were not decoded at could not be decoded now)."""
     if not old["steps"] < new["steps"] or {**old, "steps": new["steps"]} != new:
         return False
-    before = s.points_of(condition, old["steps"])
-    return s.points_of(condition)[: len(before)] == before
+    points = s.points_of(condition)
+    for path in sorted(s.summaries.glob(f"{condition}/*/seed-*.json")):
+        made = read_summary(s.summaries, RunKey(condition, path.parent.name, int(path.stem.split("-", 1)[1])))
+        before = sorted(made.wer_at or [made.steps]) if made is not None else []
+        if points[: len(before)] != before:
+            return False
+    return True
 
 
 def check_config(s: Settings) -> None:
@@ -836,7 +841,7 @@ def write_report(
     # budget is the one stored with the summaries (check_config), which may be an earlier round's.
     stored = read_json(s.summaries / CONFIG_FILE) or {}
     steps_of = {c: v.get("steps") for c, v in stored.get("conditions", {}).items()}
-    budget = {c: steps_of.get(c) or CONDITIONS[c].steps for c in report_conditions(s)}
+    budget = {c: steps_of.get(c) or 0 for c in report_conditions(s)}  # no budget recorded: none left out
     results = [r for r in summaries if r.steps >= budget[r.key.condition]]
     waiting = [r for r in summaries if r.steps < budget[r.key.condition]]
     if waiting:

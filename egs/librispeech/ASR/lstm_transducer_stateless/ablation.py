@@ -140,7 +140,8 @@ def get_parser() -> argparse.ArgumentParser:
         choices=["auto", "only", "skip"],
         default="auto",
         help="the pilot of family.json (the budget check, on the round's and the deep condition): auto: before "
-        "the primary and depth sets' runs, which go on only if the budget stands; only: the pilot alone; skip: none",
+        "the primary and depth sets' runs, which go on only if the budget stands (or family.json says why it is "
+        "kept); only: the pilot alone; skip: none",
     )
     add("--conditions", nargs="+", default=None, choices=list(CONDITIONS), help="conditions (default: the set's)")
     add("--arms", nargs="+", default=None, help="arms (default: the set's; --list shows the plan)")
@@ -365,11 +366,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             verify_cpu(s, args.verify_cpu)
             return 0
         if args.pilot == "only" or (args.pilot == "auto" and args.set in ("primary", "depth")):
-            verdicts = []
+            goes_on = []
             for c in pilot_conditions(s):
-                verdicts.append(pilot_verdict(run_pilot(s, c), s.config))
-                logging.info(f"Pilot on {c}: {verdicts[-1][1]}")
-            if args.pilot == "only" or not all(stands for stands, _ in verdicts):
+                stands, text = pilot_verdict(run_pilot(s, c), s.config)
+                logging.info(f"Pilot on {c}: {text}")
+                goes_on.append(bool(stands or s.config.budget_of(c).kept))  # kept: family.json says why
+            if args.pilot == "only" or not all(goes_on):
                 write_report(s, report_command(s, argv))
                 return 0 if args.pilot == "only" else 1
         if run_plan(s, report_command(s, argv)) == 0:
