@@ -711,6 +711,12 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
         f"test-other, with unadjusted 95% intervals: `filter` − `none` {m:+.2f} [{m - half:+.2f}, {m + half:+.2f}] "
         "(3 pairs); `guard` − `none` - - (0 pairs); `scaled-adam` − `none` - - (0 pairs)." in text
     )
+    # From 1,800 to 2,700 (the runs' own WER at 2,700: none 20 each, filter 17, 17, 15.5 at seeds 42-44): none
+    # (20 - 20, 20 - 18, 20 - 21, 20 - 22) / 4 = -0.25; filter (17 - 19, 17 - 20, 15.5 - 21.5) / 3 = -3.67.
+    assert (
+        "Each arm's mean change from 1800 to 2700 steps (whether its seeds still improve): `none` -0.25 (4 seeds), "
+        "`filter` -3.67 (3 seeds)." in text
+    )
     every_arm = [*runs, run("digits-12", "guard", 42, 29.0), run("digits-12", "scaled-adam", 42, 12.0)]
     assert '"depth"): yes; per arm' in "\n".join(
         depth_section(every_arm, {}, SimpleNamespace(config=config, waiting=()))

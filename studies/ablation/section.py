@@ -433,9 +433,21 @@ def at_round_budget_sentence(results: Sequence[RunResult], config: StudyConfig) 
         d = paired_difference(pairing.arm_values, pairing.baseline_values, config.confidence)
         mean = "-" if math.isnan(d.mean) else f"{d.mean:+.2f}"
         parts.append(f"`{comparison.arm}` − `{comparison.baseline}` {mean} {d.interval(2)} ({d.n} pairs)")
+    end = config.depth_budget.steps
+    changes = []
+    for arm in dict.fromkeys(x for c in config.depth_family for x in (c.baseline, c.arm)):
+        both = [decoded(r) for r in at_step(arm)]
+        moved = [d[end][config.metric] - d[step][config.metric] for d in both if step in d and end in d]
+        if moved:
+            changes.append(f"`{arm}` {statistics.mean(moved):+.2f} ({_plural(len(moved), 'seed', 'seeds')})")
     return (
         f"The same comparisons at the round's budget, {step} steps (every run here is decoded there too), "
-        f"{_wer_name(*config.metric)}, with unadjusted {ci} intervals: " + "; ".join(parts) + "."
+        f"{_wer_name(*config.metric)}, with unadjusted {ci} intervals: "
+        + "; ".join(parts)
+        + ". Each arm's mean change from "
+        + f"{step} to {end} steps (whether its seeds still improve): "
+        + (", ".join(changes) if changes else "no run has both yet")
+        + "."
     )
 
 
