@@ -647,7 +647,10 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     config = dataclasses.replace(STUDY, depth_seeds=4)
     text = "\n".join(depth_section(runs, {}, SimpleNamespace(config=config, waiting=())))
     assert text.startswith("### Depth: `digits-12`")
-    assert f"over the 3 seed(s) both have (42, 43, 44): {mean:+.2f}, 95% interval {d.interval(2)}" in text
+    assert (
+        "The filter's effect at `digits-12` minus its effect at `digits` (each at its condition's budget, 2700 and "
+        f"1800 steps), over the 3 seed(s) both have (42, 43, 44): {mean:+.2f}, 95% interval {d.interval(2)}" in text
+    )
     # Each depth's effect over those seeds, with its own interval: at 12 layers -3, -3, -4.5; at 4 -1, -2, -1.5.
     for effects, where in (([-3.0, -3.0, -4.5], "digits-12"), ([-1.0, -2.0, -1.5], "digits")):
         m, half = statistics.mean(effects), student_t_quantile(0.975, 2) * statistics.stdev(effects) / math.sqrt(3)

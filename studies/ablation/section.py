@@ -345,8 +345,8 @@ def interaction_sentence(results: Sequence[RunResult], config: StudyConfig) -> s
     shallow = filter_effects(results, config, config.condition)
     d = depth_interaction(deep, shallow, config.confidence)
     text = (
-        f"The filter's effect at `{config.depth_condition}` minus its effect at `{config.condition}`, over the "
-        f"{d.n} seed(s) both have"
+        f"The filter's effect at `{config.depth_condition}` minus its effect at `{config.condition}` (each at its "
+        f"condition's budget, {config.depth_budget.steps} and {config.steps} steps), over the {d.n} seed(s) both have"
     )
     if d.n < 2:
         return text + ": not computed (it needs 2)."
