@@ -595,11 +595,19 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     assert landscape_section([r for r in runs if r.key.arm == "none"], arms, SimpleNamespace(config=STUDY)) == []
 
 
-def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
+def depth_text(results, config, waiting=(), pilot=None):
+    """The depth section's lines for ``results`` under ``config``, as the report renders it."""
     from types import SimpleNamespace
 
+    from studies.ablation.section import depth_section
+
+    return depth_section(results, {}, SimpleNamespace(config=config, waiting=waiting), pilot)
+
+
+def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
+
     from studies.ablation.arms import CONDITIONS, RUN_SETS
-    from studies.ablation.section import depth_interaction, depth_section, filter_effects, pilot_verdict
+    from studies.ablation.section import depth_interaction, filter_effects, pilot_verdict
 
     deep = CONDITIONS[STUDY.depth_condition]
     flags = dict(zip(deep.model_flags[::2], deep.model_flags[1::2]))
@@ -645,7 +653,7 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     assert d.high - d.mean == pytest.approx(student_t_quantile(0.975, 2) * sem)
     # 4 seeds planned, not the landscape's 5: the sensitivity is the depth family's.
     config = dataclasses.replace(STUDY, depth_seeds=4)
-    text = "\n".join(depth_section(runs, {}, SimpleNamespace(config=config, waiting=())))
+    text = "\n".join(depth_text(runs, config))
     assert text.startswith("### Depth: `digits-12`")
     assert (
         "The filter's effect at `digits-12` minus its effect at `digits` (each at its condition's budget, 2700 and "
@@ -667,13 +675,13 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     pilot = run("digits-12", "none", 42, 0.0)
     pilot.wer_at = {2700: {("greedy_search", "test-clean"): 1.2, ("greedy_search", "test-other"): 9.1}}
     pilot.scalars = {"grad_norm": [(2700, 1.0)]}
-    text = "\n".join(depth_section(runs, {}, SimpleNamespace(config=config, waiting=()), pilot))
+    text = "\n".join(depth_text(runs, config, pilot=pilot))
     assert (
         "1.20 / 9.10 at 2700; the pilot was not decoded at 2700 and 4100 steps: the budget is not checked yet." in text
     )
     pilot.wer_at[4100] = {("greedy_search", "test-clean"): 1.0, ("greedy_search", "test-other"): 10.0}
     pilot.scalars = {"grad_norm": [(4100, 1.0)]}
-    text = "\n".join(depth_section(runs, {}, SimpleNamespace(config=config, waiting=()), pilot))
+    text = "\n".join(depth_text(runs, config, pilot=pilot))
     assert (
         "`none` / seed 42 trained to 4100 steps, greedy test-clean / greedy test-other WER 1.20 / 9.10 at 2700; "
         "1.00 / 10.00 at 4100; from 2700 to 4100 steps test-other moves +0.90 (at most 1 allowed) and is 9.10 at "
@@ -695,7 +703,7 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     )
     # Runs made before the budget grew wait to train on: named, left out of the comparisons.
     waiting = ("digits-12/guard/seed-44 (1800 of 2700)", "digits/none/seed-50 (600 of 1800)")
-    only_waiting = "\n".join(depth_section([], {}, SimpleNamespace(config=config, waiting=waiting)))
+    only_waiting = "\n".join(depth_text([], config, waiting))
     assert (
         only_waiting.startswith("### Depth: `digits-12`")
         and "Waiting to train on (above): 1 run of `digits-12`." in only_waiting
@@ -708,7 +716,7 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
             r.wer_at = {1800: {("greedy_search", "test-other"): at_1800[(r.key.arm, r.key.seed)]}, 2700: r.wer}
     diffs = [-1.0, 2.0, 0.5]
     m, half = statistics.mean(diffs), student_t_quantile(0.975, 2) * statistics.stdev(diffs) / math.sqrt(3)
-    text = "\n".join(depth_section(runs, {}, SimpleNamespace(config=config, waiting=())))
+    text = "\n".join(depth_text(runs, config))
     assert (
         "The same comparisons at the round's budget, 1800 steps (every run here is decoded there too), greedy "
         f"test-other, with unadjusted 95% intervals: `filter` − `none` {m:+.2f} [{m - half:+.2f}, {m + half:+.2f}] "
@@ -721,9 +729,7 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
         "`filter` -3.67 (3 seeds)." in text
     )
     every_arm = [*runs, run("digits-12", "guard", 42, 29.0), run("digits-12", "scaled-adam", 42, 12.0)]
-    assert '"depth"): yes; per arm' in "\n".join(
-        depth_section(every_arm, {}, SimpleNamespace(config=config, waiting=()))
-    )
+    assert '"depth"): yes; per arm' in "\n".join(depth_text(every_arm, config))
     assert "| filter − none | 4 |" in text and "| guard − none | 0 |" in text
     # The round's filter - none on digits (-1, -2, -1.5: standard deviation 0.5) sizes what 4 pairs at 0.05 / 3 see.
     effect = effect_for_power(4, 0.05 / 3, 0.8)
@@ -732,16 +738,13 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     assert f"points over its 3 pairs), about {effect * 0.5:.1f} points of WER." in text
     # An arm over the bar, and a run without a WER (it does not learn; the highest is of the finite ones).
     worse = [*runs, run("digits-12", "guard", 42, 35.0), run("digits-12", "scaled-adam", 42, math.nan)]
-    text = "\n".join(depth_section(worse, {}, SimpleNamespace(config=config, waiting=())))
+    text = "\n".join(depth_text(worse, config))
     assert (
         '"depth"): no; per arm `none` 20.00, `filter` '
         f"{filter_mean:.2f}, `guard` 35.00, `scaled-adam` nan; the highest run 35.00 (`guard`, seed 42); 1 run "
         "without a value (not learning)." in text
     )
-    assert (
-        depth_section([r for r in runs if r.key.condition == "digits"], {}, SimpleNamespace(config=STUDY, waiting=()))
-        == []
-    )
+    assert depth_text([r for r in runs if r.key.condition == "digits"], STUDY) == []
 
 
 def test_the_deep_condition_has_its_own_budget_because_the_round_rule_failed_there(tmp_path):

@@ -420,14 +420,14 @@ def at_round_budget_sentence(results: Sequence[RunResult], config: StudyConfig) 
     step, ci = config.steps, f"{100 * config.confidence:g}%"
     deep = [r for r in results if r.key.condition == config.depth_condition]
 
-    def at_step(arm: str) -> List[RunResult]:
+    def of_arm(arm: str) -> List[RunResult]:
         return [r for r in deep if r.key.arm == arm]
 
     parts = []
     for comparison in config.depth_family:
         pairing = pair_runs(
-            at_step(comparison.arm),
-            at_step(comparison.baseline),
+            of_arm(comparison.arm),
+            of_arm(comparison.baseline),
             lambda r: decoded(r).get(step, {}).get(config.metric, math.nan),
         )
         d = paired_difference(pairing.arm_values, pairing.baseline_values, config.confidence)
@@ -436,7 +436,7 @@ def at_round_budget_sentence(results: Sequence[RunResult], config: StudyConfig) 
     end = config.depth_budget.steps
     changes = []
     for arm in dict.fromkeys(x for c in config.depth_family for x in (c.baseline, c.arm)):
-        both = [decoded(r) for r in at_step(arm)]
+        both = [decoded(r) for r in of_arm(arm)]
         moved = [d[end][config.metric] - d[step][config.metric] for d in both if step in d and end in d]
         if moved:
             changes.append(f"`{arm}` {statistics.mean(moved):+.2f} ({_plural(len(moved), 'seed', 'seeds')})")
