@@ -17,54 +17,14 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from studies.ablation.markdown import markdown_table
-from studies.ablation.metrics import OUTLIER_RATIO, percentile, plateau_exit
+from studies.ablation.metrics import OUTLIER_RATIO, first_and_largest, layer_outliers, plateau_exit
 from studies.ablation.plots import plot_outliers_by_depth
 from studies.ablation.runs import RunResult
 from studies.runner import read_json
-
-
-@dataclass
-class LayerOutliers:
-    """One layer's per-sequence gradient ratios (largest over the batch median) after warm-up."""
-
-    layer: int
-    median: float
-    p99: float
-    largest: float
-    largest_step: int
-    percent_over: float
-    first_over: Optional[int]  # the first step after warm-up over the threshold; None: never
-
-
-def layer_outliers(run: RunResult, threshold: float) -> List[LayerOutliers]:
-    """Per layer, top layer first (gradients flow down), over the steps from ``run.warm_end`` on."""
-    rows = []
-    for layer in sorted(run.layers(), reverse=True):
-        series = [
-            (s, v) for s, v in run.filter_series(layer, "max_over_median") if s >= run.warm_end and math.isfinite(v)
-        ]
-        if not series:
-            continue
-        values = [v for _, v in series]
-        largest_step, largest = max(series, key=lambda sv: sv[1])
-        over = [s for s, v in series if v > threshold]
-        rows.append(
-            LayerOutliers(
-                layer,
-                percentile(values, 50),
-                percentile(values, 99),
-                largest,
-                largest_step,
-                100 * len(over) / len(series),
-                over[0] if over else None,
-            )
-        )
-    return rows
 
 
 def load_runs(folder: Path) -> List[RunResult]:
@@ -116,9 +76,7 @@ def format_report(labelled: Sequence[Tuple[str, List[RunResult]]], threshold: fl
     for name, run in runs:
         layers = {r.layer: r for r in layer_outliers(run, threshold)}
         per_run[name] = layers
-        firsts = [(r.first_over, r.layer) for r in layers.values() if r.first_over is not None]
-        first = "never" if not firsts else "{1} ({0})".format(*min(firsts))
-        top = max(layers.values(), key=lambda r: r.largest) if layers else None
+        first, largest = first_and_largest(list(layers.values()))
         exit_step = plateau_exit(run)
         rows.append(
             [
@@ -128,7 +86,7 @@ def format_report(labelled: Sequence[Tuple[str, List[RunResult]]], threshold: fl
                 *_wer_cells(run, test_sets),
                 "-" if not math.isfinite(exit_step) else str(int(exit_step)),
                 first,
-                "-" if top is None else f"{top.largest:.1f}: {top.layer} ({top.largest_step})",
+                largest,
                 _fmt(run.wall_total_s / 60, 1),
             ]
         )

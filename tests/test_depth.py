@@ -7,9 +7,10 @@ import pytest
 from test_markdown_tables import cell_count, tables
 
 from studies.ablation.arms import CONDITIONS, RunKey
+from studies.ablation.metrics import layer_outliers
 from studies.ablation.runs import RunResult
 from studies.ablation.study import with_budget
-from studies.depth import format_report, layer_outliers, load_runs, main
+from studies.depth import format_report, load_runs, main
 
 
 def _run(ratios, warm_end=2, seed=42):
@@ -147,3 +148,26 @@ def test_depth_report_draws_its_plot(tmp_path, capsys):
     main([f"L2={tmp_path / 'L2'}", f"L3={tmp_path / 'L3'}", "--plot", str(png)])
     assert "| L3 | 42 |" in capsys.readouterr().out
     assert png.is_file() and not _blank(png)
+
+
+def test_the_ablation_names_each_seeds_first_outlier_layer_and_icefalls_beside_the_deep_condition():
+    from studies.ablation.section import first_outliers, icefall_published
+
+    # Seed 43 given first: the rows go by seed. Seed 42: from step 2 (warm-up), layer 0 goes over 25 at step
+    # 3, layer 1 at step 4: layer 0 first; the largest, 40 at layer 0, step 5; the objective 0.5 x 0.2 + pruned
+    # falls below 0.3 from step 4 and the 5-step trailing mean first does at step 8: never in 6 steps.
+    # Seed 43: layers 0 and 1 both over at step 2: the lower, 0; the largest, 90 at layer 1, step 6.
+    runs = [
+        _run({0: [1.0, 30.0, 2.0, 2.0, 2.0, 2.0], 1: [1.0, 26.0, 2.0, 2.0, 2.0, 90.0]}, seed=43),
+        _run({0: [500.0, 2.0, 30.0, 3.0, 40.0, 1.0], 1: [1.0, 1.5, 2.5, 26.0, 2.0, 3.0]}),
+    ]
+    lines = first_outliers(runs, beside_icefall=False)
+    text = "\n".join(lines)
+    assert "| 42 | - | 0 (3) | 40.0: 0 (5) |\n| 43 | - | 0 (2) | 90.0: 1 (6) |" in text
+    assert "icefall" not in text and len(list(tables(text))) == 1
+    quiet = "\n".join(first_outliers([_run({0: [1.0, 2.0, 3.0]}, seed=7)], beside_icefall=False))
+    assert "| 7 | - | never | 3.0: 0 (3) |" in quiet
+    beside = "\n".join(first_outliers(runs, beside_icefall=True))
+    explosion = icefall_published()["explosion"]
+    assert "layer 10" in explosion["text"] and "pull/558" in explosion["source"]
+    assert f"not measured here: {explosion['text']}. Source: {explosion['source']}." in beside

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.train.optimizer_state import EVENT_JUMP
@@ -150,6 +150,57 @@ def recovery_steps(result: RunResult) -> float:
     """Median steps an inflated tensor took to recover (events ending after warm-up); nan when none."""
     xs = [v for s, v in result.series("exp_avg_sq_recovery") if s >= result.warm_end]
     return statistics.median(xs) if xs else float("nan")
+
+
+@dataclass
+class LayerOutliers:
+    """One layer's per-sequence gradient ratios (largest over the batch median) after warm-up."""
+
+    layer: int
+    median: float
+    p99: float
+    largest: float
+    largest_step: int
+    percent_over: float
+    first_over: Optional[int]  # the first step after warm-up over the threshold; None: never
+
+
+def layer_outliers(run: RunResult, threshold: float) -> List[LayerOutliers]:
+    """Per layer, top layer first (gradients flow down), over the steps from ``run.warm_end`` on."""
+    rows = []
+    for layer in sorted(run.layers(), reverse=True):
+        series = [
+            (s, v) for s, v in run.filter_series(layer, "max_over_median") if s >= run.warm_end and math.isfinite(v)
+        ]
+        if not series:
+            continue
+        values = [v for _, v in series]
+        largest_step, largest = max(series, key=lambda sv: sv[1])
+        over = [s for s, v in series if v > threshold]
+        rows.append(
+            LayerOutliers(
+                layer,
+                percentile(values, 50),
+                percentile(values, 99),
+                largest,
+                largest_step,
+                100 * len(over) / len(series),
+                over[0] if over else None,
+            )
+        )
+    return rows
+
+
+def first_and_largest(layers: Sequence[LayerOutliers]) -> Tuple[str, str]:
+    """Two cells from one run's :func:`layer_outliers`: the layer first over the threshold with its step
+    (``layer (step)``; the lowest layer where several go over at one step; ``never``), and the largest ratio
+    with its layer and step (``ratio: layer (step)``; ``-`` without layers)."""
+    firsts = [(r.first_over, r.layer) for r in layers if r.first_over is not None]
+    first = "never" if not firsts else "{1} ({0})".format(*min(firsts))
+    if not layers:
+        return first, "-"
+    top = max(layers, key=lambda r: r.largest)
+    return first, f"{top.largest:.1f}: {top.layer} ({top.largest_step})"
 
 
 def plateau_exit(result: RunResult, loss: float = STUDY.plateau_loss, window: int = STUDY.plateau_window) -> float:

@@ -38,10 +38,12 @@ from studies.ablation.metrics import (
     Spread,
     clips,
     decoded,
+    first_and_largest,
     format_outlier_table,
     format_table,
     format_wer_curves,
     group_runs,
+    layer_outliers,
     median_clip_scale,
     outlier_rows,
     outlier_steps,
@@ -562,6 +564,34 @@ def icefall_table(first: FamilyComparison) -> List[str]:
     ]
     for remark in data.get("remarks", []):
         lines.append(f"A remark in icefall on another experiment: {remark['text']} ({remark['source']}).")
+    return lines
+
+
+def first_outliers(observed: Sequence[RunResult], beside_icefall: bool) -> List[str]:
+    """Per seed of the observing arm: when it left the loss plateau, which layer went over OUTLIER_RATIO first
+    after warm-up and at which step, and its largest ratio; with icefall's observation of its 12-layer
+    explosion beside it (``beside_icefall``; a data file, not measured here)."""
+    rows = []
+    for r in sorted(observed, key=lambda r: r.key.seed):
+        exit_step = plateau_exit(r)
+        first, largest = first_and_largest(layer_outliers(r, OUTLIER_RATIO))
+        rows.append([str(r.key.seed), "-" if math.isnan(exit_step) else f"{exit_step:.0f}", first, largest])
+    header = [
+        "seed",
+        "left the plateau at step",
+        f"first over {OUTLIER_RATIO:g}x after warm-up: layer (step)",
+        "largest ratio: layer (step)",
+    ]
+    lines = [
+        "When and where each seed's outliers began (layers numbered from the bottom, 0; the plateau as in the "
+        "arms' table):",
+        "",
+        markdown_table(header, rows, "r" * len(header)),
+        "",
+    ]
+    if beside_icefall:
+        explosion = icefall_published()["explosion"]
+        lines += [f"Beside it, not measured here: {explosion['text']}. Source: {explosion['source']}.", ""]
     return lines
 
 
@@ -1092,6 +1122,7 @@ def render_section(
             "",
             format_outlier_table(outlier_rows(observed, thresholds), thresholds),
             "",
+            *first_outliers(observed, cond == setup.config.depth_condition),
         ]
     comparisons = paired_comparisons(results, setup.methods, observing_arm)
     lines += [
