@@ -855,8 +855,8 @@ def test_results_md_sections_commands_and_plots(ablation):
     from test_ablation_tables import assert_tables_well_formed
 
     # The family, the arms in the answer, icefall's table, WER at the decoding points, the arms, where the
-    # outliers arise, the paired differences.
-    assert assert_tables_well_formed(text) == 8 and "### The clipping landscape" in text  # value: a landscape arm
+    # outliers arise (per layer, per seed), the paired differences.
+    assert assert_tables_well_formed(text) == 9 and "### The clipping landscape" in text  # value: a landscape arm
 
 
 def test_outlier_table_from_the_observing_runs_raw_events(ablation):
