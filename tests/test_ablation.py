@@ -79,8 +79,16 @@ from studies.ablation.replay import (
     ReplayResult,
     reproduction,
 )
-from studies.ablation.runs import WALL_FILE, RunResult, read_summary, wall_time_kept, write_summary
-from studies.ablation.section import SECTION
+from studies.ablation.runs import (
+    CPU_FILE,
+    WALL_FILE,
+    RunResult,
+    cpu_time_recorded,
+    read_summary,
+    wall_time_kept,
+    write_summary,
+)
+from studies.ablation.section import SECTION, cpu_sentence
 from studies.runner import cpu_flags_digest, cpu_model, machine_record
 
 ABLATION = RECIPE / "lstm_transducer_stateless" / "ablation.py"
@@ -245,10 +253,12 @@ def test_runs_survive_their_summaries(tmp_path):
     r.wer_at = {2: {("greedy_search", "test-clean"): 40.0}, 4: dict(r.wer)}
     r.decoding = {"avg": 2, "use_averaged_model": True}
     r.commands = ["python train.py", "python decode.py"]
+    r.cpu_s = {"train": 23.5}
     write_summary(tmp_path, r)
     back = read_summary(tmp_path, r.key)
     assert back.key == r.key and back.warm_end == 2 and back.wer == r.wer
     assert (back.machine, back.wer_at, back.decoding, back.commands) == (r.machine, r.wer_at, r.decoding, r.commands)
+    assert back.cpu_s == {"train": 23.5}
     assert back.filter_series(0, "max_over_median")[1] == (2, 30.0)
     assert math.isinf(back.filter_series(0, "max_over_median")[3][1])
     assert back.series("exp_avg_sq_jump") == [(3, pytest.approx(55.76123, rel=1e-7))]
@@ -256,11 +266,11 @@ def test_runs_survive_their_summaries(tmp_path):
     assert read_summary(tmp_path, RunKey("stress", "none", 8)) is None
     # A summary written before the machine and the decoding points were recorded reads back without them.
     old = json.loads((tmp_path / "stress/none/seed-7.json").read_text())
-    for k in ("machine", "wer_at", "decoding", "commands"):
+    for k in ("machine", "wer_at", "decoding", "commands", "cpu_s"):
         del old[k]
     (tmp_path / "stress/none/seed-7.json").write_text(json.dumps(old))
     back = read_summary(tmp_path, r.key)
-    assert back.machine == {} and back.wer_at == {} and back.wer == r.wer
+    assert back.machine == {} and back.wer_at == {} and back.wer == r.wer and back.cpu_s == {}
 
 
 def test_wall_time_is_kept_while_a_run_goes_and_survives_a_kill(tmp_path):
@@ -286,6 +296,51 @@ def test_wall_time_is_kept_while_a_run_goes_and_survives_a_kill(tmp_path):
     with wall_time_kept(tmp_path, "train", every_s=0.1):
         time.sleep(0.35)
     assert kept + 0.35 <= json.loads(wall_file.read_text())["train"] <= kept + (time.time() - before)
+    # The killed segment never counted its CPU time, so the phase's CPU time is incomplete and left out.
+    assert json.loads((tmp_path / CPU_FILE).read_text())["train"]["started"] == 2
+    assert json.loads((tmp_path / CPU_FILE).read_text())["train"]["ended"] == 1
+    assert cpu_time_recorded(tmp_path) == {}
+
+
+# A child that spins until its own CPU clock passes 0.3 s and prints that clock at its end.
+_SPIN = "import time\nwhile time.process_time() < 0.3: pass\nprint(time.process_time())"
+
+
+def test_cpu_time_of_the_blocks_children_is_recorded_when_every_segment_ends(tmp_path):
+    reported = []
+    for _ in range(2):  # two segments of one phase, both ending: their CPU times add up
+        with wall_time_kept(tmp_path, "train", every_s=10):
+            out = subprocess.run([sys.executable, "-c", _SPIN], capture_output=True, text=True, check=True)
+        reported.append(float(out.stdout))
+    recorded = cpu_time_recorded(tmp_path)["train"]
+    # The OS's count for the child covers what its own clock saw, plus its exit (well under 0.5 s here).
+    assert sum(reported) <= recorded <= sum(reported) + 0.5
+    assert json.loads((tmp_path / CPU_FILE).read_text())["train"] == {"started": 2, "ended": 2, "s": recorded}
+    # A phase with wall time from before CPU time was recorded stays incomplete after a full segment.
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / WALL_FILE).write_text(json.dumps({"train": 100.0}))
+    with wall_time_kept(tmp_path / "old", "train", every_s=10):
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+    assert cpu_time_recorded(tmp_path / "old") == {}
+
+
+def test_cpu_time_is_reported_only_for_runs_recorded_in_full():
+    full = _run("none", 1, 0.0, {0: [1.0] * 4})
+    full.wall_s = {"train": 1800.0, "decode/greedy_search": 36.0}
+    full.cpu_s = {"train": 3492.0, "decode/greedy_search": 36.0}
+    partial = _run("none", 2, 0.0, {0: [1.0] * 4})  # its decoding's CPU time was cut off
+    partial.wall_s = {"train": 1800.0, "decode/greedy_search": 36.0}
+    partial.cpu_s = {"train": 3492.0}
+    old = _run("none", 3, 0.0, {0: [1.0] * 4})
+    old.wall_s = {"train": 900.0}
+    assert full.cpu_total_s == 3528.0 and partial.cpu_total_s is None and old.cpu_total_s is None
+    # 3528 s = 0.98 h of CPU over 1836 s = 0.51 h of wall.
+    assert cpu_sentence([full, partial, old]) == (
+        "CPU time (user + system of the training and decoding processes), recorded in full for 1 run of 3 "
+        "(the others ran before it was recorded, or had a segment cut off): 0.98 h, over 0.51 h of their wall "
+        "time. "
+    )
+    assert cpu_sentence([partial, old]) == ""
 
 
 def test_format_table_cells():
@@ -758,6 +813,8 @@ def test_table_rows_are_mean_and_spread_of_their_sources(ablation):
                     assert summary.wer_at[point][key] == wer_from_summary(d / "greedy_search", test_set, point)
                 assert summary.decoding == {"avg": 2, "use_averaged_model": True, "save_every_n": 1}
                 assert summary.machine == machine_record()
+                # Every segment ran to its end: the CPU time of training and decoding is in, phase by phase.
+                assert set(summary.cpu_s) == set(summary.wall_s) and summary.cpu_s["train"] > 0
                 assert sorted(p.name for p in d.glob("*.pt")) == ["checkpoint-4.pt", "checkpoint-6.pt"]
         valid = []
         for d in dirs:

@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import math
+import resource
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from studies.runner import read_json, read_wers, write_json_atomic
 from studies.tb_reader import Series, read_scalars, seven_digits
 
 WALL_FILE = "ablation-wall.json"  # in every run dir: wall seconds per phase, kept across reruns
+# In every run dir: per phase, the segments started and ended and the CPU seconds of those that ended.
+CPU_FILE = "ablation-cpu.json"
 # The losses of the report are of the transducer objective after warm-up, 0.5 x simple + pruned per frame,
 # whatever weights the warm-up ramp gave them at the step.
 OBJECTIVE_SIMPLE_SCALE = 0.5
@@ -55,12 +58,49 @@ def add_wall_time(run_dir: Path, phase: str, seconds: float) -> Dict[str, float]
     return wall
 
 
+def children_cpu_s() -> float:
+    """User + system CPU seconds of this process's children that have ended (with those of their own children
+    they waited for). The OS adds a child's CPU time here when it is waited for, not while it runs."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cpu_segment(run_dir: Path, phase: str, ended_s: Optional[float] = None) -> None:
+    """Count a segment of ``phase`` as started (``ended_s`` None) or as ended with ``ended_s`` CPU seconds.
+    A phase that already has wall time but no CPU record ran before CPU time was recorded: that earlier
+    time counts as a segment started and never ended, so the phase's CPU time stays incomplete."""
+    cpu = read_json(run_dir / CPU_FILE) or {}
+    if phase not in cpu:
+        earlier = (read_json(run_dir / WALL_FILE) or {}).get(phase, 0.0) > 0
+        cpu[phase] = {"started": int(earlier), "ended": 0, "s": 0.0}
+    if ended_s is None:
+        cpu[phase]["started"] += 1
+    else:
+        cpu[phase]["ended"] += 1
+        cpu[phase]["s"] += ended_s
+    write_json_atomic(run_dir / CPU_FILE, cpu)
+
+
+def cpu_time_recorded(run_dir: Path) -> Dict[str, float]:
+    """``{phase: CPU seconds}`` of the phases whose every segment ran to its end; a phase with a segment cut
+    off (the study killed while it ran: its CPU time is never counted) or made before CPU time was recorded
+    is left out."""
+    cpu = read_json(run_dir / CPU_FILE) or {}
+    return {phase: v["s"] for phase, v in cpu.items() if v["started"] == v["ended"]}
+
+
 @contextlib.contextmanager
 def wall_time_kept(run_dir: Path, phase: str, every_s: float = 60.0) -> Iterator[None]:
     """Add the wall time spent in the block to ``phase`` of the run's wall-time file, every ``every_s``
     seconds while it runs and the rest when it ends: a study killed mid-run (a session's hard end, which
     runs no ``finally``) loses at most ``every_s`` seconds of it, not the whole segment. A write that fails
-    while the block runs is logged and its time added at the next."""
+    while the block runs is logged and its time added at the next.
+
+    The CPU time of the child processes the block ran and waited for (the study runs one at a time) goes to
+    the run's CPU file when the block ends; a block cut off leaves its segment started and not ended."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _cpu_segment(run_dir, phase)
+    cpu_before = children_cpu_s()
     last = time.monotonic()
     stop = threading.Event()
     lock = threading.Lock()
@@ -87,6 +127,7 @@ def wall_time_kept(run_dir: Path, phase: str, every_s: float = 60.0) -> Iterator
         stop.set()
         ticker.join()
         flush()
+        _cpu_segment(run_dir, phase, ended_s=children_cpu_s() - cpu_before)
 
 
 @dataclass
@@ -100,8 +141,10 @@ class RunResult:
     the per-layer GradientFilter statistics (the observing filter's too); ``warm_end``: the first step at the
     full loss weights; ``machine``: the CPU model, flags digest, threads and torch version it ran on (empty in
     summaries written before they were recorded); ``commands``: the commands that made it, as typed from the
-    recipe folder (empty in older summaries); ``computes_as``: the name of the CPUs ``machine``'s CPU was shown
-    to compute as (:mod:`studies.ablation.cpus`; set when the summary is read, not stored in it), else None.
+    recipe folder (empty in older summaries); ``cpu_s``: CPU seconds per phase of the phases recorded in full
+    (:func:`cpu_time_recorded`; empty in older summaries); ``computes_as``: the name of the CPUs
+    ``machine``'s CPU was shown to compute as (:mod:`studies.ablation.cpus`; set when the summary is read, not
+    stored in it), else None.
     """
 
     key: RunKey
@@ -114,6 +157,7 @@ class RunResult:
     wer_at: Dict[int, Dict[Tuple[str, str], float]] = field(default_factory=dict)
     decoding: Dict = field(default_factory=dict)
     commands: List[str] = field(default_factory=list)
+    cpu_s: Dict[str, float] = field(default_factory=dict)
     computes_as: Optional[str] = None
 
     def series(self, name: str) -> Series:
@@ -123,6 +167,15 @@ class RunResult:
     def wall_total_s(self) -> float:
         """Wall seconds recorded over every phase (0 when none was)."""
         return sum(self.wall_s.values())
+
+    @property
+    def cpu_total_s(self) -> Optional[float]:
+        """CPU seconds over every phase, when each phase that took wall time has its CPU time recorded in full
+        (:func:`cpu_time_recorded`); else None."""
+        timed = [phase for phase, seconds in self.wall_s.items() if seconds > 0]
+        if not timed or any(phase not in self.cpu_s for phase in timed):
+            return None
+        return sum(self.cpu_s[phase] for phase in timed)
 
     @property
     def steps(self) -> int:
@@ -165,6 +218,7 @@ class RunResult:
             "warm_end": self.warm_end,
             "machine": self.machine,
             "commands": self.commands,
+            "cpu_s": self.cpu_s,
         }
 
     @staticmethod
@@ -183,6 +237,7 @@ class RunResult:
             wer_at,
             dict(data.get("decoding", {})),
             list(data.get("commands", [])),
+            dict(data.get("cpu_s", {})),
         )
 
 

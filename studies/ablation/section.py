@@ -613,7 +613,21 @@ def wall_sentence(runs: Sequence[RunResult], replays: Sequence[ReplayResult]) ->
             )
     if not parts:
         return ""
-    return f"Recorded wall time (training and decoding): {' and '.join(parts)}. "
+    return f"Recorded wall time (training and decoding): {' and '.join(parts)}. " + cpu_sentence(runs)
+
+
+def cpu_sentence(runs: Sequence[RunResult]) -> str:
+    """The CPU time of the runs whose summaries hold it in full (user + system of their training and
+    decoding processes), beside those runs' wall time; empty when none does."""
+    counted = [(r.cpu_total_s, r.wall_total_s) for r in runs if r.cpu_total_s is not None]
+    if not counted:
+        return ""
+    cpu, wall = (sum(x) for x in zip(*counted))
+    return (
+        f"CPU time (user + system of the training and decoding processes), recorded in full for "
+        f"{_plural(len(counted), 'run', 'runs')} of {len(runs)} (the others ran before it was recorded, or "
+        f"had a segment cut off): {cpu / 3600:.2f} h, over {wall / 3600:.2f} h of their wall time. "
+    )
 
 
 def lead(

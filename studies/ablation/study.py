@@ -58,6 +58,7 @@ from studies.ablation.runs import (
     EXACT_SCALARS,
     WALL_FILE,
     RunResult,
+    cpu_time_recorded,
     kept_scalars,
     read_summary,
     wall_time_kept,
@@ -501,6 +502,7 @@ def collect_run(
         wer_at,
         {"avg": last[1], "use_averaged_model": last[2], "save_every_n": s.save_every_n},
         commands,
+        cpu_time_recorded(run_dir),
     )
 
 
