@@ -587,6 +587,13 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     assert "| ScaledAdam's clipping, scale 2 | global | relative in time | 50.0 | 3 |" in table
     assert "| error clip 0.0002 on layer outputs | per element of that tensor | absolute | 25.0 | 3 |" in table
     assert "| AutoClip, percentile 10 | global | relative in time | - | 0 |" in table
+    # Each rule's threshold with its reason, in the family's order, without the granularity the table gives.
+    listed = [line for line in lines if line.startswith("- `")]
+    assert [line.split("`")[1] for line in listed] == [c.arm for c in STUDY.landscape_family]
+    assert (
+        "- `zclip`: ZClip (Kumar et al. 2025), z-score threshold 2.5 (its default), its exponential moving mean and "
+        "variance of the global norm"
+    ) in lines
     # No filter - none pairs on digits here: the effect alone, without its size in points.
     assert "Holm's first step) reaches power 0.8 only at a standardised effect" in table
     assert f"differences) of at least {effect_for_power(5, 0.05 / 10, 0.8):.2f}.\n" in table

@@ -257,11 +257,15 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "",
         f"Every other rule minus `none`, seed by seed, on {_wer_name(*c.metric)} WER (%) at the end of the budget; "
         f"Holm over these {len(rows)} comparisons, apart from the family above; each rule's threshold and its "
-        'reason are in `studies/ablation/family.json` ("landscape"). % steps acting: mean over the rule\'s runs '
-        "of the % of steps at which its own statistic says it changed a gradient (the filters: a sequence over "
-        "the cutoff) ('-': no run logged it).",
+        "reason are listed below the table. % steps acting: mean over the rule's runs of the % of steps at which "
+        "its own statistic says it changed a gradient (the filters: a sequence over the cutoff) ('-': no run "
+        "logged it).",
         "",
         markdown_table(header, cells),
+        "",
+        'The thresholds, as fixed before the runs (`studies/ablation/family.json`, "landscape"):',
+        "",
+        *(f"- `{row.comparison.arm}`: {reasons[row.comparison.arm].rsplit(';', 1)[0]}" for row in rows),
         "",
         sensitivity_sentence(results, c, c.landscape_seeds, len(rows)),
         "",
