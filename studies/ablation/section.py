@@ -223,6 +223,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "granularity",
         "reacts to",
         "% steps acting",
+        "median clip scale",
         "pairs",
         "mean difference",
         f"{100 * c.confidence:g}% interval (unadjusted)",
@@ -237,6 +238,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         runs = [r for r in results if r.key.arm == arm and r.key.condition == c.condition]
         acting = [100 * steps_acting(r, arms[arm]) for r in runs]
         acting = [x for x in acting if math.isfinite(x)]
+        scales = [x for x in (median_clip_scale(r) for r in runs) if math.isfinite(x)] if clips(arms[arm]) else []
         d = row.difference
         cells.append(
             [
@@ -244,6 +246,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
                 granularity,
                 reacts,
                 f"{statistics.mean(acting):.1f}" if acting else "-",
+                f"{statistics.median(scales):.3f}" if scales else "-",
                 str(d.n),
                 "-" if math.isnan(d.mean) else f"{d.mean:+.2f}",
                 d.interval(2),
@@ -259,7 +262,8 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         f"Holm over these {len(rows)} comparisons, apart from the family above; each rule's threshold and its "
         "reason are listed below the table. % steps acting: mean over the rule's runs of the % of steps at which "
         "its own statistic says it changed a gradient (the filters: a sequence over the cutoff) ('-': no run "
-        "logged it).",
+        "logged it); median clip scale: of the rules that rescale the gradients after backward, the global norm "
+        "after over before, the median over steps, then over seeds ('-': a rule that acts inside backward).",
         "",
         markdown_table(header, cells),
         "",
