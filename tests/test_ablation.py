@@ -898,6 +898,7 @@ def test_results_md_sections_commands_and_plots(ablation):
             "filter-fraction",
             "train-loss",
             "wer-per-seed",
+            "landscape-wer-per-seed",  # value's own figure, beside none
             "wer-curve-test-clean",
             "wer-curve-test-other",
             "steps-acting",  # value is a landscape arm

@@ -127,6 +127,11 @@ def test_the_plots_of_steps_acting_and_of_outliers_by_depth(tmp_path):
     plots = write_plots([shallow, *zclip, errors], arms, tmp_path / "a", [25], landscape=["zclip", "agc"])
     assert "digits steps-acting" in plots and "depth outliers" not in plots
     assert not _blank(plots["digits steps-acting"])
+    assert "digits landscape-wer-per-seed" not in plots  # no landscape condition named
+    plots = write_plots(
+        [shallow, *zclip], arms, tmp_path / "e", [25], landscape=["zclip"], landscape_condition="digits"
+    )
+    assert not _blank(plots["digits landscape-wer-per-seed"]) and not _blank(plots["digits wer-per-seed"])
     assert "digits steps-acting" not in write_plots([shallow, *zclip], arms, tmp_path / "b", [25])
 
     stress = replace(shallow, key=RunKey("stress", "none", 42))  # another corpus and model: not a depth
@@ -134,6 +139,23 @@ def test_the_plots_of_steps_acting_and_of_outliers_by_depth(tmp_path):
     plots = write_plots([shallow, deep, stress], arms, tmp_path / "c", [25], landscape=["zclip"], depths=DEPTHS)
     assert plots["depth outliers"].name == "ablation-depth-outliers.png" and not _blank(plots["depth outliers"])
     assert not any(kind.endswith("steps-acting") for kind in plots)
+
+
+def test_the_landscape_rules_get_a_wer_figure_of_their_own_over_their_seeds():
+    from dataclasses import replace
+
+    from studies.ablation.plots import split_landscape
+
+    def runs(arm, seeds):
+        return [replace(_run({0: [1, 1, 1, 1]}, seed=seed), key=RunKey("digits", arm, seed)) for seed in seeds]
+
+    groups = {"none": runs("none", range(42, 59)), "filter": runs("filter", range(42, 59))}
+    groups["zclip"], groups["value"] = runs("zclip", (42, 43)), runs("value", (42,))
+    others, versus = split_landscape(groups, ["value", "agc", "zclip"], "none")
+    assert list(others) == ["none", "filter"] and [r.key.seed for r in others["none"]] == list(range(42, 59))
+    # none first, then the rules that ran in the landscape's order; none over the rules' seeds only.
+    assert list(versus) == ["none", "value", "zclip"] and [r.key.seed for r in versus["none"]] == [42, 43]
+    assert split_landscape({"none": groups["none"]}, ["zclip"], "none") == ({"none": groups["none"]}, {})
 
 
 def test_depth_report_draws_its_plot(tmp_path, capsys):

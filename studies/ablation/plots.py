@@ -8,7 +8,8 @@ condition, every seed drawn:
 - the fraction of sequences filtered per layer, one panel per filter arm (mean over seeds);
 - the training loss per step, one panel per arm, one line per seed, the
   observing arm's seeds in grey behind for reference;
-- the WER of every arm, one line per seed across the arms (the pairing);
+- the WER of every arm, one line per seed across the arms (the pairing); the
+  landscape's rules in a figure of their own, beside the observing arm;
 - WER at every decoding point (a third, two thirds, the whole budget), one panel
   per arm, one line per seed;
 - the replayed outlier events: each replay's loss over its window in every
@@ -38,7 +39,9 @@ from studies.ablation.replay import EVENT_ONLY, FILTER, LABELS, NO_CONTROL, UNIF
 from studies.ablation.runs import RunResult  # noqa: E402
 from studies.tb_reader import Series, moving_average  # noqa: E402
 
-SEED_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+# 20 colours, so that up to 20 consecutive seeds (the round has 17) never share one: tab10's, then tab20's light
+# shades of them.
+SEED_COLORS = tuple(matplotlib.colormaps["tab20"].colors[i] for i in [*range(0, 20, 2), *range(1, 20, 2)])
 
 
 def plot_path(out_dir: Path, condition: str, kind: str) -> Path:
@@ -199,10 +202,29 @@ def plot_train_loss(
     return _per_arm(groups, arms, f"Training loss (moving average; grey: the seeds of arm '{reference}')", path, draw)
 
 
+def split_landscape(
+    groups: Dict[str, List[RunResult]], rules: Sequence[str], observing_arm: str
+) -> Tuple[Dict[str, List[RunResult]], Dict[str, List[RunResult]]]:
+    """A condition's runs by arm for two WER-per-seed figures: the arms that are not landscape ``rules``, and
+    (empty when no rule ran) the observing arm then the rules that ran, over the seeds the rules ran (the
+    landscape's pairs, not every seed of the observing arm)."""
+    ran = [arm for arm in rules if arm in groups]
+    others = {arm: runs for arm, runs in groups.items() if arm not in ran}
+    if not ran:
+        return others, {}
+    seeds = {r.key.seed for arm in ran for r in groups[arm]}
+    versus = {arm: [r for r in groups.get(arm, []) if r.key.seed in seeds] for arm in [observing_arm, *ran]}
+    return others, versus
+
+
 def plot_wer_per_seed(
-    groups: Dict[str, List[RunResult]], arms: Dict[str, Arm], keys: Sequence[Tuple[str, str]], path: Path
+    groups: Dict[str, List[RunResult]],
+    keys: Sequence[Tuple[str, str]],
+    path: Path,
+    title: str = "WER per arm, one line per seed (same initialisation and batches across arms)",
 ) -> Path:
-    """One panel per (method, test set): the arms on x, one line per seed through its WER in every arm."""
+    """One panel per (method, test set): the arms on x, one line per seed through its WER in every arm; one
+    legend for the figure, beside the panels (inside them it hid the last arms' points)."""
     fig, axes = _grid(len(keys), width=5.5, height=3.6)
     names = list(groups)
     for ax, (method, test_set) in zip(axes, keys):
@@ -219,9 +241,9 @@ def plot_wer_per_seed(
         ax.set_xticklabels(names, rotation=30, fontsize=7, ha="right")
         ax.set_ylabel("WER (%)", fontsize=8)
         ax.set_title(f"{method.replace('_search', '')} {test_set}", fontsize=9)
-        ax.legend(fontsize=6)
-    fig.suptitle("WER per arm, one line per seed (same initialisation and batches across arms)", fontsize=9)
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
     return _save(fig, path)
 
 
@@ -333,11 +355,13 @@ def write_plots(
     replays: Sequence[ReplayResult] = (),
     observing_arm: str = "none",
     landscape: Sequence[str] = (),
+    landscape_condition: str = "",
     depths: Sequence[str] = (),
     outlier_threshold: float = OUTLIER_RATIO,
 ) -> Dict[str, Path]:
     """Every plot of every condition into ``out_dir``; ``{"<condition> <kind>": path}``. ``landscape``: the
-    arms whose runs bring the plot of steps acting; ``depths``: the conditions that differ only in depth,
+    arms whose runs bring the plot of steps acting, and at ``landscape_condition`` a WER-per-seed plot of their
+    own (the condition's plot keeps the other arms); ``depths``: the conditions that differ only in depth,
     whose observing-arm runs, once two of them have some, bring the outliers by depth (over
     ``outlier_threshold``) as ``"depth outliers"``."""
     out: Dict[str, Path] = {}
@@ -359,9 +383,17 @@ def write_plots(
             groups, arms, plot_path(out_dir, condition, "train-loss"), observing_arm
         )
         wer_keys = list(dict.fromkeys(k for runs in groups.values() for r in runs for k in r.wer))
+        others, versus = split_landscape(groups, landscape if condition == landscape_condition else (), observing_arm)
         if wer_keys:
             out[f"{condition} wer-per-seed"] = plot_wer_per_seed(
-                groups, arms, wer_keys, plot_path(out_dir, condition, "wer-per-seed")
+                others, wer_keys, plot_path(out_dir, condition, "wer-per-seed")
+            )
+        if wer_keys and versus:
+            out[f"{condition} landscape-wer-per-seed"] = plot_wer_per_seed(
+                versus,
+                wer_keys,
+                plot_path(out_dir, condition, "landscape-wer-per-seed"),
+                f"The landscape: WER per rule and '{observing_arm}', one line per seed (its seeds only)",
             )
         curves = [k for k in wer_keys if any(len(r.wer_at) > 1 for runs in groups.values() for r in runs)]
         for k in curves:

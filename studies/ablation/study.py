@@ -858,7 +858,16 @@ def write_report(
     sweep = sorted({s.thresholds.grad_filter_threshold, *s.thresholds.filter_sweep})
     landscape = [comparison.arm for comparison in s.config.landscape_family]
     depths = (s.config.condition, s.config.depth_condition)
-    plots = write_plots(results, s.arms, s.results_dir, sweep, replays, landscape=landscape, depths=depths)
+    plots = write_plots(
+        results,
+        s.arms,
+        s.results_dir,
+        sweep,
+        replays,
+        landscape=landscape,
+        landscape_condition=s.config.condition,
+        depths=depths,
+    )
     setup = ReportSetup(
         command=command,
         config=s.config,
