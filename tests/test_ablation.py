@@ -89,7 +89,7 @@ from studies.ablation.runs import (
     write_summary,
 )
 from studies.ablation.section import SECTION, cpu_sentence
-from studies.runner import cpu_flags_digest, cpu_model, machine_record
+from studies.runner import StudyError, cpu_flags_digest, cpu_model, machine_record
 
 ABLATION = RECIPE / "lstm_transducer_stateless" / "ablation.py"
 ARMS = ["none", "filter", "value"]  # the tiny run's arms, in table order
@@ -322,6 +322,16 @@ def test_cpu_time_of_the_blocks_children_is_recorded_when_every_segment_ends(tmp
     with wall_time_kept(tmp_path / "old", "train", every_s=10):
         subprocess.run([sys.executable, "-c", "pass"], check=True)
     assert cpu_time_recorded(tmp_path / "old") == {}
+    # A command that failed was waited for: its segment ends. Ctrl-C kills the child without waiting for it
+    # (its CPU time is not counted yet): that segment stays open and the phase incomplete.
+    with pytest.raises(StudyError):
+        with wall_time_kept(tmp_path / "failed", "train", every_s=10):
+            raise StudyError("training failed")
+    assert json.loads((tmp_path / "failed" / CPU_FILE).read_text())["train"]["ended"] == 1
+    with pytest.raises(KeyboardInterrupt):
+        with wall_time_kept(tmp_path / "failed", "decode/greedy_search", every_s=10):
+            raise KeyboardInterrupt
+    assert set(cpu_time_recorded(tmp_path / "failed")) == {"train"}
 
 
 def test_cpu_time_is_reported_only_for_runs_recorded_in_full():
@@ -336,9 +346,13 @@ def test_cpu_time_is_reported_only_for_runs_recorded_in_full():
     assert full.cpu_total_s == 3528.0 and partial.cpu_total_s is None and old.cpu_total_s is None
     # 3528 s = 0.98 h of CPU over 1836 s = 0.51 h of wall.
     assert cpu_sentence([full, partial, old]) == (
-        "CPU time (user + system of the training and decoding processes), recorded in full for 1 run of 3 "
-        "(the others ran before it was recorded, or had a segment cut off): 0.98 h, over 0.51 h of their wall "
-        "time. "
+        "CPU time of the runs (user + system of their training and decoding processes), recorded in full for 1 "
+        "of 3 runs (2 ran before it was recorded, or had a segment cut off): 0.98 h in the 0.51 h of wall time "
+        "those runs recorded. "
+    )
+    assert cpu_sentence([full]).startswith(
+        "CPU time of the runs (user + system of their training and decoding "
+        "processes), recorded in full for 1 of 1 run: 0.98 h"
     )
     assert cpu_sentence([partial, old]) == ""
 

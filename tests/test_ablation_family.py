@@ -264,6 +264,18 @@ def test_a_configuration_that_does_not_fit_together_is_refused(tmp_path):
     with pytest.raises(ValueError, match="family comparison agc - none: an arm without seeds"):
         load_config(_write(tmp_path, unknown))
 
+    def no_kind(raw):  # the reason without its granularity and what the rule reacts to
+        raw["landscape"]["arms"]["zclip"] = "ZClip, z-score threshold 2.5 (its default)"
+
+    with pytest.raises(ValueError, match=r"landscape.arms\['zclip'\] must read '<threshold and its reason>; "):
+        load_config(_write(tmp_path, no_kind))
+
+    def unreasoned(raw):
+        del raw["landscape"]["arms"]["autoclip"]
+
+    with pytest.raises(ValueError, match="landscape comparison autoclip - none: its arm's threshold is not given"):
+        load_config(_write(tmp_path, unreasoned))
+
 
 # --------------------------------------------------------------------------
 # The family's comparisons
@@ -564,6 +576,13 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
             run = _run(arm, seed, base + diff)
             run.scalars = dict(series)
             runs.append(run)
+    # value's medians over steps per seed: 0.75 (seed 42), 0.2, 0.9: their median 0.75, their mean 0.62.
+    value = {r.key.seed: r for r in runs if r.key.arm == "value"}
+    value[43].scalars = {"clip_scale": [(1, 0.1), (2, 0.3)]}
+    value[44].scalars = {"clip_scale": [(1, 0.9), (2, 0.9)]}
+    for seed, wall in zip((42, 43, 44), (600.0, 660.0, 720.0)):
+        value[seed].wall_s = {"train": wall}
+    value[44].cpu_s = {"train": 1404.0}
     by_arm = {r.key.arm: r for r in runs if r.key.seed == 42}
     acting = {arm: steps_acting(by_arm[arm], arms[arm]) for arm in scalars}
     assert acting["zclip"] == 0.25 and acting["scaled-adam"] == 0.5 and acting["recurrent-clip"] == 0.5
@@ -583,11 +602,19 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
         "| ZClip, z-score 2.5 | global | relative in time | 25.0 | 1.000 | 3 | "
         f"{mean:+.2f} | [{low:+.2f}, {high:+.2f}] |" in table
     )
-    # The clip scale's median over steps (then seeds) for the rules that rescale after backward: ScaledAdam's
-    # 0.9, 0.8, 1, 1 -> 0.95, value's 0.5, 1 -> 0.75; '-' for the rules inside backward, whatever their scale.
+    # The clip scale's median over steps, then seeds, for the rules that change the gradients after backward:
+    # ScaledAdam's 0.9, 0.8, 1, 1 -> 0.95 in every seed; value's 0.75, 0.2, 0.9 -> 0.75 (acting at 50%, 100%,
+    # 100% of steps: 83.3); '-' for the rules inside backward, whatever their scale.
     assert "| per-frame recurrent gradient cap 30 | per frame | absolute | 50.0 | - | 3 |" in table
     assert "| ScaledAdam's clipping, scale 2 | global | relative in time | 50.0 | 0.950 | 3 |" in table
-    assert "| clip by value 1 | per element | absolute | 50.0 | 0.750 | 3 |" in table
+    assert "| clip by value 1 | per element | absolute | 83.3 | 0.750 | 3 |" in table
+    # The set's own time, over its 18 runs (6 rules x 3 seeds; none's are the round's): value's 1,980 s of wall
+    # (0.55 h), the others none; one run's CPU, 1,404 s (0.39 h) in its 720 s (0.20 h).
+    assert (
+        "Recorded wall time (training and decoding): 0.55 h for 3 runs (15 recorded none). CPU time of the runs "
+        "(user + system of their training and decoding processes), recorded in full for 1 of 18 runs (17 ran "
+        "before it was recorded, or had a segment cut off): 0.39 h in the 0.20 h of wall time those runs recorded."
+    ) in lines
     assert "| error clip 0.0002 on layer outputs | per element of that tensor | absolute | 25.0 | - | 3 |" in table
     assert "| AutoClip, percentile 10 | global | relative in time | - | - | 0 |" in table
     # Each rule's threshold with its reason, in the family's order, without the granularity the table gives.

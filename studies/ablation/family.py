@@ -155,8 +155,21 @@ def _check(config: StudyConfig) -> None:
             problems.append(
                 f"landscape comparison {c.name}: its arm's threshold is not given a reason in landscape.arms"
             )
+        elif not all(landscape_rule(config, c.arm)):
+            problems.append(
+                f"landscape.arms[{c.arm!r}] must read '<threshold and its reason>; <granularity>, <what it reacts to>'"
+            )
     if problems:
         raise ValueError("studies/ablation/family.json: " + "; ".join(problems))
+
+
+def landscape_rule(config: StudyConfig, arm: str) -> Tuple[str, str, str]:
+    """A landscape rule's threshold with its reason, its granularity and what it reacts to: family.json's
+    "landscape" text for ``arm``, "<threshold and its reason>; <granularity>, <what it reacts to>" (the
+    reason may hold semicolons of its own; the last one ends it)."""
+    threshold, _, kind = config.raw["landscape"]["arms"][arm].rpartition(";")
+    granularity, _, reacts = kind.strip().partition(", ")
+    return threshold, granularity, reacts
 
 
 def _pilot(raw: Dict, rule: Dict) -> Pilot:

@@ -21,8 +21,8 @@ from icefall_lite.utils import write_text_atomic
 from studies.ablation.arms import RunKey
 from studies.ablation.cpus import computes_as
 from studies.ablation.pairing import cpu_name
-from studies.runner import read_json, read_wers, write_json_atomic
-from studies.tb_reader import Series, read_scalars, seven_digits
+from studies.runner import StudyError, read_json, write_json_atomic
+from studies.tb_reader import Series, seven_digits
 
 WALL_FILE = "ablation-wall.json"  # in every run dir: wall seconds per phase, kept across reruns
 # In every run dir: per phase, the segments started and ended and the CPU seconds of those that ended.
@@ -68,17 +68,22 @@ def children_cpu_s() -> float:
 def _cpu_segment(run_dir: Path, phase: str, ended_s: Optional[float] = None) -> None:
     """Count a segment of ``phase`` as started (``ended_s`` None) or as ended with ``ended_s`` CPU seconds.
     A phase that already has wall time but no CPU record ran before CPU time was recorded: that earlier
-    time counts as a segment started and never ended, so the phase's CPU time stays incomplete."""
-    cpu = read_json(run_dir / CPU_FILE) or {}
-    if phase not in cpu:
-        earlier = (read_json(run_dir / WALL_FILE) or {}).get(phase, 0.0) > 0
-        cpu[phase] = {"started": int(earlier), "ended": 0, "s": 0.0}
-    if ended_s is None:
-        cpu[phase]["started"] += 1
-    else:
-        cpu[phase]["ended"] += 1
-        cpu[phase]["s"] += ended_s
-    write_json_atomic(run_dir / CPU_FILE, cpu)
+    time counts as a segment started and never ended, so the phase's CPU time stays incomplete. A write
+    that fails is logged, not raised: the run matters more than its bookkeeping, and a segment whose end
+    is not written is counted as cut off."""
+    try:
+        cpu = read_json(run_dir / CPU_FILE) or {}
+        if phase not in cpu:
+            earlier = (read_json(run_dir / WALL_FILE) or {}).get(phase, 0.0) > 0
+            cpu[phase] = {"started": int(earlier), "ended": 0, "s": 0.0}
+        if ended_s is None:
+            cpu[phase]["started"] += 1
+        else:
+            cpu[phase]["ended"] += 1
+            cpu[phase]["s"] += ended_s
+        write_json_atomic(run_dir / CPU_FILE, cpu)
+    except OSError as e:
+        logging.warning(f"CPU time of {run_dir} ({phase}) not written ({e}); its CPU time counts as incomplete")
 
 
 def cpu_time_recorded(run_dir: Path) -> Dict[str, float]:
@@ -97,7 +102,10 @@ def wall_time_kept(run_dir: Path, phase: str, every_s: float = 60.0) -> Iterator
     while the block runs is logged and its time added at the next.
 
     The CPU time of the child processes the block ran and waited for (the study runs one at a time) goes to
-    the run's CPU file when the block ends; a block cut off leaves its segment started and not ended."""
+    the run's CPU file (``run_dir`` is made if needed) when the block ends normally or with a StudyError (the
+    failed command was waited for). Any other exit leaves its segment started and not ended: a killed study
+    runs no ``finally``, and on Ctrl-C ``subprocess.run`` kills its child without waiting for it, so the
+    child's CPU time is not yet counted."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _cpu_segment(run_dir, phase)
     cpu_before = children_cpu_s()
@@ -121,13 +129,19 @@ def wall_time_kept(run_dir: Path, phase: str, every_s: float = 60.0) -> Iterator
 
     ticker = threading.Thread(target=tick, name=f"wall-time {phase}", daemon=True)
     ticker.start()
+    waited = False
     try:
         yield
+        waited = True
+    except StudyError:
+        waited = True
+        raise
     finally:
         stop.set()
         ticker.join()
         flush()
-        _cpu_segment(run_dir, phase, ended_s=children_cpu_s() - cpu_before)
+        if waited:
+            _cpu_segment(run_dir, phase, ended_s=children_cpu_s() - cpu_before)
 
 
 @dataclass
@@ -316,11 +330,3 @@ def largest_over_layers(scalars: Dict[str, Series], layer_tag: str) -> Series:
             for step, v in series:
                 by_step[step] = max(by_step.get(step, v), v)
     return sorted(by_step.items())
-
-
-def collect_run(
-    run_dir: Path, key: RunKey, methods: Sequence[str], tags: TrainingScalarTags, warm_end: int
-) -> RunResult:
-    """Read a finished run: WERs, the scalars kept (with the per-layer filter stats), wall time."""
-    wanted, filters = kept_scalars(read_scalars(run_dir / "tensorboard"), tags)
-    return RunResult(key, read_wers(run_dir, methods), wanted, filters, read_json(run_dir / WALL_FILE) or {}, warm_end)

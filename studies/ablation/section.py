@@ -25,6 +25,7 @@ from studies.ablation.family import (
     family_rows,
     format_family_table,
     format_p,
+    landscape_rule,
     power_now,
     verdict,
 )
@@ -216,8 +217,8 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
     names = {comparison.arm for comparison in c.landscape_family}
     if not any(r.key.arm in names for r in results):
         return []
-    reasons = c.raw["landscape"]["arms"]
     rows = family_rows(results, c, c.condition, c.landscape_family)
+    landscape_runs = [r for r in results if r.key.arm in names and r.key.condition == c.condition]
     header = [
         "rule",
         "granularity",
@@ -234,7 +235,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
     cells = []
     for row in rows:
         arm = row.comparison.arm
-        granularity, _, reacts = reasons[arm].rsplit(";", 1)[-1].strip().partition(", ")
+        _, granularity, reacts = landscape_rule(c, arm)
         runs = [r for r in results if r.key.arm == arm and r.key.condition == c.condition]
         acting = [100 * steps_acting(r, arms[arm]) for r in runs]
         acting = [x for x in acting if math.isfinite(x)]
@@ -262,14 +263,16 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         f"Holm over these {len(rows)} comparisons, apart from the family above; each rule's threshold and its "
         "reason are listed below the table. % steps acting: mean over the rule's runs of the % of steps at which "
         "its own statistic says it changed a gradient (the filters: a sequence over the cutoff) ('-': no run "
-        "logged it); median clip scale: of the rules that rescale the gradients after backward, the global norm "
-        "after over before, the median over steps, then over seeds ('-': a rule that acts inside backward).",
+        "logged it); median clip scale: of the rules that change the gradients after backward, the global norm "
+        "after over before, the median over steps, then over seeds ('-': a rule that acts inside backward, or "
+        "no run logged it).",
         "",
         markdown_table(header, cells),
         "",
+        *time_lines(landscape_runs),
         'The thresholds, as fixed before the runs (`studies/ablation/family.json`, "landscape"):',
         "",
-        *(f"- `{row.comparison.arm}`: {reasons[row.comparison.arm].rsplit(';', 1)[0]}" for row in rows),
+        *(f"- `{row.comparison.arm}`: {landscape_rule(c, row.comparison.arm)[0]}" for row in rows),
         "",
         sensitivity_sentence(results, c, c.landscape_seeds, len(rows)),
         "",
@@ -416,6 +419,7 @@ def depth_section(
         "",
         format_family_table(rows, labels, c),
         "",
+        *time_lines([r for r in results if r.key.condition == c.depth_condition]),
         *([at_round_budget_sentence(results, c), ""] if c.depth_budget.steps != c.steps else []),
         sensitivity_sentence(results, c, c.depth_seeds, len(rows)),
         "",
@@ -621,20 +625,29 @@ def wall_sentence(runs: Sequence[RunResult], replays: Sequence[ReplayResult]) ->
             )
     if not parts:
         return ""
-    return f"Recorded wall time (training and decoding): {' and '.join(parts)}. " + cpu_sentence(runs)
+    return f"Recorded wall time (training and decoding): {' and '.join(parts)}. "
+
+
+def time_lines(runs: Sequence[RunResult]) -> List[str]:
+    """A set's own paragraph of the wall and CPU time its runs recorded, then a blank line; none when they
+    recorded no time."""
+    text = (wall_sentence(runs, []) + cpu_sentence(runs)).strip()
+    return [text, ""] if text else []
 
 
 def cpu_sentence(runs: Sequence[RunResult]) -> str:
     """The CPU time of the runs whose summaries hold it in full (user + system of their training and
-    decoding processes), beside those runs' wall time; empty when none does."""
+    decoding processes; replays record none), beside those runs' wall time; empty when none does."""
     counted = [(r.cpu_total_s, r.wall_total_s) for r in runs if r.cpu_total_s is not None]
     if not counted:
         return ""
     cpu, wall = (sum(x) for x in zip(*counted))
+    others = len(runs) - len(counted)
+    why = f" ({others} ran before it was recorded, or had a segment cut off)" if others else ""
     return (
-        f"CPU time (user + system of the training and decoding processes), recorded in full for "
-        f"{_plural(len(counted), 'run', 'runs')} of {len(runs)} (the others ran before it was recorded, or "
-        f"had a segment cut off): {cpu / 3600:.2f} h, over {wall / 3600:.2f} h of their wall time. "
+        f"CPU time of the runs (user + system of their training and decoding processes), recorded in full for "
+        f"{len(counted)} of {_plural(len(runs), 'run', 'runs')}{why}: {cpu / 3600:.2f} h in the "
+        f"{wall / 3600:.2f} h of wall time those runs recorded. "
     )
 
 
