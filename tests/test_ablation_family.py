@@ -576,6 +576,9 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
             run = _run(arm, seed, base + diff)
             run.scalars = dict(series)
             runs.append(run)
+    # The round's filter at seeds 42-44 and at 47 (not a landscape seed): the reference row has 3 pairs.
+    runs += [_run("filter", seed, other) for seed, other in ((42, 21.0), (43, 23.0), (44, 22.0), (47, 24.0))]
+    runs.append(_run("none", 47, 20.0))
     # value's medians over steps per seed: 0.75 (seed 42), 0.2, 0.9: their median 0.75, their mean 0.62.
     value = {r.key.seed: r for r in runs if r.key.arm == "value"}
     value[43].scalars = {"clip_scale": [(1, 0.1), (2, 0.3)]}
@@ -606,6 +609,17 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     # ScaledAdam's 0.9, 0.8, 1, 1 -> 0.95 in every seed; value's 0.75, 0.2, 0.9 -> 0.75 (acting at 50%, 100%,
     # 100% of steps: 83.3); '-' for the rules inside backward, whatever their scale.
     assert "| per-frame recurrent gradient cap 30 | per frame | absolute | 50.0 | - | 3 |" in table
+    # The reference row first: filter - none at seeds 42-44, +1, +2, +3 (seed 47 left out), outside the Holm.
+    sem = 1 / math.sqrt(3)
+    low, high = 2 - student_t_quantile(0.975, 2) * sem, 2 + student_t_quantile(0.975, 2) * sem
+    rows = table.splitlines()
+    reference = next(line for line in rows if line.startswith("| GradientFilter 25 (the round's, for reference) |"))
+    assert reference.startswith(
+        "| GradientFilter 25 (the round's, for reference) | per sequence | relative within the batch | - | - | 3 | "
+        f"+2.00 | [{low:+.2f}, {high:+.2f}] | - | "
+    )
+    assert "outside this family: the round's `filter` − `none` over seeds 42-46 (p " in reference
+    assert rows.index(reference) < min(i for i, line in enumerate(rows) if line.startswith("| clip by value 1 |"))
     assert "| ScaledAdam's clipping, scale 2 | global | relative in time | 50.0 | 0.950 | 3 |" in table
     assert "| clip by value 1 | per element | absolute | 83.3 | 0.750 | 3 |" in table
     # The set's own time, over its 18 runs (6 rules x 3 seeds; none's are the round's): value's 1,980 s of wall
@@ -624,9 +638,11 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
         "- `zclip`: ZClip (Kumar et al. 2025), z-score threshold 2.5 (its default), its exponential moving mean and "
         "variance of the global norm"
     ) in lines
-    # No filter - none pairs on digits here: the effect alone, without its size in points.
+    # The effect 5 pairs see, and its size in points at the spread of filter - none (+1, +2, +3, +4: all pairs).
     assert "Holm's first step) reaches power 0.8 only at a standardised effect" in table
-    assert f"differences) of at least {effect_for_power(5, 0.05 / 10, 0.8):.2f}.\n" in table
+    effect = effect_for_power(5, 0.05 / 10, 0.8)
+    assert f"differences) of at least {effect:.2f}: at the spread of `filter` − `none` on `digits` " in table
+    assert f"(standard deviation {statistics.stdev([1, 2, 3, 4]):.2f} points over its 4 pairs)" in table
     for _, rows in tables(table):
         assert len({cell_count(line) for _, line in rows}) == 1
     assert landscape_section([r for r in runs if r.key.arm == "none"], arms, SimpleNamespace(config=STUDY)) == []

@@ -232,40 +232,56 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "signed-rank p",
         "verdict",
     ]
-    cells = []
-    for row in rows:
+
+    def cells_of(row: FamilyRow, label: str, kind: Tuple[str, str], holm: str, said: str) -> List[str]:
         arm = row.comparison.arm
-        _, granularity, reacts = landscape_rule(c, arm)
-        runs = [r for r in results if r.key.arm == arm and r.key.condition == c.condition]
+        runs = [r for r in results if r.key.arm == arm and r.key.condition == c.condition and r.key.seed in seeds]
         acting = [100 * steps_acting(r, arms[arm]) for r in runs]
         acting = [x for x in acting if math.isfinite(x)]
         scales = [x for x in (median_clip_scale(r) for r in runs) if math.isfinite(x)] if clips(arms[arm]) else []
         d = row.difference
-        cells.append(
-            [
-                arms[arm].label,
-                granularity,
-                reacts,
-                f"{statistics.mean(acting):.1f}" if acting else "-",
-                f"{statistics.median(scales):.3f}" if scales else "-",
-                str(d.n),
-                "-" if math.isnan(d.mean) else f"{d.mean:+.2f}",
-                d.interval(2),
-                format_p(row.holm_p),
-                format_p(row.signed_rank.p),
-                verdict(row, c.alpha),
-            ]
+        return [
+            label,
+            *kind,
+            f"{statistics.mean(acting):.1f}" if acting else "-",
+            f"{statistics.median(scales):.3f}" if scales else "-",
+            str(d.n),
+            "-" if math.isnan(d.mean) else f"{d.mean:+.2f}",
+            d.interval(2),
+            holm,
+            format_p(row.signed_rank.p),
+            said,
+        ]
+
+    # The yardstick: the round's first comparison (the filter at its default against none) over the
+    # landscape's seeds, with the granularity of the landscape's filters; outside the landscape's Holm.
+    seeds = seeds_of(c.first_seed, c.landscape_seeds)
+    first = c.family[0]
+    within = [r for r in results if r.key.condition == c.condition and r.key.seed in seeds]
+    yardstick = family_rows(within, c, c.condition, [first])[0]
+    kinds = [landscape_rule(c, x.arm)[1:] for x in c.landscape_family if arms[x.arm].filter_on]
+    cells = []
+    if yardstick.difference.n and kinds and arms[first.arm].filter_on:
+        said = (
+            f"outside this family: the round's `{first.arm}` − `{first.baseline}` over seeds {seeds[0]}-{seeds[-1]} "
+            f"(p {format_p(yardstick.difference.p)}, unadjusted)"
         )
+        cells.append(cells_of(yardstick, f"{arms[first.arm].label} (the round's, for reference)", kinds[0], "-", said))
+    for row in rows:
+        arm = row.comparison.arm
+        label = arms[arm].label
+        cells.append(cells_of(row, label, landscape_rule(c, arm)[1:], format_p(row.holm_p), verdict(row, c.alpha)))
     return [
         "### The clipping landscape",
         "",
         f"Every other rule minus `none`, seed by seed, on {_wer_name(*c.metric)} WER (%) at the end of the budget; "
         f"Holm over these {len(rows)} comparisons, apart from the family above; each rule's threshold and its "
-        "reason are listed below the table. % steps acting: mean over the rule's runs of the % of steps at which "
-        "its own statistic says it changed a gradient (the filters: a sequence over the cutoff) ('-': no run "
-        "logged it); median clip scale: of the rules that change the gradients after backward, the global norm "
-        "after over before, the median over steps, then over seeds ('-': a rule that acts inside backward, or "
-        "no run logged it).",
+        "reason are listed below the table; the first row, for reference and outside that Holm, is the round's "
+        f"`{first.arm}` − `{first.baseline}` over the same seeds. % steps acting: mean over the rule's runs of the "
+        "% of steps at which its own statistic says it changed a gradient (the filters: a sequence over the "
+        "cutoff) ('-': no run logged it); median clip scale: of the rules that change the gradients after "
+        "backward, the global norm after over before, the median over steps, then over seeds ('-': a rule that "
+        "acts inside backward, or no run logged it).",
         "",
         markdown_table(header, cells),
         "",
