@@ -218,6 +218,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
     if not any(r.key.arm in names for r in results):
         return []
     rows = family_rows(results, c, c.condition, c.landscape_family)
+    seeds = seeds_of(c.first_seed, c.landscape_seeds)
     landscape_runs = [r for r in results if r.key.arm in names and r.key.condition == c.condition]
     header = [
         "rule",
@@ -255,7 +256,6 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
 
     # The yardstick: the round's first comparison (the filter at its default against none) over the
     # landscape's seeds, with the granularity of the landscape's filters; outside the landscape's Holm.
-    seeds = seeds_of(c.first_seed, c.landscape_seeds)
     first = c.family[0]
     within = [r for r in results if r.key.condition == c.condition and r.key.seed in seeds]
     yardstick = family_rows(within, c, c.condition, [first])[0]
