@@ -648,6 +648,44 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     assert landscape_section([r for r in runs if r.key.arm == "none"], arms, SimpleNamespace(config=STUDY)) == []
 
 
+def test_a_rule_that_never_acted_is_called_a_placebo_not_an_effect():
+    from types import SimpleNamespace
+
+    from studies.ablation.arms import Thresholds, make_arms
+    from studies.ablation.runs import RECURRENT_CLIP
+    from studies.ablation.section import landscape_section
+
+    arms = {a.name: a for a in make_arms(Thresholds())}
+    series = {
+        # No frame row capped at any step of either seed: idle, and its path is the frame-by-frame LSTM.
+        "recurrent-clip": [{RECURRENT_CLIP: [(1, 0.0), (2, 0.0)]}, {RECURRENT_CLIP: [(1, 0.0), (2, 0.0)]}],
+        # The norm never lowered: idle, on the fused kernel (no clause on the path).
+        "zclip": [{"clip_scale": [(1, 1.0), (2, 1.0)]}, {"clip_scale": [(1, 1.0)]}],
+        # Acted at one step of one seed: not idle.
+        "autoclip": [{"clip_scale": [(1, 1.0), (2, 1.0)]}, {"clip_scale": [(1, 1.0), (2, 0.999)]}],
+        # The error clip's statistic absent from one seed (a run from before it was logged): not called idle.
+        "error-clip": [{"error_clip": [(1, 0.0)]}, {}],
+    }
+    runs = []
+    for i, seed in enumerate((42, 43)):
+        runs.append(_run("none", seed, 10.0))
+        for arm, per_seed in series.items():
+            run = _run(arm, seed, 11.0)
+            run.scalars = per_seed[i]
+            runs.append(run)
+    lines = landscape_section(runs, arms, SimpleNamespace(config=STUDY))
+    idle = [line for line in lines if "changed no gradient at any step" in line]
+    assert idle == [
+        "`recurrent-clip` (per-frame recurrent gradient cap 30) changed no gradient at any step of its 2 runs: its "
+        "row is no effect of the rule. Its runs do `none`'s arithmetic, and what they differ by is rounding (with "
+        "the cap in place the LSTM runs frame by frame, not in PyTorch's fused kernel): a placebo, which shows how "
+        "far a change of rounding alone moves the WER.",
+        "`zclip` (ZClip, z-score 2.5) changed no gradient at any step of its 2 runs: its row is no effect of the "
+        "rule. Its runs do `none`'s arithmetic, and what they differ by is rounding: a placebo, which shows how far "
+        "a change of rounding alone moves the WER.",
+    ]
+
+
 def depth_text(results, config, waiting=(), pilot=None):
     """The depth section's lines for ``results`` under ``config``, as the report renders it."""
     from types import SimpleNamespace

@@ -285,6 +285,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "",
         markdown_table(header, cells),
         "",
+        *idle_lines(landscape_runs, arms),
         *time_lines(landscape_runs),
         'The thresholds, as fixed before the runs (`studies/ablation/family.json`, "landscape"):',
         "",
@@ -293,6 +294,32 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         sensitivity_sentence(results, c, c.landscape_seeds, len(rows)),
         "",
     ]
+
+
+def idle_lines(runs: Sequence[RunResult], arms: Dict[str, Arm]) -> List[str]:
+    """For each rule whose every run logged that it changed no gradient at any step (% steps acting 0): a
+    sentence that its row is no effect of the rule but of rounding, a placebo. Such a run computes ``none``'s
+    arithmetic (a factor of exactly 1 leaves every gradient as it is), in another order only where the rule's
+    presence changes the computation's path: the recurrent cap runs the LSTM frame by frame, outside PyTorch's
+    fused kernel."""
+    lines = []
+    for arm in dict.fromkeys(r.key.arm for r in runs):
+        acting = [steps_acting(r, arms[arm]) for r in runs if r.key.arm == arm]
+        if not acting or any(not x == 0.0 for x in acting):
+            continue
+        path = (
+            " (with the cap in place the LSTM runs frame by frame, not in PyTorch's fused kernel)"
+            if arms[arm].value("recurrent_grad_clip") > 0
+            else ""
+        )
+        runs_of_arm = _plural(len(acting), "run", "runs")
+        lines += [
+            f"`{arm}` ({arms[arm].label}) changed no gradient at any step of its {runs_of_arm}: "
+            f"its row is no effect of the rule. Its runs do `none`'s arithmetic, and what they differ by is "
+            f"rounding{path}: a placebo, which shows how far a change of rounding alone moves the WER.",
+            "",
+        ]
+    return lines
 
 
 def sensitivity_sentence(results: Sequence[RunResult], config: StudyConfig, pairs: int, m: int) -> str:
