@@ -621,6 +621,14 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     assert "outside this family: the round's `filter` − `none` over seeds 42-46 (p " in reference
     assert rows.index(reference) < min(i for i, line in enumerate(rows) if line.startswith("| clip by value 1 |"))
     assert "| ScaledAdam's clipping, scale 2 | global | relative in time | 50.0 | 0.950 | 3 |" in table
+    # The filter against each rule directly, over seeds 42-44: filter 21, 23, 22 against zclip's 19, 18, 17
+    # (none's 20, 21, 19 plus -1, -3, -2): +2, +5, +5; the reference row has no such cell.
+    diffs = [2.0, 5.0, 5.0]
+    mean, sem = statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(3)
+    half = student_t_quantile(0.975, 2) * sem
+    zclip = next(line for line in rows if line.startswith("| ZClip, z-score 2.5 |"))
+    assert zclip.endswith(f"| +4.00 [{mean - half:+.2f}, {mean + half:+.2f}] |") and reference.endswith("| - |")
+    assert "| `filter` − rule: mean [95% interval] (unadjusted) |" in rows[rows.index(reference) - 2]
     assert "| clip by value 1 | per element | absolute | 83.3 | 0.750 | 3 |" in table
     # The set's own time, over its 18 runs (6 rules x 3 seeds; none's are the round's): value's 1,980 s of wall
     # (0.55 h), the others none; one run's CPU, 1,404 s (0.39 h) in its 720 s (0.20 h).
@@ -673,7 +681,10 @@ def test_a_rule_that_never_acted_is_called_a_placebo_not_an_effect():
             run = _run(arm, seed, 11.0)
             run.scalars = per_seed[i]
             runs.append(run)
+    runs.append(_run("filter", 42, 12.5))  # one pair with each rule: its mean alone, no interval
     lines = landscape_section(runs, arms, SimpleNamespace(config=STUDY))
+    rows = "\n".join(lines).splitlines()
+    assert next(x for x in rows if x.startswith("| ZClip, z-score 2.5 |")).endswith("| +1.50 (1 pair) |")
     idle = [line for line in lines if "changed no gradient at any step" in line]
     assert idle == [
         "`recurrent-clip` (per-frame recurrent gradient cap 30) changed no gradient at any step of its 2 runs: its "

@@ -220,6 +220,9 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
     rows = family_rows(results, c, c.condition, c.landscape_family)
     seeds = seeds_of(c.first_seed, c.landscape_seeds)
     landscape_runs = [r for r in results if r.key.arm in names and r.key.condition == c.condition]
+    # The round's filter at its default, on the same seeds: the reference row, and the filter against each rule.
+    first = c.family[0]
+    within = [r for r in results if r.key.condition == c.condition and r.key.seed in seeds]
     header = [
         "rule",
         "granularity",
@@ -232,6 +235,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "Holm p",
         "signed-rank p",
         "verdict",
+        f"`{first.arm}` − rule: mean [{100 * c.confidence:g}% interval] (unadjusted)",
     ]
 
     def cells_of(row: FamilyRow, label: str, kind: Tuple[str, str], holm: str, said: str) -> List[str]:
@@ -252,12 +256,21 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
             holm,
             format_p(row.signed_rank.p),
             said,
+            against_filter(arm),
         ]
+
+    def against_filter(arm: str) -> str:
+        """The round's filter minus the rule, seed by seed over the landscape's seeds: where the filter stands
+        against it directly (a description, in neither family)."""
+        if arm == first.arm:
+            return "-"
+        d = family_rows(within, c, c.condition, [FamilyComparison(first.arm, arm)])[0].difference
+        if d.n == 0:
+            return "-"
+        return f"{d.mean:+.2f} {d.interval(2)}" if d.n >= 2 else f"{d.mean:+.2f} (1 pair)"
 
     # The yardstick: the round's first comparison (the filter at its default against none) over the
     # landscape's seeds, with the granularity of the landscape's filters; outside the landscape's Holm.
-    first = c.family[0]
-    within = [r for r in results if r.key.condition == c.condition and r.key.seed in seeds]
     yardstick = family_rows(within, c, c.condition, [first])[0]
     kinds = [landscape_rule(c, x.arm)[1:] for x in c.landscape_family if arms[x.arm].filter_on]
     cells = []
@@ -281,7 +294,9 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "% of steps at which its own statistic says it changed a gradient (the filters: a sequence over the "
         "cutoff) ('-': no run logged it); median clip scale: of the rules that change the gradients after "
         "backward, the global norm after over before, the median over steps, then over seeds ('-': a rule that "
-        "acts inside backward, or no run logged it).",
+        "acts inside backward, or no run logged it). The last column compares the filter with each rule "
+        f"directly: the round's `{first.arm}` minus the rule, seed by seed over the same seeds (its mean and "
+        "unadjusted interval, a description in neither family; below 0: the filter's WER lower).",
         "",
         markdown_table(header, cells),
         "",
