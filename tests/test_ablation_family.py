@@ -623,11 +623,9 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     assert "| ScaledAdam's clipping, scale 2 | global | relative in time | 50.0 | 0.950 | 3 |" in table
     # The filter against each rule directly, over seeds 42-44: filter 21, 23, 22 against zclip's 19, 18, 17
     # (none's 20, 21, 19 plus -1, -3, -2): +2, +5, +5; the reference row has no such cell.
-    diffs = [2.0, 5.0, 5.0]
-    mean, sem = statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(3)
-    half = student_t_quantile(0.975, 2) * sem
     zclip = next(line for line in rows if line.startswith("| ZClip, z-score 2.5 |"))
-    assert zclip.endswith(f"| +4.00 [{mean - half:+.2f}, {mean + half:+.2f}] |") and reference.endswith("| - |")
+    # sd sqrt(3), standard error 1, t(0.975, 2) = 4.303: [-0.30, +8.30].
+    assert zclip.endswith("| +4.00 [-0.30, +8.30] |") and reference.endswith("| - |")
     assert "| `filter` − rule: mean [95% interval] (unadjusted) |" in rows[rows.index(reference) - 2]
     assert "| clip by value 1 | per element | absolute | 83.3 | 0.750 | 3 |" in table
     # The set's own time, over its 18 runs (6 rules x 3 seeds; none's are the round's): value's 1,980 s of wall
@@ -664,15 +662,18 @@ def test_a_rule_that_never_acted_is_called_a_placebo_not_an_effect():
     from studies.ablation.section import landscape_section
 
     arms = {a.name: a for a in make_arms(Thresholds())}
+    idle_value = {"clip_scale": [(1, 1.0), (2, 1.0)]}
     series = {
         # No frame row capped at any step of either seed: idle, and its path is the frame-by-frame LSTM.
         "recurrent-clip": [{RECURRENT_CLIP: [(1, 0.0), (2, 0.0)]}, {RECURRENT_CLIP: [(1, 0.0), (2, 0.0)]}],
         # The norm never lowered: idle, on the fused kernel (no clause on the path).
-        "zclip": [{"clip_scale": [(1, 1.0), (2, 1.0)]}, {"clip_scale": [(1, 1.0)]}],
+        "zclip": [idle_value, {"clip_scale": [(1, 1.0)]}],
         # Acted at one step of one seed: not idle.
-        "autoclip": [{"clip_scale": [(1, 1.0), (2, 1.0)]}, {"clip_scale": [(1, 1.0), (2, 0.999)]}],
+        "autoclip": [idle_value, {"clip_scale": [(1, 1.0), (2, 0.999)]}],
         # The error clip's statistic absent from one seed (a run from before it was logged): not called idle.
         "error-clip": [{"error_clip": [(1, 0.0)]}, {}],
+        # Clipping by value logs a ratio of measured norms, which a clamped element can leave at 1: never idle.
+        "value": [idle_value, idle_value],
     }
     runs = []
     for i, seed in enumerate((42, 43)):
@@ -681,19 +682,28 @@ def test_a_rule_that_never_acted_is_called_a_placebo_not_an_effect():
             run = _run(arm, seed, 11.0)
             run.scalars = per_seed[i]
             runs.append(run)
+        # The soft filter with no sequence over its cutoff still scales every gradient: never idle.
+        soft = _run("filter-10", seed, 11.0)
+        soft.filters = {(0, "fraction_filtered"): [(1, 0.0), (2, 0.0)]}
+        runs.append(soft)
+    # A recurrent-cap run at seed 47, outside the landscape's seeds, that acted: left out, as from the table.
+    late = _run("recurrent-clip", 47, 11.0)
+    late.scalars = {RECURRENT_CLIP: [(1, 0.5)]}
+    runs += [late, _run("none", 47, 10.0)]
     runs.append(_run("filter", 42, 12.5))  # one pair with each rule: its mean alone, no interval
     lines = landscape_section(runs, arms, SimpleNamespace(config=STUDY))
     rows = "\n".join(lines).splitlines()
     assert next(x for x in rows if x.startswith("| ZClip, z-score 2.5 |")).endswith("| +1.50 (1 pair) |")
+    assert next(x for x in rows if x.startswith("| GradientFilter 10 |")).split(" | ")[3] == "0.0"
     idle = [line for line in lines if "changed no gradient at any step" in line]
     assert idle == [
-        "`recurrent-clip` (per-frame recurrent gradient cap 30) changed no gradient at any step of its 2 runs: its "
-        "row is no effect of the rule. Its runs do `none`'s arithmetic, and what they differ by is rounding (with "
-        "the cap in place the LSTM runs frame by frame, not in PyTorch's fused kernel): a placebo, which shows how "
-        "far a change of rounding alone moves the WER.",
         "`zclip` (ZClip, z-score 2.5) changed no gradient at any step of its 2 runs: its row is no effect of the "
-        "rule. Its runs do `none`'s arithmetic, and what they differ by is rounding: a placebo, which shows how far "
-        "a change of rounding alone moves the WER.",
+        "rule at this threshold. Its runs do `none`'s arithmetic, so its difference from `none` (+1.00, 2 pairs) "
+        "measures no rule.",
+        "`recurrent-clip` (per-frame recurrent gradient cap 30) changed no gradient at any step of its 2 runs: its "
+        "row is no effect of the rule at this threshold. Its runs do `none`'s arithmetic in another order (with "
+        "the cap in place the LSTM runs frame by frame, not in PyTorch's fused kernel), so its difference from "
+        "`none` (+1.00, 2 pairs) is what rounding alone did to the WER: a placebo.",
     ]
 
 

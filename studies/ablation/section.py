@@ -212,17 +212,19 @@ def family_section(
 def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup: ReportSetup) -> List[str]:
     """The landscape (family.json's "landscape": every other rule against ``none``, a family of its own), once
     one of its arms has runs: per rule its granularity and what it reacts to (as family.json states them), %
-    of steps it acted on, and its paired difference from ``none`` with Holm over the landscape's comparisons."""
+    of steps it acted on, and its paired difference from ``none`` with Holm over the landscape's comparisons,
+    every figure over the landscape's seeds."""
     c = setup.config
     names = {comparison.arm for comparison in c.landscape_family}
     if not any(r.key.arm in names for r in results):
         return []
-    rows = family_rows(results, c, c.condition, c.landscape_family)
+    # Every row over the landscape's seeds, the round's filter among them (the reference row, and the filter
+    # against each rule).
     seeds = seeds_of(c.first_seed, c.landscape_seeds)
-    landscape_runs = [r for r in results if r.key.arm in names and r.key.condition == c.condition]
-    # The round's filter at its default, on the same seeds: the reference row, and the filter against each rule.
-    first = c.family[0]
     within = [r for r in results if r.key.condition == c.condition and r.key.seed in seeds]
+    rows = family_rows(within, c, c.condition, c.landscape_family)
+    landscape_runs = [r for r in within if r.key.arm in names]
+    first = c.family[0]
     header = [
         "rule",
         "granularity",
@@ -240,7 +242,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
 
     def cells_of(row: FamilyRow, label: str, kind: Tuple[str, str], holm: str, said: str) -> List[str]:
         arm = row.comparison.arm
-        runs = [r for r in results if r.key.arm == arm and r.key.condition == c.condition and r.key.seed in seeds]
+        runs = [r for r in within if r.key.arm == arm]
         acting = [100 * steps_acting(r, arms[arm]) for r in runs]
         acting = [x for x in acting if math.isfinite(x)]
         scales = [x for x in (median_clip_scale(r) for r in runs) if math.isfinite(x)] if clips(arms[arm]) else []
@@ -300,7 +302,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "",
         markdown_table(header, cells),
         "",
-        *idle_lines(landscape_runs, arms),
+        *idle_lines(landscape_runs, arms, rows),
         *time_lines(landscape_runs),
         'The thresholds, as fixed before the runs (`studies/ablation/family.json`, "landscape"):',
         "",
@@ -311,29 +313,41 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
     ]
 
 
-def idle_lines(runs: Sequence[RunResult], arms: Dict[str, Arm]) -> List[str]:
-    """For each rule whose every run logged that it changed no gradient at any step (% steps acting 0): a
-    sentence that its row is no effect of the rule but of rounding, a placebo. Such a run computes ``none``'s
-    arithmetic (a factor of exactly 1 leaves every gradient as it is), in another order only where the rule's
-    presence changes the computation's path: the recurrent cap runs the LSTM frame by frame, outside PyTorch's
-    fused kernel."""
+# Controls whose own statistic can say a run changed no gradient: the soft filter scales every sequence at
+# every step, and clipping by value or AGC is logged as a ratio of measured norms, which one clamped element
+# can leave at 1.
+MEASURED_NOT_APPLIED = ("clip_grad_value", "agc_clipping")
+
+
+def idle_lines(runs: Sequence[RunResult], arms: Dict[str, Arm], rows: Sequence[FamilyRow]) -> List[str]:
+    """For each rule whose every run logged that it changed no gradient at any step (% steps acting 0, by a
+    statistic that counts what was applied): a sentence that its row is no effect of the rule at its
+    threshold. Such a run does ``none``'s arithmetic; where the rule's presence changes the computation's path
+    (the recurrent cap runs the LSTM frame by frame, outside PyTorch's fused kernel) it rounds differently, and
+    its difference from ``none`` is what rounding alone did to the WER: a placebo."""
     lines = []
-    for arm in dict.fromkeys(r.key.arm for r in runs):
-        acting = [steps_acting(r, arms[arm]) for r in runs if r.key.arm == arm]
+    for row in rows:
+        arm = arms[row.comparison.arm]
+        if (arm.filter_on and arm.mode == "soft") or any(arm.value(c) > 0 for c in MEASURED_NOT_APPLIED):
+            continue
+        acting = [steps_acting(r, arm) for r in runs if r.key.arm == arm.name]
         if not acting or any(not x == 0.0 for x in acting):
             continue
-        path = (
-            " (with the cap in place the LSTM runs frame by frame, not in PyTorch's fused kernel)"
-            if arms[arm].value("recurrent_grad_clip") > 0
-            else ""
+        d = row.difference
+        said = f"{d.mean:+.2f}, {_plural(d.n, 'pair', 'pairs')}" if d.n else "no pair yet"
+        head = (
+            f"`{arm.name}` ({arm.label}) changed no gradient at any step of its {_plural(len(acting), 'run', 'runs')}: "
+            "its row is no effect of the rule at this threshold. "
         )
-        runs_of_arm = _plural(len(acting), "run", "runs")
-        lines += [
-            f"`{arm}` ({arms[arm].label}) changed no gradient at any step of its {runs_of_arm}: "
-            f"its row is no effect of the rule. Its runs do `none`'s arithmetic, and what they differ by is "
-            f"rounding{path}: a placebo, which shows how far a change of rounding alone moves the WER.",
-            "",
-        ]
+        if arm.value("recurrent_grad_clip") > 0:
+            tail = (
+                "Its runs do `none`'s arithmetic in another order (with the cap in place the LSTM runs frame by "
+                f"frame, not in PyTorch's fused kernel), so its difference from `none` ({said}) is what rounding "
+                "alone did to the WER: a placebo."
+            )
+        else:
+            tail = f"Its runs do `none`'s arithmetic, so its difference from `none` ({said}) measures no rule."
+        lines += [head + tail, ""]
     return lines
 
 
