@@ -151,11 +151,37 @@ def test_the_landscape_rules_get_a_wer_figure_of_their_own_over_their_seeds():
 
     groups = {"none": runs("none", range(42, 59)), "filter": runs("filter", range(42, 59))}
     groups["zclip"], groups["value"] = runs("zclip", (42, 43)), runs("value", (42,))
-    others, versus = split_landscape(groups, ["value", "agc", "zclip"], "none")
+    others, versus = split_landscape(groups, ["value", "agc", "zclip"], "none", "filter")
     assert list(others) == ["none", "filter"] and [r.key.seed for r in others["none"]] == list(range(42, 59))
-    # none first, then the rules that ran in the landscape's order; none over the rules' seeds only.
-    assert list(versus) == ["none", "value", "zclip"] and [r.key.seed for r in versus["none"]] == [42, 43]
-    assert split_landscape({"none": groups["none"]}, ["zclip"], "none") == ({"none": groups["none"]}, {})
+    # none first, the round's filter, then the rules that ran in the landscape's order; none and the filter
+    # over the rules' seeds only.
+    assert list(versus) == ["none", "filter", "value", "zclip"]
+    assert [r.key.seed for r in versus["none"]] == [42, 43] and [r.key.seed for r in versus["filter"]] == [42, 43]
+    assert split_landscape({"none": groups["none"]}, ["zclip"], "none", "filter") == ({"none": groups["none"]}, {})
+    # No filter run: the figure has none and the rules.
+    assert list(split_landscape({k: groups[k] for k in ("none", "zclip")}, ["zclip"], "none", "filter")[1]) == [
+        "none",
+        "zclip",
+    ]
+
+
+def test_a_seed_line_breaks_where_an_arm_has_no_run_of_that_seed():
+    import math
+    from dataclasses import replace
+
+    from studies.ablation.plots import seed_line
+
+    key = ("greedy_search", "test-other")
+
+    def run(arm, seed, wer):
+        return replace(_run({0: [1]}, seed=seed), key=RunKey("digits", arm, seed), wer={key: wer})
+
+    groups = {"none": [run("none", 42, 7.5), run("none", 43, 7.3)], "agc": [run("agc", 42, 7.2)]}
+    groups["value"] = [run("value", 42, 9.9), run("value", 43, 9.1)]
+    assert seed_line(groups, 42, key) == [7.5, 7.2, 9.9]
+    line = seed_line(groups, 43, key)
+    assert line[0] == 7.3 and math.isnan(line[1]) and line[2] == 9.1
+    assert all(math.isnan(x) for x in seed_line(groups, 43, ("greedy_search", "test-clean")))
 
 
 def test_depth_report_draws_its_plot(tmp_path, capsys):

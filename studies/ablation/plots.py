@@ -203,18 +203,30 @@ def plot_train_loss(
 
 
 def split_landscape(
-    groups: Dict[str, List[RunResult]], rules: Sequence[str], observing_arm: str
+    groups: Dict[str, List[RunResult]], rules: Sequence[str], observing_arm: str, reference: str
 ) -> Tuple[Dict[str, List[RunResult]], Dict[str, List[RunResult]]]:
     """A condition's runs by arm for two WER-per-seed figures: the arms that are not landscape ``rules``, and
-    (empty when no rule ran) the observing arm then the rules that ran, over the seeds the rules ran (the
-    landscape's pairs, not every seed of the observing arm)."""
+    (empty when no rule ran) the observing arm, the ``reference`` arm (the filter at its default, where it ran)
+    then the rules that ran, each over the seeds the rules ran (the landscape's pairs, not every seed of the
+    observing arm)."""
     ran = [arm for arm in rules if arm in groups]
     others = {arm: runs for arm, runs in groups.items() if arm not in ran}
     if not ran:
         return others, {}
     seeds = {r.key.seed for arm in ran for r in groups[arm]}
-    versus = {arm: [r for r in groups.get(arm, []) if r.key.seed in seeds] for arm in [observing_arm, *ran]}
+    shown = [observing_arm, *([reference] if reference in groups else []), *ran]
+    versus = {arm: [r for r in groups.get(arm, []) if r.key.seed in seeds] for arm in shown}
     return others, versus
+
+
+def seed_line(groups: Dict[str, List[RunResult]], seed: int, key: Tuple[str, str]) -> List[float]:
+    """The seed's WER ``key`` in each arm of ``groups`` in order, nan where it has none (a run not made yet):
+    the line breaks there rather than joining the arms on either side."""
+    line = []
+    for runs in groups.values():
+        found = [r.wer[key] for r in runs if r.key.seed == seed and key in r.wer]
+        line.append(found[0] if found else math.nan)
+    return line
 
 
 def plot_wer_per_seed(
@@ -230,13 +242,8 @@ def plot_wer_per_seed(
     for ax, (method, test_set) in zip(axes, keys):
         seeds = sorted({r.key.seed for runs in groups.values() for r in runs})
         for seed in seeds:
-            xs, ys = [], []
-            for i, arm in enumerate(names):
-                for r in groups[arm]:
-                    if r.key.seed == seed and (method, test_set) in r.wer:
-                        xs.append(i)
-                        ys.append(r.wer[(method, test_set)])
-            ax.plot(xs, ys, marker="o", ms=3, lw=0.8, color=_seed_color(seed), label=f"seed {seed}")
+            ys = seed_line(groups, seed, (method, test_set))
+            ax.plot(range(len(names)), ys, marker="o", ms=3, lw=0.8, color=_seed_color(seed), label=f"seed {seed}")
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=30, fontsize=7, ha="right")
         ax.set_ylabel("WER (%)", fontsize=8)
@@ -356,14 +363,15 @@ def write_plots(
     observing_arm: str = "none",
     landscape: Sequence[str] = (),
     landscape_condition: str = "",
+    landscape_reference: str = "",
     depths: Sequence[str] = (),
     outlier_threshold: float = OUTLIER_RATIO,
 ) -> Dict[str, Path]:
     """Every plot of every condition into ``out_dir``; ``{"<condition> <kind>": path}``. ``landscape``: the
     arms whose runs bring the plot of steps acting, and at ``landscape_condition`` a WER-per-seed plot of their
-    own (the condition's plot keeps the other arms); ``depths``: the conditions that differ only in depth,
-    whose observing-arm runs, once two of them have some, bring the outliers by depth (over
-    ``outlier_threshold``) as ``"depth outliers"``."""
+    own beside the observing arm and ``landscape_reference`` (the condition's plot keeps the other arms);
+    ``depths``: the conditions that differ only in depth, whose observing-arm runs, once two of them have
+    some, bring the outliers by depth (over ``outlier_threshold``) as ``"depth outliers"``."""
     out: Dict[str, Path] = {}
     for condition in dict.fromkeys(r.key.condition for r in results):
         groups = {arm: runs for (c, arm), runs in group_runs(results).items() if c == condition}
@@ -383,7 +391,8 @@ def write_plots(
             groups, arms, plot_path(out_dir, condition, "train-loss"), observing_arm
         )
         wer_keys = list(dict.fromkeys(k for runs in groups.values() for r in runs for k in r.wer))
-        others, versus = split_landscape(groups, landscape if condition == landscape_condition else (), observing_arm)
+        rules = landscape if condition == landscape_condition else ()
+        others, versus = split_landscape(groups, rules, observing_arm, landscape_reference)
         if wer_keys:
             out[f"{condition} wer-per-seed"] = plot_wer_per_seed(
                 others, wer_keys, plot_path(out_dir, condition, "wer-per-seed")
@@ -393,7 +402,8 @@ def write_plots(
                 versus,
                 wer_keys,
                 plot_path(out_dir, condition, "landscape-wer-per-seed"),
-                f"The landscape: WER per rule and '{observing_arm}', one line per seed (its seeds only)",
+                f"The landscape: WER per rule, '{observing_arm}' and '{landscape_reference}', one line per seed "
+                "(its seeds only)",
             )
         curves = [k for k in wer_keys if any(len(r.wer_at) > 1 for runs in groups.values() for r in runs)]
         for k in curves:

@@ -866,6 +866,7 @@ def write_report(
         replays,
         landscape=landscape,
         landscape_condition=s.config.condition,
+        landscape_reference=s.config.family[0].arm,
         depths=depths,
     )
     setup = ReportSetup(
