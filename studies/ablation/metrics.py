@@ -123,6 +123,19 @@ def steps_acting(result: RunResult, arm: Arm) -> float:
     return steps_clipped(result)
 
 
+# Controls whose statistic is a ratio of measured norms (post- over pre-clip), which one clamped element can
+# leave at 1: a scale of 1 does not show that they changed nothing.
+MEASURED_NOT_APPLIED = ("clip_grad_value", "agc_clipping")
+
+
+def counts_what_it_applies(arm: Arm) -> bool:
+    """Whether :func:`steps_acting` at 0 shows that the arm changed no gradient: not for the soft filter (it
+    scales every sequence at every step; it counts the ones over the cutoff) nor for clipping by value or AGC
+    (:data:`MEASURED_NOT_APPLIED`); yes for the hard mask, the recurrent cap, the error clip and the rules that
+    scale the whole gradient (their logged scale is the factor applied)."""
+    return not (arm.filter_on and arm.mode == "soft") and not any(arm.value(c) > 0 for c in MEASURED_NOT_APPLIED)
+
+
 def outlier_steps(result: RunResult, ratio: float = OUTLIER_RATIO) -> float:
     """Fraction of the steps after warm-up at which some layer's largest sequence gradient was above
     ``ratio`` x the batch median."""

@@ -402,8 +402,8 @@ def write_plots(
                 versus,
                 wer_keys,
                 plot_path(out_dir, condition, "landscape-wer-per-seed"),
-                f"The landscape: WER per rule, '{observing_arm}' and '{landscape_reference}', one line per seed "
-                "(its seeds only)",
+                f"The landscape: WER per rule beside {' and '.join(repr(a) for a in versus if a not in rules)}, one "
+                "line per seed (its seeds only)",
             )
         curves = [k for k in wer_keys if any(len(r.wer_at) > 1 for runs in groups.values() for r in runs)]
         for k in curves:

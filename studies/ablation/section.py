@@ -38,6 +38,7 @@ from studies.ablation.metrics import (
     SPIKE_WINDOW,
     Spread,
     clips,
+    counts_what_it_applies,
     decoded,
     first_and_largest,
     format_outlier_table,
@@ -313,12 +314,6 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
     ]
 
 
-# Controls whose own statistic can say a run changed no gradient: the soft filter scales every sequence at
-# every step, and clipping by value or AGC is logged as a ratio of measured norms, which one clamped element
-# can leave at 1.
-MEASURED_NOT_APPLIED = ("clip_grad_value", "agc_clipping")
-
-
 def idle_lines(runs: Sequence[RunResult], arms: Dict[str, Arm], rows: Sequence[FamilyRow]) -> List[str]:
     """For each rule whose every run logged that it changed no gradient at any step (% steps acting 0, by a
     statistic that counts what was applied): a sentence that its row is no effect of the rule at its
@@ -328,10 +323,10 @@ def idle_lines(runs: Sequence[RunResult], arms: Dict[str, Arm], rows: Sequence[F
     lines = []
     for row in rows:
         arm = arms[row.comparison.arm]
-        if (arm.filter_on and arm.mode == "soft") or any(arm.value(c) > 0 for c in MEASURED_NOT_APPLIED):
+        if not counts_what_it_applies(arm):
             continue
         acting = [steps_acting(r, arm) for r in runs if r.key.arm == arm.name]
-        if not acting or any(not x == 0.0 for x in acting):
+        if not acting or any(x != 0.0 for x in acting):  # nan (not logged) is not 0
             continue
         d = row.difference
         said = f"{d.mean:+.2f}, {_plural(d.n, 'pair', 'pairs')}" if d.n else "no pair yet"
