@@ -472,7 +472,10 @@ def test_a_sets_report_covers_the_whole_round_and_names_every_sets_command(tmp_p
         with pytest.raises(study.StudyError, match="condition digits-12: was "):
             study.check_config(s)
             pytest.fail(what)
-    # The budget grows again (2,700 -> 4,100 with the earlier points kept): accepted.
+    # The budget grows again (2,700 -> 4,100 with the earlier points kept): accepted, beside a replay's summary
+    # (seed-<seed>-from-<step>.json, not a run's).
+    (summaries / "digits-12" / "replays").mkdir()
+    (summaries / "digits-12" / "replays" / "seed-42-from-1397.json").write_text("{}")
     later = dataclasses.replace(
         deep,
         config=dataclasses.replace(STUDY, depth_budget=Budget(4100, (600, 1200, 1800, 2700, 4100), STUDY.pilot)),
@@ -482,6 +485,7 @@ def test_a_sets_report_covers_the_whole_round_and_names_every_sets_command(tmp_p
     study.check_config(later)
     assert json.loads((summaries / study.CONFIG_FILE).read_text())["conditions"]["digits-12"]["steps"] == 4100
     (summaries / "digits-12" / "none" / "seed-42.json").unlink()
+    shutil.rmtree(summaries / "digits-12" / "replays")
     # The report pairs runs at their condition's budget (stored with the summaries) only: digits-12 / none at
     # 1,800 waits, named, left out.
     (summaries / study.CONFIG_FILE).write_text(json.dumps(deep.stored_config()))

@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 import resource
 import threading
 import time
@@ -274,6 +275,20 @@ def summary_path(summaries_dir: Path, key) -> Path:
     """Where the summary of a run or a replay (``key``: a RunKey or a ReplayKey) is kept:
     ``<summaries_dir>/<key.relpath>.json``."""
     return summaries_dir / f"{key.relpath}.json"
+
+
+_RUN_SUMMARY = re.compile(r"seed-(\d+)\.json")
+
+
+def stored_runs(summaries_dir: Path, condition: str, arm: str = "*") -> List[RunKey]:
+    """The runs of ``condition`` (of one ``arm``, or of every arm) with a summary kept, by arm then seed; a
+    replay's summary (``replays/seed-<seed>-from-<step>.json``) is not a run's."""
+    keys = [
+        RunKey(condition, path.parent.name, int(match.group(1)))
+        for path in summaries_dir.glob(f"{condition}/{arm}/seed-*.json")
+        if (match := _RUN_SUMMARY.fullmatch(path.name))
+    ]
+    return sorted(keys, key=lambda k: (k.arm, k.seed))
 
 
 def write_summary(summaries_dir: Path, result) -> Path:

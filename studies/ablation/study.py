@@ -61,6 +61,7 @@ from studies.ablation.runs import (
     cpu_time_recorded,
     kept_scalars,
     read_summary,
+    stored_runs,
     wall_time_kept,
     write_summary,
 )
@@ -224,10 +225,10 @@ def runs_on_other_cpus(s: Settings, key: RunKey) -> List[str]:
     round differently and pair with none of each other's, so a run of ``key`` made here would count for
     nothing in their comparisons (its seed's runs are paired only with each other)."""
     found = []
-    for path in sorted((s.summaries / key.condition).glob(f"*/seed-{key.seed}.json")):
-        other = read_summary(s.summaries, RunKey(key.condition, path.parent.name, key.seed))
+    for made in stored_runs(s.summaries, key.condition):
+        other = read_summary(s.summaries, made) if made.seed == key.seed else None
         if other is not None and not pairs_here(s, other):
-            found.append(f"{path.parent.name} / seed-{key.seed} ({cpu_name(other.machine)})")
+            found.append(f"{made.arm} / seed-{key.seed} ({cpu_name(other.machine)})")
     return found
 
 
@@ -289,8 +290,8 @@ def _grew(s: Settings, condition: str, old: Dict, new: Dict) -> bool:
     if not old["steps"] < new["steps"] or {**old, "steps": new["steps"]} != new:
         return False
     points = s.points_of(condition)
-    for path in sorted(s.summaries.glob(f"{condition}/*/seed-*.json")):
-        made = read_summary(s.summaries, RunKey(condition, path.parent.name, int(path.stem.split("-", 1)[1])))
+    for key in stored_runs(s.summaries, condition):
+        made = read_summary(s.summaries, key)
         before = sorted(made.wer_at or [made.steps]) if made is not None else []
         if points[: len(before)] != before:
             return False
@@ -823,9 +824,8 @@ def finished_results(s: Settings) -> List[RunResult]:
     out = []
     for condition in report_conditions(s):
         for arm in s.arms:
-            paths = (s.summaries / condition / arm).glob("seed-*.json")
-            for seed in sorted(int(p.stem.split("-", 1)[1]) for p in paths):
-                result = read_summary(s.summaries, RunKey(condition, arm, seed))
+            for key in stored_runs(s.summaries, condition, arm):
+                result = read_summary(s.summaries, key)
                 if result is not None:
                     out.append(result)
     return out
