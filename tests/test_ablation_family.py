@@ -316,6 +316,13 @@ def test_family_rows_holm_signed_rank_and_verdicts_by_hand():
     words = verdict(f, 0.05)
     assert words.startswith(f"filter lower by {abs(mean):.2f} points, holds after Holm (p {f.holm_p:.3f})")
     assert "the signed-rank check agrees (p 0.031, unadjusted)" in words
+    # Before its planned pairs are in, a comparison gets no Holm verdict, whatever its p (the landscape's 5).
+    assert verdict(f, 0.05, planned=6) == words
+    half = student_t_quantile(0.975, 5) * sem
+    assert verdict(f, 0.05, planned=8) == (
+        f"not tested yet: 6 of its 8 planned pairs (Holm p {2 * p1:.3f} now, a look before the test); "
+        f"the interval allows {mean - half:+.2f} to {mean + half:+.2f}"
+    )
     words = verdict(fc, 0.05)
     assert words.startswith(f"no difference shown at family-wise 0.05 (Holm p {fc.holm_p:.3f}); the interval allows")
     assert f"{fc.difference.low:+.2f} to {fc.difference.high:+.2f}" in words

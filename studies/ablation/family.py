@@ -289,12 +289,19 @@ def format_p(x: float) -> str:
     return "-" if math.isnan(x) else (f"{x:.3f}" if x >= 0.001 else "<0.001")
 
 
-def verdict(row: FamilyRow, alpha: float) -> str:
+def verdict(row: FamilyRow, alpha: float, planned: int = 0) -> str:
     """The comparison in words, from its numbers: whether it holds after Holm, its direction and size, the
-    range the interval allows, and whether the signed-rank check agrees (or cannot, with so few pairs)."""
+    range the interval allows, and whether the signed-rank check agrees (or cannot, with so few pairs). With
+    fewer than its ``planned`` pairs in, no Holm verdict: the test was fixed at the planned pairs, and a look
+    before then is not that test."""
     d, n = row.difference, row.difference.n
     if n < 2:
         return f"not tested: {n} pair(s)"
+    if n < planned:
+        return (
+            f"not tested yet: {n} of its {planned} planned pairs (Holm p {format_p(row.holm_p)} now, a look "
+            f"before the test); the interval allows {d.low:+.2f} to {d.high:+.2f}"
+        )
     if row.holm_p <= alpha:
         direction = "lower" if d.mean < 0 else "higher"
         words = f"{row.comparison.arm} {direction} by {abs(d.mean):.2f} points, holds after Holm"

@@ -286,7 +286,11 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
     for row in rows:
         arm = row.comparison.arm
         label = arms[arm].label
-        cells.append(cells_of(row, label, landscape_rule(c, arm)[1:], format_p(row.holm_p), verdict(row, c.alpha)))
+        cells.append(
+            cells_of(
+                row, label, landscape_rule(c, arm)[1:], format_p(row.holm_p), verdict(row, c.alpha, c.landscape_seeds)
+            )
+        )
     return [
         "### The clipping landscape",
         "",
