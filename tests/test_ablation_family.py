@@ -16,7 +16,7 @@ from test_markdown_tables import cell_count, tables
 
 from conftest import RECIPE
 from studies.ablation.arms import STUDY, RunKey
-from studies.ablation.family import CONFIG_PATH, family_rows, load_config, power_now, verdict
+from studies.ablation.family import CONFIG_PATH, family_rows, format_family_table, load_config, power_now, verdict
 from studies.ablation.metrics import plateau_exit, spearman, within_group_spearman
 from studies.ablation.paired import student_t_cdf, student_t_quantile
 from studies.ablation.planning import (
@@ -329,6 +329,20 @@ def test_family_rows_holm_signed_rank_and_verdicts_by_hand():
     assert "the signed-rank test cannot reach 0.05 with 3 non-zero pairs (its smallest p is 0.250)" in words
     n, power = power_now(list(rows.values()), config)
     assert n == 6 and power == pytest.approx(paired_t_power(abs(config.planned_effect), 6, 0.05 / 5))
+    # The family's table gates each comparison at the smaller of its two arms' planned seeds: filter - none at
+    # 8 (6 pairs in: not tested yet), filter-clip - clip at 3 (all in: tested); without a plan, no gate.
+    cells = {}
+    for plan in ({"none": 8, "filter": 9, "clip": 3, "filter-clip": 3}, None):
+        table = format_family_table(list(rows.values()), {}, config, plan)
+        header, *body = (line for line in table.splitlines() if not line.startswith("|---"))
+        cells[plan is None] = {row.split(" | ")[0].strip("| "): row.split(" | ")[-1].rstrip(" |") for row in body}
+        assert header.endswith("verdict (computed after the runs: a description) |" if plan is None else "verdict |")
+    assert (
+        cells[False]["filter − none"] == verdict(f, 0.05, planned=8)
+        and "not tested yet: 6 of its 8" in cells[False]["filter − none"]
+    )
+    assert cells[False]["filter-clip − clip"] == verdict(fc, 0.05) == cells[True]["filter-clip − clip"]
+    assert cells[True]["filter − none"] == verdict(f, 0.05)
 
 
 def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power():

@@ -323,11 +323,18 @@ def verdict(row: FamilyRow, alpha: float, planned: int = 0) -> str:
     return words
 
 
+def planned_pairs(comparison: FamilyComparison, seeds_per_arm: Dict[str, int]) -> int:
+    """The pairs a comparison is tested at: the smaller of its two arms' planned seeds (0 without a plan)."""
+    return min(seeds_per_arm.get(comparison.arm, 0), seeds_per_arm.get(comparison.baseline, 0))
+
+
 def format_family_table(
-    rows: Sequence[FamilyRow], labels: Dict[str, str], config: StudyConfig, fixed_before: bool = True
+    rows: Sequence[FamilyRow], labels: Dict[str, str], config: StudyConfig, seeds_per_arm: Optional[Dict[str, int]]
 ) -> str:
-    """One row per comparison of the family; ``fixed_before``: whether the runs are of the round whose family
-    was fixed before them (else the verdicts are marked as computed after the runs)."""
+    """One row per comparison of the family. ``seeds_per_arm``: each arm's seeds as fixed before the runs; a
+    comparison is tested at the smaller count of its two arms, and before its pairs are in its verdict says
+    so. None for runs whose family was fixed after them: the verdicts are then marked as descriptions."""
+    fixed_before = seeds_per_arm is not None
     header = [
         "comparison",
         "pairs",
@@ -351,7 +358,7 @@ def format_family_table(
                 d.interval(2),
                 format_p(row.holm_p),
                 format_p(row.signed_rank.p),
-                verdict(row, config.alpha),
+                verdict(row, config.alpha, planned_pairs(c, seeds_per_arm or {})),
             ]
         )
     return markdown_table(header, out)

@@ -488,7 +488,9 @@ def depth_section(
         f"of the budget; Holm over these {len(rows)} comparisons, apart from the other families "
         '(`studies/ablation/family.json`, "depth").',
         "",
-        format_family_table(rows, labels, c),
+        format_family_table(
+            rows, labels, c, {arm: c.depth_seeds for x in c.depth_family for arm in (x.arm, x.baseline)}
+        ),
         "",
         *time_lines([r for r in results if r.key.condition == c.depth_condition]),
         *([at_round_budget_sentence(results, c), ""] if c.depth_budget.steps != c.steps else []),
@@ -918,7 +920,7 @@ def answer_section(
         )
         + "):",
         "",
-        format_family_table(rows, labels, c, fixed_before(c, setup.stored)),
+        format_family_table(rows, labels, c, c.seeds_per_arm if fixed_before(c, setup.stored) else None),
         "",
     ]
     if runs_of:
