@@ -329,20 +329,28 @@ def test_family_rows_holm_signed_rank_and_verdicts_by_hand():
     assert "the signed-rank test cannot reach 0.05 with 3 non-zero pairs (its smallest p is 0.250)" in words
     n, power = power_now(list(rows.values()), config)
     assert n == 6 and power == pytest.approx(paired_t_power(abs(config.planned_effect), 6, 0.05 / 5))
-    # The family's table gates each comparison at the smaller of its two arms' planned seeds: filter - none at
-    # 8 (6 pairs in: not tested yet), filter-clip - clip at 3 (all in: tested); without a plan, no gate.
-    cells = {}
-    for plan in ({"none": 8, "filter": 9, "clip": 3, "filter-clip": 3}, None):
+
+    # The family's table gates each comparison at the smaller of its two arms' planned seeds, and every
+    # comparison until the whole family has its pairs (Holm's p of one depends on all): filter - none planned
+    # at 8 has 6; filter-clip - clip planned at 3 has its 3, but filter - none is short. With 6 and 3 planned,
+    # or without a plan, the verdicts are the tests'.
+    def verdicts(plan):
         table = format_family_table(list(rows.values()), {}, config, plan)
         header, *body = (line for line in table.splitlines() if not line.startswith("|---"))
-        cells[plan is None] = {row.split(" | ")[0].strip("| "): row.split(" | ")[-1].rstrip(" |") for row in body}
-        assert header.endswith("verdict (computed after the runs: a description) |" if plan is None else "verdict |")
-    assert (
-        cells[False]["filter − none"] == verdict(f, 0.05, planned=8)
-        and "not tested yet: 6 of its 8" in cells[False]["filter − none"]
+        last = "verdict (computed after the runs: a description) |" if plan is None else "verdict |"
+        assert header.endswith(last)
+        return {line.split(" | ")[0].strip("| "): line.split(" | ")[-1].rstrip(" |") for line in body}
+
+    short = verdicts({"none": 8, "filter": 9, "clip": 3, "filter-clip": 3})
+    assert short["filter − none"] == verdict(f, 0.05, planned=8)
+    assert short["filter-clip − clip"] == (
+        f"not tested yet: its 3 planned pairs in, 1 of the family's other comparisons short of theirs (Holm p "
+        f"{fc.holm_p:.3f} now, a look before the test); the interval allows {fc.difference.low:+.2f} to "
+        f"{fc.difference.high:+.2f}"
     )
-    assert cells[False]["filter-clip − clip"] == verdict(fc, 0.05) == cells[True]["filter-clip − clip"]
-    assert cells[True]["filter − none"] == verdict(f, 0.05)
+    for plan in ({"none": 6, "filter": 6, "clip": 3, "filter-clip": 3}, None):
+        done = verdicts(plan)
+        assert done["filter − none"] == verdict(f, 0.05) and done["filter-clip − clip"] == verdict(fc, 0.05)
 
 
 def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power():

@@ -289,18 +289,22 @@ def format_p(x: float) -> str:
     return "-" if math.isnan(x) else (f"{x:.3f}" if x >= 0.001 else "<0.001")
 
 
-def verdict(row: FamilyRow, alpha: float, planned: int = 0) -> str:
+def verdict(row: FamilyRow, alpha: float, planned: int = 0, others_short: int = 0) -> str:
     """The comparison in words, from its numbers: whether it holds after Holm, its direction and size, the
     range the interval allows, and whether the signed-rank check agrees (or cannot, with so few pairs). With
-    fewer than its ``planned`` pairs in, no Holm verdict: the test was fixed at the planned pairs, and a look
-    before then is not that test."""
+    fewer than its ``planned`` pairs in, or ``others_short`` of the family's other comparisons short of theirs,
+    no Holm verdict: the test was fixed at the planned pairs of the whole family (Holm's p of one comparison
+    depends on every other's), and a look before then is not that test."""
     d, n = row.difference, row.difference.n
     if n < 2:
         return f"not tested: {n} pair(s)"
-    if n < planned:
+    if n < planned or others_short:
+        have = f"{n} of its {planned} planned pairs" if n < planned else f"its {planned} planned pairs in"
+        if others_short:
+            have += f", {others_short} of the family's other comparisons short of theirs"
         return (
-            f"not tested yet: {n} of its {planned} planned pairs (Holm p {format_p(row.holm_p)} now, a look "
-            f"before the test); the interval allows {d.low:+.2f} to {d.high:+.2f}"
+            f"not tested yet: {have} (Holm p {format_p(row.holm_p)} now, a look before the test); the interval "
+            f"allows {d.low:+.2f} to {d.high:+.2f}"
         )
     if row.holm_p <= alpha:
         direction = "lower" if d.mean < 0 else "higher"
@@ -332,8 +336,9 @@ def format_family_table(
     rows: Sequence[FamilyRow], labels: Dict[str, str], config: StudyConfig, seeds_per_arm: Optional[Dict[str, int]]
 ) -> str:
     """One row per comparison of the family. ``seeds_per_arm``: each arm's seeds as fixed before the runs; a
-    comparison is tested at the smaller count of its two arms, and before its pairs are in its verdict says
-    so. None for runs whose family was fixed after them: the verdicts are then marked as descriptions."""
+    comparison is tested at the smaller count of its two arms, and until every comparison's pairs are in the
+    verdicts say so. None for runs whose family was fixed after them: the verdicts are then marked as
+    descriptions."""
     fixed_before = seeds_per_arm is not None
     header = [
         "comparison",
@@ -346,7 +351,9 @@ def format_family_table(
         "verdict" if fixed_before else "verdict (computed after the runs: a description)",
     ]
     out = []
-    for row in rows:
+    planned = [planned_pairs(row.comparison, seeds_per_arm or {}) for row in rows]
+    short = [row.difference.n < n for row, n in zip(rows, planned)]
+    for row, n, row_short in zip(rows, planned, short):
         c, d = row.comparison, row.difference
         name = f"{labels.get(c.arm, c.arm)} − {labels.get(c.baseline, c.baseline)}"
         out.append(
@@ -358,7 +365,7 @@ def format_family_table(
                 d.interval(2),
                 format_p(row.holm_p),
                 format_p(row.signed_rank.p),
-                verdict(row, config.alpha, planned_pairs(c, seeds_per_arm or {})),
+                verdict(row, config.alpha, n, sum(short) - row_short),
             ]
         )
     return markdown_table(header, out)

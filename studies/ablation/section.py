@@ -283,14 +283,11 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
             f"(p {format_p(yardstick.difference.p)}, unadjusted)"
         )
         cells.append(cells_of(yardstick, f"{arms[first.arm].label} (the round's, for reference)", kinds[0], "-", said))
-    for row in rows:
+    short = [row.difference.n < c.landscape_seeds for row in rows]
+    for row, row_short in zip(rows, short):
         arm = row.comparison.arm
-        label = arms[arm].label
-        cells.append(
-            cells_of(
-                row, label, landscape_rule(c, arm)[1:], format_p(row.holm_p), verdict(row, c.alpha, c.landscape_seeds)
-            )
-        )
+        words = verdict(row, c.alpha, c.landscape_seeds, sum(short) - row_short)
+        cells.append(cells_of(row, arms[arm].label, landscape_rule(c, arm)[1:], format_p(row.holm_p), words))
     return [
         "### The clipping landscape",
         "",
