@@ -332,6 +332,13 @@ def planned_pairs(comparison: FamilyComparison, seeds_per_arm: Dict[str, int]) -
     return min(seeds_per_arm.get(comparison.arm, 0), seeds_per_arm.get(comparison.baseline, 0))
 
 
+def family_verdicts(rows: Sequence[FamilyRow], alpha: float, planned: Sequence[int]) -> List[str]:
+    """Each comparison's verdict, with ``planned[i]`` the pairs comparison ``i`` is tested at: until every
+    comparison has its planned pairs, none gets a Holm verdict (see ``verdict``)."""
+    short = [row.difference.n < n for row, n in zip(rows, planned)]
+    return [verdict(row, alpha, n, sum(short) - s) for row, n, s in zip(rows, planned, short)]
+
+
 def format_family_table(
     rows: Sequence[FamilyRow], labels: Dict[str, str], config: StudyConfig, seeds_per_arm: Optional[Dict[str, int]]
 ) -> str:
@@ -352,8 +359,7 @@ def format_family_table(
     ]
     out = []
     planned = [planned_pairs(row.comparison, seeds_per_arm or {}) for row in rows]
-    short = [row.difference.n < n for row, n in zip(rows, planned)]
-    for row, n, row_short in zip(rows, planned, short):
+    for row, words in zip(rows, family_verdicts(rows, config.alpha, planned)):
         c, d = row.comparison, row.difference
         name = f"{labels.get(c.arm, c.arm)} − {labels.get(c.baseline, c.baseline)}"
         out.append(
@@ -365,7 +371,7 @@ def format_family_table(
                 d.interval(2),
                 format_p(row.holm_p),
                 format_p(row.signed_rank.p),
-                verdict(row, config.alpha, n, sum(short) - row_short),
+                words,
             ]
         )
     return markdown_table(header, out)

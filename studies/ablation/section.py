@@ -23,11 +23,11 @@ from studies.ablation.family import (
     FamilyRow,
     StudyConfig,
     family_rows,
+    family_verdicts,
     format_family_table,
     format_p,
     landscape_rule,
     power_now,
-    verdict,
 )
 from studies.ablation.markdown import markdown_table
 from studies.ablation.metrics import (
@@ -283,10 +283,8 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
             f"(p {format_p(yardstick.difference.p)}, unadjusted)"
         )
         cells.append(cells_of(yardstick, f"{arms[first.arm].label} (the round's, for reference)", kinds[0], "-", said))
-    short = [row.difference.n < c.landscape_seeds for row in rows]
-    for row, row_short in zip(rows, short):
+    for row, words in zip(rows, family_verdicts(rows, c.alpha, [c.landscape_seeds] * len(rows))):
         arm = row.comparison.arm
-        words = verdict(row, c.alpha, c.landscape_seeds, sum(short) - row_short)
         cells.append(cells_of(row, arms[arm].label, landscape_rule(c, arm)[1:], format_p(row.holm_p), words))
     return [
         "### The clipping landscape",
