@@ -51,6 +51,6 @@ gpu-check: setup
 
 # The learning-speed study: 17 arms x 5 minutes of training each from scratch on the 3-h corpus
 # (--size small, own work dir; one change from the defaults of 2026-11-23 per arm, a second baseline seed, the combination), greedy WER ->
-# RESULTS.md "Learning speed" (about 100 min on 2 idle cores; a rerun skips finished arms).
+# studies/learning_speed/README.md "Learning speed" (about 100 min on 2 idle cores; a rerun skips finished arms).
 learning-speed: setup
-	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh --size small --work-dir small-corpus && python lstm_transducer_stateless/learning_speed.py --work-dir small-corpus
+	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh --size small --work-dir small-corpus && python -m studies.learning_speed --work-dir small-corpus

@@ -1,32 +1,14 @@
-"""The learning-speed study: result bookkeeping, the RESULTS.md section, the learning curve,
-and the study script end to end on the tiny corpus."""
+"""The learning-speed study (studies/learning_speed): result bookkeeping, its README's generated section, and
+the study end to end on the tiny corpus."""
 
-import importlib.util
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import torch
 
-from conftest import RECIPE
-from icefall_lite.train.checkpoint import save_checkpoint
-from studies.learning_curve import epoch_training_minutes, plot_learning_curves, read_curve_csv
-from studies.learning_speed import (
-    DONE_FILE,
-    SECTION,
-    StudyResult,
-    compare_to_baseline,
-    first_step_below,
-    format_table,
-    seed_spread,
-)
+from studies.learning_speed.report import README, SECTION, compare_to_baseline, format_table, seed_spread
+from studies.learning_speed.run import DONE_FILE, StudyResult, first_step_below
+from studies.learning_speed.study import main
 from studies.runner import Section
-
-# The script imports its sibling train.py, as when run from its folder.
-
-SCRIPT = RECIPE / "lstm_transducer_stateless" / "learning_speed.py"
 
 
 def _result(name, clean, other, steps=100):
@@ -87,13 +69,13 @@ def _committed_rows(table: str) -> list:
     return [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
 
 
-def test_results_md_learning_speed_tables_follow_from_their_arms():
-    """The learning-speed section of RESULTS.md: its arms' results were not committed (they stayed in the
-    runs' folders), so the figures derived from them are checked instead: the per-arm table, read back
+def test_readme_learning_speed_tables_follow_from_their_arms():
+    """The generated section of the study's README.md: its arms' results were not committed (they stayed in
+    the runs' folders), so the figures derived from them are checked instead: the per-arm table, read back
     into results, renders as committed, and the seed spread and every arm against the baseline mean come
     out as committed."""
-    held = SECTION.read(RECIPE / "RESULTS.md")
-    assert held is not None, "RESULTS.md has no generated learning-speed section"
+    held = SECTION.read(README)
+    assert held is not None, "studies/learning_speed/README.md has no generated learning-speed section"
     table = held.split("\n\n| arm | change from the defaults |", 1)[1].split("\n\n", 1)[0]
     table = "| arm | change from the defaults |" + table
     results = [
@@ -130,26 +112,6 @@ def test_results_md_learning_speed_tables_follow_from_their_arms():
     assert rows == committed and len(rows) == 15
 
 
-def test_epoch_training_minutes_and_curve_csv(tmp_path):
-    model = torch.nn.Linear(2, 2)
-    for epoch, seconds in ((1, 90.0), (2, 210.0)):
-        save_checkpoint(tmp_path / f"epoch-{epoch}.pt", model, params={"train_seconds": seconds, "cur_epoch": epoch})
-    assert epoch_training_minutes(tmp_path) == {1: 1.5, 2: 3.5}
-    save_checkpoint(tmp_path / "epoch-3.pt", model, params={"cur_epoch": 3})
-    with pytest.raises(KeyError, match="epoch-3.pt has no train_seconds"):
-        epoch_training_minutes(tmp_path)
-    csv = tmp_path / "curve.csv"
-    csv.write_text("# a comment\nlabel,minutes,wer\nold,8.0,95.5\nold,16.0,71.2\nnew,5.0,30.0\n")
-    curves = read_curve_csv(csv)
-    assert curves == {"old": [(8.0, 95.5), (16.0, 71.2)], "new": [(5.0, 30.0)]}
-    png = tmp_path / "curve.png"
-    plot_learning_curves(curves, png)
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    csv.write_text("label,minutes\nold,8.0\n")
-    with pytest.raises(ValueError, match="header"):
-        read_curve_csv(csv)
-
-
 def test_first_step_below_uses_the_moving_average():
     series = [(1, 0.9), (2, 0.3), (3, 0.6), (4, 0.4), (5, 0.35)]
     # Window 2 averages: step 2 0.6, step 3 0.45 (the first below 0.5).
@@ -158,16 +120,7 @@ def test_first_step_below_uses_the_moving_average():
     assert first_step_below(series, 0.1, 2) is None
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("icefall_lite_learning_speed_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_study_runs_arms_resumes_and_writes_the_section(tiny_data, tmp_path, isolated_logging):
-    study = _load_script()
     results_md = tmp_path / "RESULTS.md"
     exp_root = tmp_path / "exp"
     argv = [
@@ -185,7 +138,7 @@ def test_study_runs_arms_resumes_and_writes_the_section(tiny_data, tmp_path, iso
     # An arm cut off before (no done file) is started again from scratch.
     (exp_root / "baseline").mkdir(parents=True)
     (exp_root / "baseline" / "checkpoint-7.pt").write_bytes(b"left over")
-    assert study.main(argv + ["--arms", "baseline", "bpe100"]) == 0
+    assert main(argv + ["--arms", "baseline", "bpe100"]) == 0
     for name in ("baseline", "bpe100"):
         done = json.loads((exp_root / name / DONE_FILE).read_text())
         assert done["steps"] >= 1 and set(done["wers"]) == {"test-clean", "test-other"}
@@ -193,23 +146,12 @@ def test_study_runs_arms_resumes_and_writes_the_section(tiny_data, tmp_path, iso
     assert (exp_root / "lang_bpe_100" / "bpe.model").is_file() and (exp_root / "lang_bpe_120" / "bpe.model").is_file()
     text = results_md.read_text()
     assert "## Learning speed" in text and "| baseline | none (seed 42) |" in text and "| bpe100 |" in text
-    written_by = "## Learning speed\n\nWritten by `./lstm_transducer_stateless/learning_speed.py` on "
+    written_by = "## Learning speed\n\nWritten by `python -m studies.learning_speed` on "
     assert SECTION.read(results_md).startswith(written_by)
     assert "--bpe-model " + str(exp_root / "lang_bpe_100" / "bpe.model") in text
     # A rerun skips finished arms (their done files are left as they were).
     before = (exp_root / "baseline" / DONE_FILE).stat().st_mtime_ns
-    assert study.main(argv + ["--arms", "baseline"]) == 0
+    assert main(argv + ["--arms", "baseline"]) == 0
     assert (exp_root / "baseline" / DONE_FILE).stat().st_mtime_ns == before
     with pytest.raises(SystemExit):
-        study.main(argv + ["--arms", "no-such-arm"])
-
-
-def test_learning_curve_refuses_a_label_its_csv_could_not_hold(tmp_path: Path) -> None:
-    script = Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/lstm_transducer_stateless/learning_curve.py"
-    out = subprocess.run(
-        [sys.executable, str(script), "--run", f"10 h, 288 voices={tmp_path}", "--output", str(tmp_path / "curve.png")],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 2 and "must not contain a comma" in out.stderr
-    assert not (tmp_path / "curve.png").exists() and not (tmp_path / "curve.csv").exists()
+        main(argv + ["--arms", "no-such-arm"])

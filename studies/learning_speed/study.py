@@ -1,51 +1,48 @@
-#!/usr/bin/env python3
-"""The learning-speed study: which settings make the default model learn fastest
-on 2 CPU cores.
+"""The learning-speed study's command line (``python -m studies.learning_speed``): which settings make the
+default model learn fastest on 2 CPU cores.
 
-Every arm trains the model from scratch for the same wall-clock budget
-(``train.py --max-minutes``, validation not counted) with one change from the
-defaults of the time the study was set up (plus a second seed of the
-baseline, and combinations), then decodes test-clean and test-other with
-greedy search using the weights at the end of the budget (``--iter <last
-batch> --avg 1 --use-averaged-model false``). The budget is wall-clock, not a
-number of steps, because the demo's budget is wall-clock and several levers
-(batch size, model shape, vocabulary size, CTC head, tail padding) change
-what a step costs.
+Every arm trains the model from scratch for the same wall-clock budget (``train.py --max-minutes``,
+validation not counted) with one change from the defaults of the time the study was set up (plus a second
+seed of the baseline, and combinations), then decodes test-clean and test-other with greedy search using the
+weights at the end of the budget (``--iter <last batch> --avg 1 --use-averaged-model false``). The budget is
+wall-clock, not a number of steps, because the demo's budget is wall-clock and several levers (batch size,
+model shape, vocabulary size, CTC head, tail padding) change what a step costs.
 
-The study was run on the 3-hour corpus of that time, ``prepare.sh --size
-small``, kept in its own work dir so that it does not clash with the default
-corpus in data/:
+The study was run on the 3-hour corpus of that time, ``prepare.sh --size small``, kept in its own work dir so
+that it does not clash with the default corpus in data/. From egs/librispeech/ASR:
 
   bash prepare.sh --size small --work-dir small-corpus
-  ./lstm_transducer_stateless/learning_speed.py --work-dir small-corpus  # every arm
-  ./lstm_transducer_stateless/learning_speed.py --arms baseline ctc  # some arms
-  ./lstm_transducer_stateless/learning_speed.py --list               # the arms
+  python -m studies.learning_speed --work-dir small-corpus  # every arm
+  python -m studies.learning_speed --arms baseline ctc      # some arms
+  python -m studies.learning_speed --list                   # the arms
 
-Resuming: a finished arm has <exp-root>/<arm>/learning-speed-done.json and is
-skipped; an arm cut off part-way is started again from scratch (its budget is
-wall-clock, so a resumed arm would not be comparable). After every arm the
-"Learning speed" section of RESULTS.md is rewritten from all finished arms.
+Resuming: a finished arm has <exp-root>/<arm>/learning-speed-done.json and is skipped; an arm cut off part-way
+is started again from scratch (its budget is wall-clock, so a resumed arm would not be comparable). After every
+arm the "Learning speed" section of studies/learning_speed/README.md is rewritten from all finished arms.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from icefall_lite.utils import script_parser
-from studies.learning_speed import ARMS, SECTION, done_file, finished_results, render_section, run_arm
+from studies.learning_speed.arms import ARMS
+from studies.learning_speed.report import README, SECTION, render_section
+from studies.learning_speed.run import done_file, finished_results, run_arm
 from studies.runner import Progress, StudyError
 
-RECIPE_DIR = Path(__file__).resolve().parents[1]
+# The recipe whose train.py and decode.py the arms run (the commands are relative to it).
+RECIPE_DIR = Path(__file__).resolve().parents[2] / "egs" / "librispeech" / "ASR"
 # Before the first arm is timed: its budget plus about 1.5 minutes of validation and decoding.
 SETUP_MINUTES = 1.5
 
 
 def get_parser() -> argparse.ArgumentParser:
     parser = script_parser(__doc__)
+    parser.prog = "python -m studies.learning_speed"
     parser.add_argument(
         "--work-dir",
         type=Path,
@@ -61,7 +58,7 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--results-md",
         type=Path,
-        default=RECIPE_DIR / "RESULTS.md",
+        default=README,
         help="the file whose 'Learning speed' section is rewritten",
     )
     parser.add_argument(
@@ -84,7 +81,7 @@ def write_section(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    logging.basicConfig(format="%(asctime)s %(levelname)s [learning_speed.py] %(message)s", level=logging.INFO)
+    logging.basicConfig(format="%(asctime)s %(levelname)s [learning_speed] %(message)s", level=logging.INFO)
     parser = get_parser()
     args = parser.parse_args(argv)
     names = [a.name for a in ARMS]
@@ -121,7 +118,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         write_section(args)
     write_section(args)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
