@@ -1,16 +1,23 @@
-"""The depth pilot's report (studies/depth.py) on runs made by hand, every number worked out here; and
-ablation.py's --base-lr, which the pilot uses to try a learning rate per depth."""
+"""The depth pilot's report (studies/depth) on runs made by hand, every number worked out here, and on the
+pilot's committed summaries as its README.md shows them; the pilot script's argument check; and the ablation's
+--base-lr, which the pilot uses to try a learning rate per depth."""
 
 import json
+import shlex
+import subprocess
+from pathlib import Path
 
 import pytest
 from test_markdown_tables import cell_count, tables
 
+from conftest import REPO
 from studies.ablation.arms import CONDITIONS, RunKey
 from studies.ablation.metrics import layer_outliers
 from studies.ablation.runs import RunResult
-from studies.ablation.study import with_budget
-from studies.depth import format_report, load_runs, main
+from studies.ablation.settings import with_budget
+from studies.depth.report import format_report, load_runs, main
+
+DEPTH = REPO / "studies" / "depth"
 
 
 def _run(ratios, warm_end=2, seed=42):
@@ -199,7 +206,8 @@ def test_depth_report_draws_its_plot(tmp_path, capsys):
 
 
 def test_the_ablation_names_each_seeds_first_outlier_layer_and_icefalls_beside_the_deep_condition():
-    from studies.ablation.section import first_outliers, icefall_published
+    from studies.ablation.report.common import icefall_published
+    from studies.ablation.report.tables import first_outliers
 
     # Seed 43 given first: the rows go by seed. Seed 42: from step 2 (warm-up), layer 0 goes over 25 at step
     # 3, layer 1 at step 4: layer 0 first; the largest, 40 at layer 0, step 5; the objective 0.5 x 0.2 + pruned
@@ -219,3 +227,44 @@ def test_the_ablation_names_each_seeds_first_outlier_layer_and_icefalls_beside_t
     explosion = icefall_published()["explosion"]
     assert "layer 10" in explosion["text"] and "pull/558" in explosion["source"]
     assert f"not measured here: {explosion['text']}. Source: {explosion['source']}." in beside
+
+
+def _readme_command() -> list:
+    """The arguments of the ``python -m studies.depth`` command in the depth README's code block."""
+    readme = (DEPTH / "README.md").read_text(encoding="utf-8")
+    block = readme.split("python -m studies.depth ", 1)[1].split("\n```", 1)[0]
+    return shlex.split(block.replace("\\\n", " "))
+
+
+def test_the_readme_tables_re_render_from_the_committed_summaries(tmp_path, capsys, monkeypatch):
+    """The README's command, run from the repository root (its plot redirected), prints the README's three
+    tables character for character, from the pilot's committed summaries."""
+    argv = _readme_command()
+    plot = argv.index("--plot")
+    assert argv[plot + 1] == "studies/depth/depth-outliers.png" and (DEPTH / "depth-outliers.png").is_file()
+    argv[plot + 1] = str(tmp_path / "depth-outliers.png")
+    assert [a.split("=", 1)[0] for a in argv if "=" in a] == [
+        "L4 d256",
+        "L8 d256",
+        "L12 d256",
+        "L12 d256 lr 0.0015",
+        "L12 d128",
+    ]
+    monkeypatch.chdir(REPO)
+    main(argv)
+    tables_text = capsys.readouterr().out
+    assert tables_text.count("\n| layer |") == 2 and "| L12 d256 | 42 | 1200 |" in tables_text
+    assert tables_text in (DEPTH / "README.md").read_text(encoding="utf-8")
+    assert not _blank(tmp_path / "depth-outliers.png")
+
+
+def test_the_pilot_script_refuses_a_model_without_a_label(tmp_path: Path) -> None:
+    """pilot.sh checks its arguments before it starts a run: too few, and a model without LABEL=."""
+    script = DEPTH / "pilot.sh"
+    out = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True)
+    assert out.returncode == 2 and "usage:" in out.stderr
+    out = subprocess.run(
+        ["bash", str(script), str(tmp_path / "out"), "--num-encoder-layers 8"], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "write LABEL=MODEL_FLAGS" in out.stderr
+    assert not (tmp_path / "out" / "exp").exists()

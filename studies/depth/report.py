@@ -10,7 +10,8 @@ of the runs, then two of layers (rows, top first) by runs (columns).
   python -m studies.depth --threshold 25 "L12 d256=path/to/summaries" "L4 d256=other/summaries" \
       --plot depth-outliers.png
 
-Each folder is an ablation.py ``--summaries`` folder (``<summaries>/<condition>/none/seed-<n>.json``).
+Each folder is an ablation ``--summaries`` folder (``<summaries>/<condition>/none/seed-<n>.json``). The
+pilot's own runs (pilot.sh) and their report are this folder's README.md and depth-outliers.png.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def format_report(labelled: Sequence[Tuple[str, List[RunResult]]], threshold: fl
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m studies.depth", description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", help="LABEL=SUMMARIES_FOLDER, one per model")
     parser.add_argument("--threshold", type=float, default=OUTLIER_RATIO, help="max/median counted as an outlier")
     parser.add_argument(
@@ -134,7 +135,3 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(format_report(labelled, args.threshold), end="")
     if args.plot is not None:
         plot_outliers_by_depth(labelled, args.threshold, args.plot)
-
-
-if __name__ == "__main__":
-    main()
