@@ -136,6 +136,7 @@ ARMS: List[StudyArm] = [
 
 
 def vocab_size_of(args: argparse.Namespace, arm: StudyArm) -> int:
+    """The arm's BPE vocabulary: its own, else ``--base-vocab-size``."""
     return args.base_vocab_size if arm.vocab_size is None else arm.vocab_size
 
 
@@ -145,6 +146,7 @@ def bpe_model_of(args: argparse.Namespace, arm: StudyArm) -> Path:
 
 
 def bpe_command(args: argparse.Namespace, vocab_size: int) -> List[str]:
+    """``local/train_bpe_model.py`` training the BPE model of ``vocab_size`` pieces under the exp root."""
     lang_dir = args.exp_root / f"lang_bpe_{vocab_size}"
     return [
         "python",
@@ -159,6 +161,7 @@ def bpe_command(args: argparse.Namespace, vocab_size: int) -> List[str]:
 
 
 def train_command(args: argparse.Namespace, arm: StudyArm) -> List[str]:
+    """``train.py`` for the arm: the budget, the study's pinned defaults, then the arm's own flags."""
     return (
         [
             "python",
@@ -181,6 +184,7 @@ def train_command(args: argparse.Namespace, arm: StudyArm) -> List[str]:
 
 
 def decode_command(args: argparse.Namespace, arm: StudyArm, last_batch: int) -> List[str]:
+    """``decode.py``: greedy search with the weights of checkpoint ``last_batch`` alone."""
     return [
         "python",
         "lstm_transducer_stateless/decode.py",
