@@ -22,11 +22,12 @@ from icefall_lite.nn.clip import (
 from icefall_lite.nn.model import add_model_arguments
 from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.args import add_training_arguments
-from icefall_lite.train.grad_control import FLAGS, GradientControl, check_gradient_control_args
+from icefall_lite.train.grad_control import GradientControl, check_gradient_control_args
 
 
 def _control(**on: float) -> GradientControl:
-    return GradientControl(**{**{name: 0.0 for name in FLAGS}, **on})
+    """Every rule off but ``on``."""
+    return GradientControl(**on)
 
 
 def _model(seed: int = 0) -> nn.Module:
@@ -64,11 +65,6 @@ def _parser() -> argparse.ArgumentParser:
     add_training_arguments(parser)
     add_model_arguments(parser)
     return parser
-
-
-def _group_flags(parser: argparse.ArgumentParser, title: str) -> List[str]:
-    group = next(g for g in parser._action_groups if g.title == title)
-    return [s for a in group._group_actions for s in a.option_strings]
 
 
 # --------------------------------------------------------------------------
@@ -324,7 +320,7 @@ class ScaledAdamControl(GradientControl):
     """GradientControl with ScaledAdam's rule at another clipping_update_period (tests only)."""
 
     def __init__(self, period: int) -> None:
-        super().__init__(**{**{name: 0.0 for name in FLAGS}, "scaled_adam_clipping_scale": 2.0})
+        super().__init__(scaled_adam_clipping_scale=2.0)
         self.scaled_adam = ScaledAdamClipping(2.0, clipping_update_period=period)
 
 
@@ -465,23 +461,25 @@ def test_hard_mask_observing_and_forward():
 
 
 def test_grad_filter_mode_flag_reaches_every_layer_and_old_configs_build():
-    from icefall_lite.nn.model import build_transducer, model_config_from_args
+    from icefall_lite.nn.model import build_transducer
+    from icefall_lite.train.setup import training_model_config
 
     parser = _parser()
     args = parser.parse_args(["--grad-filter-mode", "hard-mask", "--num-encoder-layers", "2", "--encoder-dim", "16"])
     args.rnn_hidden_size = args.dim_feedforward = args.decoder_dim = args.joiner_dim = 16
-    config = model_config_from_args(args, vocab_size=10, blank_id=0, num_features=80)
+    config = training_model_config(args, vocab_size=10, blank_id=0)
     assert config["grad_filter_mode"] == "hard-mask"
     model = build_transducer(**config)
     modes = [f.mode for _, f in model.encoder.gradient_filters()]
     assert modes == ["hard-mask", "hard-mask"]
     del config["grad_filter_mode"]  # a configuration saved before the flag existed: icefall's soft filter
     assert [f.mode for _, f in build_transducer(**config).encoder.gradient_filters()] == ["soft", "soft"]
-    assert "--grad-filter-mode" in _group_flags(parser, "gradient control")
     with pytest.raises(SystemExit):
         parser.parse_args(["--grad-filter-mode", "hard"])
-    with pytest.raises(ValueError, match="--grad-filter-mode must be one of soft, hard-mask"):
+    with pytest.raises(ValueError, match="--grad-filter-mode must be one of soft, hard-mask, uniform"):
         GradientFilter(1, 10.0, mode="hard")
+    with pytest.raises(ValueError, match="--grad-filter-mode"):  # a bad mode is refused without a filter too
+        ScaledLSTM(5, 6, grad_filter_threshold=0.0, grad_filter_mode="hard")
 
 
 # --------------------------------------------------------------------------
@@ -547,12 +545,11 @@ def _manual_bptt(lstm: ScaledLSTM, x: Tensor, out_grad: Tensor, threshold: float
 @pytest.mark.parametrize("proj_size", [0, 3])
 def test_recurrent_grad_clip_is_kaldis_cap_by_hand(proj_size):
     torch.manual_seed(0)
-    lstm = ScaledLSTM(5, 6, proj_size=proj_size, grad_filter_threshold=0.0)
+    lstm = ScaledLSTM(5, 6, proj_size=proj_size, grad_filter_threshold=0.0, recurrent_grad_clip=0.5)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(9, 4, 5, generator=gen)
     out_grad = torch.randn(9, 4, proj_size or 6, generator=gen) * torch.linspace(0.2, 30, 4).view(1, 4, 1)
     _, _, capped_off = _manual_bptt(lstm, x, out_grad, math.inf)
-    lstm.recurrent_grad_clip = 0.5
     x_in = x.clone().requires_grad_()
     output, _ = lstm(x_in)
     (output * out_grad).sum().backward()
@@ -568,9 +565,8 @@ def test_recurrent_grad_clip_is_kaldis_cap_by_hand(proj_size):
 def test_frame_by_frame_lstm_is_the_kernel_when_nothing_is_capped(proj_size):
     torch.manual_seed(0)
     fused = ScaledLSTM(5, 6, proj_size=proj_size, grad_filter_threshold=0.0)
-    frames = ScaledLSTM(5, 6, proj_size=proj_size, grad_filter_threshold=0.0)
+    frames = ScaledLSTM(5, 6, proj_size=proj_size, grad_filter_threshold=0.0, recurrent_grad_clip=1e30)
     frames.load_state_dict(fused.state_dict())
-    frames.recurrent_grad_clip = 1e30
     x = torch.randn(8, 3, 5)
     out_grad = torch.randn(8, 3, proj_size or 6)
     results = []
@@ -585,12 +581,10 @@ def test_frame_by_frame_lstm_is_the_kernel_when_nothing_is_capped(proj_size):
     assert frames.recurrent_clip_stats.as_dict() == {"fraction_clipped": 0.0}
 
 
-def test_recurrent_grad_clip_installs_in_every_lstm_and_off_is_the_kernel(monkeypatch):
+def test_recurrent_grad_clip_is_built_into_every_lstm_and_off_is_the_kernel(monkeypatch):
     from conftest import tiny_transducer
 
-    model = tiny_transducer()
-    lstms = [m for m in model.modules() if isinstance(m, ScaledLSTM)]
-    _control().install(model)
+    lstms = [m for m in tiny_transducer().modules() if isinstance(m, ScaledLSTM)]
     assert lstms and all(m.recurrent_grad_clip == 0.0 for m in lstms)
 
     def refuse(*args):
@@ -598,8 +592,8 @@ def test_recurrent_grad_clip_installs_in_every_lstm_and_off_is_the_kernel(monkey
 
     monkeypatch.setattr(ScaledLSTM, "_frame_by_frame", refuse)
     lstms[0](torch.randn(4, 2, lstms[0].input_size))  # the kernel
-    _control(recurrent_grad_clip=30.0).install(model)
-    assert all(m.recurrent_grad_clip == 30.0 for m in lstms)
+    lstms = [m for m in tiny_transducer(recurrent_grad_clip=30.0).modules() if isinstance(m, ScaledLSTM)]
+    assert len(lstms) == 2 and all(m.recurrent_grad_clip == 30.0 for m in lstms)
     with pytest.raises(AssertionError, match="frame-by-frame"):
         lstms[0](torch.randn(4, 2, lstms[0].input_size))
     lstms[0].eval()
@@ -653,30 +647,3 @@ def test_train_py_with_every_new_rule_resumes_exactly(tiny_data, tmp_path):
     assert a["grad_control"]["autoclip"] == b["grad_control"]["autoclip"]
     for name, value in a["model"].items():
         assert torch.equal(value, b["model"][name]), name
-
-
-# --------------------------------------------------------------------------
-# The flags
-# --------------------------------------------------------------------------
-
-
-def test_every_rule_has_one_flag_in_the_gradient_control_group():
-    flags = _group_flags(_parser(), "gradient control")
-    for name in FLAGS:
-        assert "--" + name.replace("_", "-") in flags
-
-
-def test_parameters_of_an_earlier_run_build_a_control_with_the_new_rules_off():
-    earlier = dict(clip_grad_norm=5.0, clip_grad_value=0.0, agc_clipping=0.0, error_clip=0.0, clip_grad_norm_relative=0)
-    control = GradientControl.from_params(earlier)
-    assert control.clip_grad_norm == 5.0 and control.state_dict() == {}
-    assert (control.zclip, control.autoclip, control.scaled_adam, control.recurrent_grad_clip) == (None, None, None, 0)
-
-
-@pytest.mark.parametrize("name", FLAGS)
-def test_negative_thresholds_are_refused_naming_the_flag(name, capsys):
-    parser = _parser()
-    args = parser.parse_args([f"--{name.replace('_', '-')}", "-1"])
-    with pytest.raises(SystemExit):
-        check_gradient_control_args(parser, args)
-    assert f"--{name.replace('_', '-')}" in capsys.readouterr().err

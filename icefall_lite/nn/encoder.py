@@ -104,6 +104,8 @@ class RNNEncoderLayer(nn.Module):
       rnn_hidden_size: LSTM cell size.
       grad_filter_threshold: GradientFilter threshold inside the LSTM; <= 0
         means no filter.
+      grad_filter_mode: the filter's mode (:data:`icefall_lite.nn.clip.GRAD_FILTER_MODES`).
+      recurrent_grad_clip: Kaldi's per-frame cap on the LSTM's recurrent derivative; 0 = off.
       dropout: dropout on both residual branches.
       layer_dropout: probability, in training, of nearly bypassing the layer
         (alpha = 0.1), as icefall.
@@ -117,6 +119,8 @@ class RNNEncoderLayer(nn.Module):
         grad_filter_threshold: float,
         dropout: float,
         layer_dropout: float,
+        grad_filter_mode: str = "soft",
+        recurrent_grad_clip: float = 0.0,
     ) -> None:
         super().__init__()
         if rnn_hidden_size < d_model:
@@ -130,6 +134,8 @@ class RNNEncoderLayer(nn.Module):
             hidden_size=rnn_hidden_size,
             proj_size=proj_size,
             grad_filter_threshold=grad_filter_threshold,
+            grad_filter_mode=grad_filter_mode,
+            recurrent_grad_clip=recurrent_grad_clip,
         )
         self.feed_forward = nn.Sequential(
             ScaledLinear(d_model, dim_feedforward),
@@ -186,6 +192,8 @@ class RNNEncoder(nn.Module):
         grad_filter_threshold: float,
         dropout: float,
         layer_dropout: float,
+        grad_filter_mode: str = "soft",
+        recurrent_grad_clip: float = 0.0,
     ) -> None:
         super().__init__()
         self.d_model = d_model
@@ -194,7 +202,14 @@ class RNNEncoder(nn.Module):
         self.layers = nn.ModuleList(
             [
                 RNNEncoderLayer(
-                    d_model, dim_feedforward, rnn_hidden_size, grad_filter_threshold, dropout, layer_dropout
+                    d_model,
+                    dim_feedforward,
+                    rnn_hidden_size,
+                    grad_filter_threshold,
+                    dropout,
+                    layer_dropout,
+                    grad_filter_mode=grad_filter_mode,
+                    recurrent_grad_clip=recurrent_grad_clip,
                 )
                 for _ in range(num_layers)
             ]
@@ -249,6 +264,8 @@ class RNN(nn.Module):
         grad_filter_threshold: float,
         dropout: float,
         layer_dropout: float,
+        grad_filter_mode: str = "soft",
+        recurrent_grad_clip: float = 0.0,
     ) -> None:
         super().__init__()
         self.num_features = num_features
@@ -257,7 +274,15 @@ class RNN(nn.Module):
         self.num_layers = num_layers
         self.encoder_embed = Conv2dSubsampling(num_features, d_model)
         self.encoder = RNNEncoder(
-            d_model, dim_feedforward, rnn_hidden_size, num_layers, grad_filter_threshold, dropout, layer_dropout
+            d_model,
+            dim_feedforward,
+            rnn_hidden_size,
+            num_layers,
+            grad_filter_threshold,
+            dropout,
+            layer_dropout,
+            grad_filter_mode=grad_filter_mode,
+            recurrent_grad_clip=recurrent_grad_clip,
         )
 
     def get_init_states(self, batch_size: int = 1, device: Optional[torch.device] = None) -> EncoderStates:

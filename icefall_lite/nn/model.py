@@ -10,7 +10,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from icefall_lite.nn.clip import GRAD_FILTER_MODES, check_grad_filter_mode
 from icefall_lite.nn.decoder import Decoder
 from icefall_lite.nn.encoder import RNN, EncoderStates
 from icefall_lite.nn.joiner import Joiner
@@ -212,10 +211,13 @@ def build_transducer(
     layer_dropout: float,
     use_ctc: bool,
     grad_filter_mode: str = "soft",
+    recurrent_grad_clip: float = 0.0,
 ) -> Transducer:
-    """Build the whole model; every argument but ``grad_filter_mode`` is required, as torchaudio's
-    ``emformer_rnnt_model``. ``grad_filter_mode`` (the GradientFilters' mode, soft or hard-mask) came later:
-    it defaults to icefall's, so the configurations of earlier checkpoints still build.
+    """Build the whole model; every argument but the last two is required, as torchaudio's
+    ``emformer_rnnt_model``. ``grad_filter_mode`` (the GradientFilters' mode,
+    :data:`icefall_lite.nn.clip.GRAD_FILTER_MODES`) and ``recurrent_grad_clip`` (Kaldi's per-frame cap in every
+    LSTM, 0 = off) came later: they default to icefall's soft filter and no cap, so the configurations of
+    earlier checkpoints still build. Both reach every ScaledLSTM through the encoder's constructors.
 
     The numbers live in :data:`MODEL_PRESETS` and the flags of
     :func:`add_model_arguments`; :func:`model_config_from_args` turns flags
@@ -230,10 +232,9 @@ def build_transducer(
         grad_filter_threshold=grad_filter_threshold,
         dropout=dropout,
         layer_dropout=layer_dropout,
+        grad_filter_mode=grad_filter_mode,
+        recurrent_grad_clip=recurrent_grad_clip,
     )
-    check_grad_filter_mode(grad_filter_mode)
-    for _, grad_filter in encoder.gradient_filters():
-        grad_filter.mode = grad_filter_mode
     decoder = Decoder(vocab_size, decoder_dim, blank_id=blank_id, context_size=context_size)
     joiner = Joiner(encoder_dim, decoder_dim, joiner_dim, vocab_size, blank_id=blank_id)
     return Transducer(
@@ -271,19 +272,14 @@ MODEL_PRESETS: Dict[str, Dict[str, int]] = {
 }
 
 
-# The --help section of train.py's gradient controls (icefall_lite.train.grad_control's clipping flags).
-GRADIENT_CONTROL_GROUP = "gradient control"
-
-
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Model flags shared by train.py, decode.py and export_onnx.py (their one home, with the presets).
 
-    The GradientFilter's threshold is listed in ``--help`` with the other gradient controls where the
-    parser has them (train.py adds the training flags first), else with the model's flags.
+    The GradientFilter's flags are not among them: the filter acts only in backward, so train.py has them
+    with its other gradient controls (:func:`icefall_lite.train.grad_control.add_gradient_control_arguments`)
+    and a model built to decode or export has no filter.
     """
     group = parser.add_argument_group("model")
-    # argparse keeps a parser's argument groups in _action_groups (and offers no public way to find one).
-    filter_group = next((g for g in parser._action_groups if g.title == GRADIENT_CONTROL_GROUP), group)
     group.add_argument(
         "--model-preset",
         choices=sorted(MODEL_PRESETS),
@@ -296,24 +292,6 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
             f"--{name.replace('_', '-')}", type=int, default=None, help=f"Overrides the preset's {name}."
         )
     group.add_argument("--context-size", type=int, default=2, help="Decoder context: 1 = bigram, 2 = trigram.")
-    filter_group.add_argument(
-        "--grad-filter-threshold",
-        "--grad-norm-threshold",  # icefall's lstm_transducer_stateless3 spelling
-        dest="grad_filter_threshold",
-        type=float,
-        default=DEFAULT_GRAD_FILTER_THRESHOLD,
-        help="GradientFilter threshold inside every LSTM layer (x median per-sequence gradient RMS; "
-        "--grad-norm-threshold is icefall's name for it); 0 = no filter anywhere in the graph; inf = observe "
-        "only (per-layer statistics logged, gradients unchanged).",
-    )
-    filter_group.add_argument(
-        "--grad-filter-mode",
-        choices=GRAD_FILTER_MODES,
-        default="soft",
-        help="How the GradientFilter acts on the sequences above its cutoff: soft (icefall's: every sequence's "
-        "gradient scaled by c / (c + n), the LSTM's weight gradients by 1 / (1 + mean(n) / c)) or hard-mask "
-        "(the sequences above the cutoff dropped from the LSTM's gradients, every other gradient untouched).",
-    )
 
 
 def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -328,7 +306,7 @@ def model_config_from_args(
     args: argparse.Namespace, *, vocab_size: int, blank_id: int, num_features: int
 ) -> Dict[str, Any]:
     """:func:`build_transducer` keyword arguments for a model that decodes or exports: the preset plus
-    the flags' overrides, no dropout and no CTC head (training adds those:
+    the flags' overrides, no dropout, no CTC head and no GradientFilter (training adds those:
     :func:`icefall_lite.train.setup.training_model_config`).
 
     The one place the model flags are validated: ``ValueError`` naming the flag.
@@ -346,15 +324,12 @@ def model_config_from_args(
         )
     if args.context_size < 1:
         raise ValueError(f"--context-size must be >= 1, got {args.context_size}")
-    if not args.grad_filter_threshold >= 0:
-        raise ValueError(f"--grad-filter-threshold must be >= 0, got {args.grad_filter_threshold}")
     config.update(
         vocab_size=vocab_size,
         blank_id=blank_id,
         num_features=num_features,
         context_size=args.context_size,
-        grad_filter_threshold=args.grad_filter_threshold,
-        grad_filter_mode=args.grad_filter_mode,
+        grad_filter_threshold=0.0,  # no filter: it acts only in backward
         dropout=0.0,
         layer_dropout=0.0,
         use_ctc=False,

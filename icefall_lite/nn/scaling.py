@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from icefall_lite.nn.clip import ClipCounts, GradientFilter, recurrent_grad_clip
+from icefall_lite.nn.clip import ClipCounts, GradientFilter, check_grad_filter_mode, recurrent_grad_clip
 
 
 def _init_scaled_weight(weight: Tensor, weight_scale: Tensor, fan_in: int, initial_speed: float) -> None:
@@ -145,9 +145,10 @@ class ScaledLSTM(nn.LSTM):
     ``grad_filter_threshold <= 0`` no filter exists anywhere in the graph.
     ``grad_filter_mode="hard-mask"`` makes it the hard-mask variant, which
     wraps the LSTM kernel (the sequences above the cutoff are dropped from
-    the kernel's gradients, the others untouched).
+    the kernel's gradients, the others untouched); ``"uniform"`` scales
+    every sequence alike (see :class:`GradientFilter`).
 
-    ``recurrent_grad_clip`` (0 = off, set by ``--recurrent-grad-clip``):
+    ``recurrent_grad_clip`` (0 = off; train.py's ``--recurrent-grad-clip``):
     Kaldi's per-frame cap on the derivative of the recurrence. When it is on,
     training runs the LSTM one frame at a time in PyTorch ops, the state
     ``[h_t, c_t]`` fed to frame t+1 passing :func:`recurrent_grad_clip` (the
@@ -165,6 +166,7 @@ class ScaledLSTM(nn.LSTM):
         initial_speed: float = 1.0,
         grad_filter_threshold: float,
         grad_filter_mode: str = "soft",
+        recurrent_grad_clip: float = 0.0,
         **kwargs,
     ) -> None:
         if kwargs.get("bidirectional", False):
@@ -186,8 +188,11 @@ class ScaledLSTM(nn.LSTM):
                     scale += math.log(self.hidden_size**-0.5 / std)
                 else:
                     nn.init.zeros_(param)
-        self.recurrent_grad_clip = 0.0
+        if not recurrent_grad_clip >= 0:
+            raise ValueError(f"recurrent_grad_clip must be >= 0 (0 = off), got {recurrent_grad_clip}")
+        self.recurrent_grad_clip = float(recurrent_grad_clip)
         self.recurrent_clip_stats = ClipCounts()
+        check_grad_filter_mode(grad_filter_mode)  # also without a filter: a bad flag is an error either way
         self.grad_filter: Optional[GradientFilter] = (
             GradientFilter(batch_dim=1, threshold=grad_filter_threshold, mode=grad_filter_mode)
             if grad_filter_threshold > 0

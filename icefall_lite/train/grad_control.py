@@ -1,36 +1,19 @@
-"""Gradient control during training: each kind named by what it is, one flag each.
+"""Gradient control during training: the rules of :data:`icefall_lite.train.rules.RULES`, one flag each.
 
-=========================  ==================================================  ================================
-flag                       what it does                                        where it acts
-=========================  ==================================================  ================================
-``--grad-filter-threshold``  icefall's GradientFilter in every LSTM layer       in backward (a model flag:
-  (``--grad-norm-threshold``)                                                   :func:`add_model_arguments`)
-``--error-clip``           Paddle's ErrorClipByValue on every encoder layer's  in backward
-                           output gradient
-``--recurrent-grad-clip``  Kaldi's per-frame cap on the derivative along every  in backward (inside the LSTMs)
-                           LSTM's recurrence (BackpropTruncationComponent)
-``--clip-grad-value``      clamp every gradient element to [-v, v]             after backward
-``--agc-clipping``         unit-wise adaptive clipping (AGC), lambda           after backward
-``--clip-grad-norm``       scale all gradients to a global L2 norm <= max      after backward (last)
-``--clip-grad-norm-relative``  the same, max = S x the running median of the    after backward (last)
-                           pre-clip global norm (an approximation of icefall
-                           ScaledAdam's rule on the raw norm)
-``--zclip-z-threshold``    ZClip: the global norm clipped when its z-score     after backward (last)
-                           against EMAs of its mean and variance exceeds Z
-``--autoclip-percentile``  AutoClip: the global norm clipped at the P-th        after backward (last)
-                           percentile of all its past values
-``--scaled-adam-clipping-scale``  icefall ScaledAdam's rule, exactly: the norm   after backward (last)
-                           of the gradients each times its parameter's RMS,
-                           clipped at S x the median of the last 100 such
-                           norms (re-estimated every 100 steps)
-=========================  ==================================================  ================================
+The table says what each rule does and where it acts; this module derives
+train.py's "gradient control" argument group and its validation from it, and
+applies the rules that act on the gradients after backward
+(:meth:`GradientControl.clip`) and the error clip, a hook on the built model
+(:meth:`GradientControl.install`). The GradientFilter and the recurrent cap are
+parts of the model, built with it (:data:`MODEL_RULES`,
+:func:`icefall_lite.train.setup.training_model_config`).
 
 The flags combine; after backward they apply in the order of the table (with
 several global-norm rules on, the smallest scale wins). The relative clip tells
 "normalises every step" (a fixed maximum below the typical norm) from "catches
 the rare outlier" (a maximum that follows the typical norm). The rules that
 follow the history of the norm (relative, ZClip, AutoClip, ScaledAdam's) keep state that checkpoints
-keep (:meth:`GradientControl.state_dict`), each its own history as if it were
+keep (:meth:`GradientControl.state_dict`, by each rule's ``state_key``), each its own history as if it were
 alone. The relative clip records the pre-clip norm (before value and AGC
 clipping); the later rules see the gradients at the global stage, after the
 element-wise kinds (the same norm when those are off).
@@ -51,6 +34,7 @@ import torch
 import torch.nn as nn
 
 from icefall_lite.nn.clip import (
+    GRAD_FILTER_MODES,
     AutoClipThreshold,
     ClipCounts,
     ErrorClipByValue,
@@ -65,115 +49,58 @@ from icefall_lite.nn.clip import (
     norm_clip_scale,
     scale_grads_,
 )
-from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import unwrap
+from icefall_lite.train.rules import RELATIVE_CLIP_UPDATE_PERIOD, RULE_BY_NAME, RULES
 
 # AGC leaves the final classifier layer unclipped (Brock et al. 2021): the joiner's output layer.
 AGC_EXCLUDED = "output_linear"
-FLAGS = (
-    "clip_grad_norm",
-    "clip_grad_value",
-    "agc_clipping",
-    "error_clip",
-    "clip_grad_norm_relative",
-    "zclip_z_threshold",
-    "autoclip_percentile",
-    "scaled_adam_clipping_scale",
-    "recurrent_grad_clip",
+# The rules built into the model (the GradientFilter in every LSTM layer, the recurrent cap along every LSTM's
+# recurrence): :func:`icefall_lite.train.setup.training_model_config` passes them to build_transducer.
+MODEL_RULES = ("grad-filter-threshold", "recurrent-grad-clip")
+# The rules whose threshold is absolute and acts in backward, where --use-fp16's loss scale multiplies the
+# gradient (the filter's threshold is relative to the batch's median, so a common scale does not move it).
+ABSOLUTE_IN_BACKWARD = ("error-clip", "recurrent-grad-clip")
+# train.py's controls other than the filter's threshold, by argparse dest.
+FLAGS = tuple(rule.dest for rule in RULES if rule.name != "grad-filter-threshold")
+# The rules GradientControl applies: its fields.
+APPLIED_RULES = tuple(rule for rule in RULES if rule.name not in MODEL_RULES)
+GRAD_FILTER_MODE_HELP = (
+    "How the GradientFilter acts on the sequences above its cutoff: soft (icefall's: every sequence's "
+    "gradient scaled by c / (c + n), the LSTM's weight gradients by 1 / (1 + mean(n) / c)), hard-mask "
+    "(the sequences above the cutoff dropped from the LSTM's gradients, every other gradient untouched) or "
+    "uniform (every sequence's gradient scaled by the mean of soft's factors, the weight gradients as soft: "
+    "soft's shrinking without its per-sequence capping)."
 )
-# The relative clip re-estimates its median every this many steps (as ScaledAdam's clipping_update_period).
-RELATIVE_CLIP_UPDATE_PERIOD = 100
 
 
 def add_gradient_control_arguments(parser: argparse.ArgumentParser) -> None:
-    """The clipping flags of train.py (the filter's flag is a model flag)."""
+    """train.py's "gradient control" group: one flag per rule of :data:`RULES` (its default and help from
+    the table), and the filter's ``--grad-filter-mode`` after the filter's threshold."""
     group = parser.add_argument_group("gradient control")
-    group.add_argument(
-        "--clip-grad-norm",
-        type=float,
-        default=5.0,
-        help="Scale all gradients together so that their global L2 norm is at most this; 0 = off.",
-    )
-    group.add_argument(
-        "--clip-grad-value", type=float, default=0.0, help="Clamp every gradient element to [-VALUE, VALUE]; 0 = off."
-    )
-    group.add_argument(
-        "--agc-clipping",
-        type=float,
-        default=0.0,
-        help="Adaptive gradient clipping (AGC): lambda, the largest allowed unit-wise ratio of "
-        "gradient norm to weight norm (the joiner's output layer is left unclipped); 0 = off.",
-    )
-    group.add_argument(
-        "--clip-grad-norm-relative",
-        type=float,
-        default=0.0,
-        help="Scale all gradients together so that their global L2 norm is at most S times the median of "
-        f"the recent pre-clip norms (icefall's ScaledAdam rule: re-estimated at steps 10, 20, 40, then every "
-        f"{RELATIVE_CLIP_UPDATE_PERIOD}; none before step 10); 0 = off.",
-    )
-    group.add_argument(
-        "--zclip-z-threshold",
-        type=float,
-        default=0.0,
-        help="ZClip (Kumar et al. 2025; its authors' default 'zscore' / 'adaptive_scaling' variant): EMAs "
-        "(alpha 0.97) of the mean and variance of the global norm, started from the first 25 norms (not "
-        "clipped); a norm whose z-score exceeds Z is clipped to mean + Z^2 std / z, and the EMAs are updated "
-        "with the clipped norm. The authors recommend 2.5; 0 = off.",
-    )
-    group.add_argument(
-        "--autoclip-percentile",
-        type=float,
-        default=0.0,
-        help="AutoClip (Seetharaman et al. 2020): clip the global norm at the P-th percentile (0 < P <= 100; "
-        "numpy's linear interpolation) of every global norm so far, this step's included. The authors "
-        "recommend 10; 0 = off.",
-    )
-    group.add_argument(
-        "--scaled-adam-clipping-scale",
-        type=float,
-        default=0.0,
-        help="icefall ScaledAdam's gradient clipping, exactly, with any optimizer: the norm of the gradients "
-        "each multiplied by its parameter's RMS (one-element parameters by 0.1) is clipped at S times the "
-        "median of the last 100 such norms, re-estimated every 100 steps (and at steps 10, 20, 40 at twice "
-        "that; none before step 10). The zipformer recipes use 2.0; 0 = off. (--clip-grad-norm-relative is "
-        "the same idea on the raw norm.)",
-    )
-    group.add_argument(
-        "--recurrent-grad-clip",
-        type=float,
-        default=0.0,
-        help="Kaldi nnet3's per-frame derivative cap (BackpropTruncationComponent, clipping-threshold 30 in its "
-        "LSTM recipes): in every LSTM layer, the derivative that flows back from frame t+1 into the state "
-        "[h_t, c_t] is scaled, for each frame of each sequence, to an L2 norm of at most this. The LSTMs then "
-        "run frame by frame in training (slower); 0 = off (the fused kernel).",
-    )
-    group.add_argument(
-        "--error-clip",
-        type=float,
-        default=0.0,
-        help="Per-variable error clip (Paddle's ErrorClipByValue) during backward: the gradient "
-        "arriving at every encoder layer's output is clamped element-wise to [-VALUE, VALUE] "
-        "before it flows into the layer; 0 = off.",
-    )
+    for rule in RULES:
+        group.add_argument(rule.flag, *rule.aliases, dest=rule.dest, type=float, default=rule.default, help=rule.help)
+        if rule.name == "grad-filter-threshold":
+            group.add_argument(
+                "--grad-filter-mode", choices=GRAD_FILTER_MODES, default="soft", help=GRAD_FILTER_MODE_HELP
+            )
 
 
 def check_gradient_control_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """An argparse error naming the flag for a negative (or NaN) threshold."""
-    for name in FLAGS:
-        value = getattr(args, name)
+    """An argparse error naming the flag for a negative (or NaN) threshold, or a combination that cannot work."""
+    for rule in RULES:
+        value = getattr(args, rule.dest)
         if not value >= 0:
-            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+            parser.error(f"{rule.flag} must be >= 0, got {value}")
     if args.scaled_adam_clipping_scale > 0 and getattr(args, "optimizer_name", None) == "scaled-adam":
         parser.error(
             "--scaled-adam-clipping-scale: --optimizer scaled-adam clips by its own rule already "
             "(clipping_scale 2.0); use one of them"
         )
     if getattr(args, "use_fp16", False):
-        for name in ("error_clip", "recurrent_grad_clip"):
-            if getattr(args, name) > 0:
+        for name in ABSOLUTE_IN_BACKWARD:
+            if getattr(args, RULE_BY_NAME[name].dest) > 0:
                 parser.error(
-                    f"--{name.replace('_', '-')} with --use-fp16: its absolute threshold would act in backward on "
+                    f"--{name} with --use-fp16: its absolute threshold would act in backward on "
                     f"the GradScaler's scaled gradient (the scale changes as training goes); use it in float32 or "
                     f"with --use-bf16"
                 )
@@ -183,17 +110,18 @@ def check_gradient_control_args(parser: argparse.ArgumentParser, args: argparse.
 
 @dataclass
 class GradientControl:
-    """The clipping of a run; 0 switches a kind off (see the module doc)."""
+    """The gradient control of a run, but for the rules built into the model (:data:`MODEL_RULES`): one field
+    per rule of :data:`RULES`, by its dest; 0 switches a rule off (see the module doc). The rules that keep a
+    history have it in the attribute named by their ``state_key``."""
 
-    clip_grad_norm: float
-    clip_grad_value: float
-    agc_clipping: float
-    error_clip: float
-    clip_grad_norm_relative: float
+    error_clip: float = 0.0
+    clip_grad_value: float = 0.0
+    agc_clipping: float = 0.0
+    clip_grad_norm: float = 0.0
+    clip_grad_norm_relative: float = 0.0
     zclip_z_threshold: float = 0.0
     autoclip_percentile: float = 0.0
     scaled_adam_clipping_scale: float = 0.0
-    recurrent_grad_clip: float = 0.0
     relative_threshold: Optional[RunningMedianThreshold] = field(init=False, default=None)
     zclip: Optional[ZClipThreshold] = field(init=False, default=None)
     autoclip: Optional[AutoClipThreshold] = field(init=False, default=None)
@@ -211,13 +139,8 @@ class GradientControl:
             self.scaled_adam = ScaledAdamClipping(self.scaled_adam_clipping_scale)
 
     def _stateful(self) -> Dict[str, Any]:
-        """The rules that keep a history, by their key in :meth:`state_dict` (those that are on)."""
-        rules = {
-            "relative_threshold": self.relative_threshold,
-            "zclip": self.zclip,
-            "autoclip": self.autoclip,
-            "scaled_adam": self.scaled_adam,
-        }
+        """The rules that keep a history, by their ``state_key`` (those that are on)."""
+        rules = {rule.state_key: getattr(self, rule.state_key) for rule in RULES if rule.state_key is not None}
         return {key: rule for key, rule in rules.items() if rule is not None}
 
     def state_dict(self) -> Dict[str, Any]:
@@ -258,17 +181,16 @@ class GradientControl:
     def from_params(cls, params: Mapping[str, Any]) -> "GradientControl":
         """The control of train.py's flags in ``params``; a flag they lack (the parameters of a run from
         before it existed) is off."""
-        return cls(**{name: float(params.get(name, 0.0)) for name in FLAGS})
+        return cls(**{rule.dest: float(params.get(rule.dest, rule.off)) for rule in APPLIED_RULES})
 
     def install(self, model: nn.Module) -> None:
-        """The in-backward kinds (when on): the error clip on every encoder layer's output (the elements it
-        changes counted per layer in :attr:`error_clip_counts`), the recurrent derivative cap in every
-        ScaledLSTM."""
-        if self.recurrent_grad_clip > 0:
-            lstms = [m for m in unwrap(model).modules() if isinstance(m, ScaledLSTM)]
-            for lstm in lstms:
-                lstm.recurrent_grad_clip = self.recurrent_grad_clip
-            logging.info(f"Recurrent derivative cap {self.recurrent_grad_clip:g} in {len(lstms)} LSTM layers")
+        """The error clip (when on) on every encoder layer's output, the elements it changes counted per layer
+        in :attr:`error_clip_counts`.
+
+        A hook on the built model rather than a part of it: it clips the gradient of a variable (each layer's
+        output) during backward, whatever the module computing it; the model's own in-backward rules (the
+        filter, the recurrent cap) act inside its LSTMs and are built with it.
+        """
         if self.error_clip <= 0:
             return
         clip = ErrorClipByValue(self.error_clip)

@@ -239,11 +239,10 @@ def log_step(
     for layer_stats in stats:
         for stat in LayerFilterStats.STATS:
             t.add_scalar(TB_TAGS.filter_tag(layer_stats.layer, stat), getattr(layer_stats, stat))
-    if t.grad_control.recurrent_grad_clip > 0:
-        for i, layer in enumerate(unwrap(t.model).encoder.encoder.layers):
-            fraction = layer.lstm.recurrent_clip_stats.fraction_clipped
-            if fraction is not None:
-                t.add_scalar(TB_TAGS.recurrent_clip.format(layer=i), fraction)
+    for i, layer in enumerate(unwrap(t.model).encoder.encoder.layers):
+        fraction = layer.lstm.recurrent_clip_stats.fraction_clipped  # None unless the cap is on
+        if fraction is not None:
+            t.add_scalar(TB_TAGS.recurrent_clip.format(layer=i), fraction)
     for i, counts in enumerate(t.grad_control.error_clip_counts):
         if counts.fraction_clipped is not None:
             t.add_scalar(TB_TAGS.error_clip.format(layer=i), counts.fraction_clipped)

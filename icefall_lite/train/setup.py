@@ -61,9 +61,16 @@ def training_device(local_rank: int) -> torch.device:
 
 def training_model_config(args: argparse.Namespace, vocab_size: int, blank_id: int) -> Dict[str, Any]:
     """:func:`build_transducer` arguments: the model flags plus the training-only ones
-    (``--dropout``, ``--layer-dropout``, a CTC head when ``--ctc-loss-scale`` > 0)."""
+    (``--dropout``, ``--layer-dropout``, a CTC head when ``--ctc-loss-scale`` > 0) and the gradient controls
+    built into the model (:data:`icefall_lite.train.grad_control.MODEL_RULES`: the GradientFilter with its
+    ``--grad-filter-mode``, and the recurrent cap)."""
     config = model_config_from_args(args, vocab_size=vocab_size, blank_id=blank_id, num_features=NUM_MEL_BINS)
     config.update(dropout=args.dropout, layer_dropout=args.layer_dropout, use_ctc=args.ctc_loss_scale > 0)
+    config.update(
+        grad_filter_threshold=args.grad_filter_threshold,
+        grad_filter_mode=args.grad_filter_mode,
+        recurrent_grad_clip=args.recurrent_grad_clip,
+    )
     return config
 
 
@@ -79,6 +86,9 @@ def build_models(
     model_config = training_model_config(args, vocab_size=params.vocab_size, blank_id=params.blank_id)
     params.update({f"model_{k}": v for k, v in model_config.items()})
     model = build_transducer(**model_config)
+    cap = model_config["recurrent_grad_clip"]
+    if cap > 0:
+        logging.info(f"Recurrent derivative cap {cap:g} in {model.encoder.num_layers} LSTM layers")
     params.num_parameters = count_parameters(model)
     logging.info("Training started")
     logging.info(params)
