@@ -31,9 +31,9 @@ The checks (those in one process first, then the recipe's scripts):
 8. Two DDP ranks (gloo, on the one GPU): a step where one rank's batch has
    no finite loss leaves identical weights on both, and --max-minutes stops
    both at the same batch.
-9. Every gradient control (the filter soft and hard-mask, the recurrent
-   cap, the error clip, value, AGC, the norm clip, the relative clip, ZClip,
-   AutoClip, ScaledAdam's rule) on alone for 30 steps of a small model on
+9. Every gradient control of ``icefall_lite.train.rules.RULES`` (the filter
+   in each of its modes, the recurrent cap, the error clip, value, AGC, the
+   norm clip, the relative clip, ZClip, AutoClip, ScaledAdam's rule) on alone for 30 steps of a small model on
    the CPU, each step run again on CUDA from the CPU run's state before it:
    the steps where it acted, the losses, clip scales and the gradients the
    optimizer received, and its CUDA step time and host synchronisations.
@@ -67,6 +67,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.common import markdown_table
 from benchmarks.train_setup import Batch, TokenTable, Trainer, add_batch_arguments, make_batches
+from icefall_lite.nn.clip import GRAD_FILTER_MODES
 from icefall_lite.nn.rnnt_loss import (
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
@@ -78,6 +79,7 @@ from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.train.loop import budget_spent, filter_stats, log_step, train_step
 from icefall_lite.train.optimizer_state import SecondMomentMonitor
+from icefall_lite.train.rules import RULES
 from icefall_lite.train.setup import model_checksum
 from icefall_lite.train.step_log import read_scalars
 
@@ -474,22 +476,42 @@ def lstm_times(device: torch.device, frames: int, batch: int) -> List[List[str]]
 SMALL_MODEL = ["--num-encoder-layers", "2", "--encoder-dim", "64", "--rnn-hidden-size", "128"]
 
 
-# Check 9's rules, each at a threshold that makes it act within RULE_STEPS steps of the small model on
-# rule_batches() (not the ablation's thresholds: this checks the CUDA path, not the rule's effect).
-RULES: List[Tuple[str, List[str]]] = [
-    ("none (control)", []),
-    ("GradientFilter 1, soft", ["--grad-filter-threshold", "1"]),
-    ("GradientFilter 1, hard mask", ["--grad-filter-threshold", "1", "--grad-filter-mode", "hard-mask"]),
-    ("recurrent cap 0.01", ["--recurrent-grad-clip", "0.01"]),
-    ("error clip 1e-5", ["--error-clip", "1e-5"]),
-    ("clip by value 1e-3", ["--clip-grad-value", "1e-3"]),
-    ("AGC 0.01", ["--agc-clipping", "0.01"]),
-    ("clip_grad_norm 1", ["--clip-grad-norm", "1"]),
-    ("relative clip 1x", ["--clip-grad-norm-relative", "1"]),
-    ("ZClip z 0.5", ["--zclip-z-threshold", "0.5"]),
-    ("AutoClip percentile 50", ["--autoclip-percentile", "50"]),
-    ("ScaledAdam's rule 1.0", ["--scaled-adam-clipping-scale", "1"]),
-]
+# Check 9's threshold for every rule of icefall_lite.train.rules.RULES, each making it act within RULE_STEPS
+# steps of the small model on rule_batches() (not the ablation's thresholds: this checks the CUDA path, not the
+# rule's effect). A rule added to the table without one here stops the check (KeyError).
+CHECK_THRESHOLDS: Dict[str, float] = {
+    "grad-filter-threshold": 1.0,
+    "error-clip": 1e-5,
+    "recurrent-grad-clip": 0.01,
+    "clip-grad-value": 1e-3,
+    "agc-clipping": 0.01,
+    "clip-grad-norm": 1.0,
+    "clip-grad-norm-relative": 1.0,
+    "zclip-z-threshold": 0.5,
+    "autoclip-percentile": 50.0,
+    "scaled-adam-clipping-scale": 1.0,
+}
+# Every rule off but the one a row turns on: the rules whose default is not their off value (the filter then
+# observes, so its statistics still come).
+ALL_OFF = [item for rule in RULES if rule.default != rule.off for item in (rule.flag, f"{rule.off:g}")]
+
+
+def check_rules() -> List[Tuple[str, List[str]]]:
+    """Check 9's rows: a control with every rule off, then every rule of the table alone at its
+    :data:`CHECK_THRESHOLDS` value (the filter in each of its modes)."""
+    rows: List[Tuple[str, List[str]]] = [("none (control)", [])]
+    for rule in RULES:
+        value = CHECK_THRESHOLDS[rule.name]
+        flags = [rule.flag, f"{value:g}"]
+        if rule.name == "grad-filter-threshold":
+            rows += [
+                (f"{rule.name} {value:g} {mode}", [*flags, "--grad-filter-mode", mode]) for mode in GRAD_FILTER_MODES
+            ]
+        else:
+            rows.append((f"{rule.name} {value:g}", flags))
+    return rows
+
+
 RULE_STEPS = 30  # ZClip acts only after its 25 warm-up norms: on the spike at step 28
 # The largest relative CPU-CUDA difference of a step's loss and clip scale that passes (TF32 off: one float32
 # step from the same state differs by rounding alone), and of its clipped gradients, as a multiple of the
@@ -511,8 +533,7 @@ def _rule_run(
     ``"states"``; given them as ``forced``, every step starts from them instead (teacher forcing: a step on
     one device compared with the same step on another, the rounding differences of earlier steps not carried).
     """
-    off = ["--grad-filter-threshold", "inf", "--clip-grad-norm", "0"]  # the filter observes: its statistics
-    flags = [*SMALL_MODEL, "--dropout", "0", "--layer-dropout", "0", *off, *flags]
+    flags = [*SMALL_MODEL, "--dropout", "0", "--layer-dropout", "0", *ALL_OFF, *flags]
     trainer = Trainer(flags, vocab_size=500, seed=0)
     trainer.model.to(device)
     torch.manual_seed(1)  # the balancers draw on the CPU generator on either device
@@ -650,7 +671,7 @@ def rule_parity(device: torch.device) -> str:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
         control_diff = [math.inf]
-        for name, flags in RULES:
+        for name, flags in check_rules():
             _compare_rule(name, flags, device, tokens, data, rows, problems, control_diff)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
