@@ -2,7 +2,8 @@
 
 Part of :mod:`icefall_lite.nn.rnnt_loss` (which re-exports the public names and
 states the lattice conventions): :func:`make_boundary` builds the ``(B, 4)``
-boundary from lengths; :func:`mutual_information_recursion` is the recursion
+boundary from lengths (:mod:`icefall_lite.nn.boundary`, re-exported here as k2's
+module has it); :func:`mutual_information_recursion` is the recursion
 every RNN-T loss reduces to (k2's arguments, shapes and results, for the
 regular and the modified lattice), with an analytic backward computed in
 float64 whatever the input dtype; :func:`joint_mutual_information_recursion`
@@ -15,86 +16,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from icefall_lite.nn.boundary import NEG_INF, check_boundary, default_boundary, fix_for_boundary, make_boundary
+
 Tensor = torch.Tensor
 
 __all__ = ["make_boundary", "fix_for_boundary", "mutual_information_recursion", "joint_mutual_information_recursion"]
-
-_NEG_INF = float("-inf")
-
-
-# --------------------------------------------------------------------------
-# boundary helpers
-# --------------------------------------------------------------------------
-
-
-def make_boundary(symbol_lengths: Tensor, frame_lengths: Tensor) -> Tensor:
-    """Build a k2 ``boundary`` from per-sequence lengths.
-
-    Args:
-      symbol_lengths: ``(B,)`` integer, number of target symbols ``U_b``
-        (without blank / SOS).
-      frame_lengths: ``(B,)`` integer, number of encoder frames ``T_b``.
-
-    Returns:
-      ``(B, 4)`` int64 on the device of ``frame_lengths``, rows
-      ``[0, 0, U_b, T_b]`` = ``[s_begin, t_begin, s_end, t_end]``.
-    """
-    if symbol_lengths.shape != frame_lengths.shape or symbol_lengths.ndim != 1:
-        raise ValueError(
-            "make_boundary: symbol_lengths and frame_lengths must both be (B,), "
-            f"got {tuple(symbol_lengths.shape)} and {tuple(frame_lengths.shape)}"
-        )
-    device = frame_lengths.device
-    boundary = torch.zeros((frame_lengths.shape[0], 4), dtype=torch.int64, device=device)
-    boundary[:, 2] = symbol_lengths.to(device=device, dtype=torch.int64)
-    boundary[:, 3] = frame_lengths.to(dtype=torch.int64)
-    return boundary
-
-
-def _default_boundary(B: int, S: int, T: int, device: torch.device) -> Tensor:
-    """``(B, 4)`` int64 rows ``[0, 0, S, T]``."""
-    boundary = torch.zeros((B, 4), dtype=torch.int64, device=device)
-    boundary[:, 2] = S
-    boundary[:, 3] = T
-    return boundary
-
-
-def _check_boundary(boundary: Tensor, B: int, S: int, T: int) -> List[List[int]]:
-    """Validate ``boundary`` ``(B, 4)`` against lattice size ``S x T``.
-
-    Returns it as a Python list (one host sync), used for loop bounds.
-    """
-    if boundary.shape != (B, 4):
-        raise ValueError(f"boundary must have shape ({B}, 4), got {tuple(boundary.shape)}")
-    if boundary.dtype != torch.int64:
-        raise ValueError(f"boundary must be int64, got {boundary.dtype}")
-    rows = boundary.tolist()
-    for b, (s0, t0, s1, t1) in enumerate(rows):
-        if not (0 <= s0 <= s1 <= S and 0 <= t0 <= t1 <= T):
-            raise ValueError(
-                f"boundary[{b}] = {[s0, t0, s1, t1]} is not a valid "
-                f"[s_begin, t_begin, s_end, t_end] for S={S}, T={T}: need "
-                "0 <= s_begin <= s_end <= S and 0 <= t_begin <= t_end <= T"
-            )
-    return rows
-
-
-def fix_for_boundary(px: Tensor, boundary: Optional[Tensor] = None) -> Tensor:
-    """Set ``px[b, :, t_end_b] = -inf`` (no symbol after the last frame), as k2's
-    ``fix_for_boundary`` (regular RNN-T only).
-
-    Args:
-      px: ``(B, S, T+1)``; column ``T`` is already ``-inf``.
-      boundary: ``(B, 4)`` or None (then ``px`` is returned as it is).
-    Returns:
-      ``(B, S, T+1)``: a new tensor (k2 writes into ``px`` and returns it; here
-      ``px`` is left alone, so the function is safe inside autograd graphs).
-    """
-    if boundary is None:
-        return px
-    B, S, T1 = px.shape
-    t_end = boundary[:, 3].reshape(B, 1, 1).expand(B, S, 1)
-    return px.scatter(2, t_end, _NEG_INF)
 
 
 # --------------------------------------------------------------------------
@@ -217,7 +143,7 @@ def _step_arcs(px: Tensor, py: Tensor, D: int, d_last: int, modified: bool, with
     B, S, _ = px.shape
     W = S + 3
     K = 2 if with_backward else 1
-    out = torch.full((D, 2 * K, B, W), _NEG_INF, dtype=_WORK_DTYPE, device=px.device)
+    out = torch.full((D, 2 * K, B, W), NEG_INF, dtype=_WORK_DTYPE, device=px.device)
     # _cells_view's "k" indexes dim 1 of (D, 2K, B, W): term m, direction k is m * K + k
     if px.numel() > 0:
         _cells_view(out, tuple(px.shape), modified, 0, 0, 2).copy_(px)
@@ -262,7 +188,7 @@ def _recursions(
     D, _, K, BW = arc_rows.shape
     W = BW // B
     rows = D  # rows after d_last stay -inf
-    store = torch.full((rows * K * BW + 2,), _NEG_INF, dtype=arc_rows.dtype, device=arc_rows.device)
+    store = torch.full((rows * K * BW + 2,), NEG_INF, dtype=arc_rows.dtype, device=arc_rows.device)
     buf = store[1:-1].view(rows, K, B, W)
     row_views = store[1:-1].view(rows, K * BW).unbind(0)
     neighbours = _neighbour_views(store, rows, K, BW)
@@ -352,7 +278,7 @@ def _posteriors(
     total = torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores)).reshape(1, B, 1)
     # row d: backward scores of step d + 1, less the total
     beta_next = torch.empty((D, B, W), dtype=buf.dtype, device=buf.device)
-    beta_next[d_last:] = _NEG_INF
+    beta_next[d_last:] = NEG_INF
     torch.sub(buf[:d_last, 1].flip(0), total, out=beta_next[:d_last])
     grads = []
     # the px arc leaving cell (s, t) enters column s+2 of the next step, the py arc column s+1
@@ -390,13 +316,13 @@ def _mutual_information(
     B, S, T1 = px.shape
     T = py.shape[2]
     modified = T1 == T
-    rows = _check_boundary(boundary, B, S, T)
+    rows = check_boundary(boundary, B, S, T)
     D = _num_steps(S, T, modified)
     device = px.device
     broken = _broken_sequences(px, py)  # (B,) bool, or None when no sequence is
     if broken is not None:
-        px = px.masked_fill(broken.reshape(B, 1, 1), _NEG_INF)
-        py = py.masked_fill(broken.reshape(B, 1, 1), _NEG_INF)
+        px = px.masked_fill(broken.reshape(B, 1, 1), NEG_INF)
+        py = py.masked_fill(broken.reshape(B, 1, 1), NEG_INF)
 
     starts = _group_by_step(rows, 0, 1, modified)
     ends = _group_by_step(rows, 2, 3, modified)
@@ -533,7 +459,7 @@ def mutual_information_recursion(
     px, py = upcast_half(px), upcast_half(py)
     B, S, T = _check_px_py(px, py)
     if boundary is None:
-        boundary = _default_boundary(B, S, T, px.device)
+        boundary = default_boundary(B, S, T, px.device)
     else:
         boundary = boundary.to(device=px.device, dtype=torch.int64)
     px_c, py_c = px.contiguous(), py.contiguous()

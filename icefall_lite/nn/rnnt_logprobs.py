@@ -24,7 +24,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from icefall_lite.nn.mutual_information import _NEG_INF, fix_for_boundary
+from icefall_lite.nn.boundary import NEG_INF, fix_for_boundary
 
 Tensor = torch.Tensor
 
@@ -103,7 +103,7 @@ def _check_lm_am_symbols(lm: Tensor, am: Tensor, symbols: Tensor, termination_sy
 def _append_neg_inf_column(x: Tensor) -> Tensor:
     """``(B, S, T)`` -> ``(B, S, T+1)`` with the new last column ``-inf``."""
     B, S, _ = x.shape
-    return torch.cat([x, torch.full((B, S, 1), _NEG_INF, dtype=x.dtype, device=x.device)], dim=2)
+    return torch.cat([x, torch.full((B, S, 1), NEG_INF, dtype=x.dtype, device=x.device)], dim=2)
 
 
 def _simple_parts(lm: Tensor, am: Tensor, symbols: Tensor, termination_symbol: int):
@@ -354,7 +354,7 @@ def _unprune(
       ``px`` ``(B, S, T+1)`` (regular) or ``(B, S, T)``, ``py`` ``(B, S+1, T)``.
     """
     B, T, _ = ranges.shape
-    full = torch.full((B, T, S + 1), _NEG_INF, dtype=px_win.dtype, device=px_win.device)
+    full = torch.full((B, T, S + 1), NEG_INF, dtype=px_win.dtype, device=px_win.device)
     px = full.scatter(2, ranges, px_win)[:, :, :S].transpose(1, 2)  # (B, S, T)
     py = full.scatter(2, ranges, py_win).transpose(1, 2).contiguous()  # (B, S+1, T)
     return finish_px(px, py, rnnt_type, boundary), py
