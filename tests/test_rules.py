@@ -12,9 +12,11 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from conftest import TINY_TRANSDUCER, tiny_transducer
 from icefall_lite.nn.clip import GRAD_FILTER_MODES, GradientFilter, GradientFilterStats
 from icefall_lite.nn.model import (
     DEFAULT_GRAD_FILTER_THRESHOLD,
+    MODEL_PRESETS,
     add_model_arguments,
     build_transducer,
     model_config_from_args,
@@ -194,22 +196,6 @@ def test_history_rules_see_the_norm_after_the_element_wise_rules_by_hand():
 # The model's wiring
 # --------------------------------------------------------------------------
 
-SMALL = dict(
-    vocab_size=12,
-    num_features=80,
-    encoder_dim=16,
-    rnn_hidden_size=16,
-    dim_feedforward=32,
-    num_encoder_layers=3,
-    decoder_dim=16,
-    joiner_dim=16,
-    context_size=2,
-    blank_id=0,
-    dropout=0.0,
-    layer_dropout=0.0,
-    use_ctc=False,
-)
-
 
 @pytest.mark.parametrize("mode", GRAD_FILTER_MODES)
 def test_the_filters_mode_and_the_recurrent_cap_reach_every_layer_at_build_time(mode, monkeypatch):
@@ -243,15 +229,15 @@ def test_a_decoding_model_has_no_filter_and_loads_a_trained_checkpoint():
     """decode.py and export_onnx.py build without the filter (it acts only in backward, has no state): the
     weights of a model trained with it load strictly and give the same outputs."""
     torch.manual_seed(0)
-    trained = build_transducer(**SMALL, grad_filter_threshold=25.0, grad_filter_mode="uniform")
+    trained = tiny_transducer(grad_filter_mode="uniform", dropout=0.0, layer_dropout=0.0)
     parser = argparse.ArgumentParser()
     add_model_arguments(parser)
-    sizes = ("--num-encoder-layers", "3", "--encoder-dim", "16", "--rnn-hidden-size", "16", "--dim-feedforward")
-    args = parser.parse_args([*sizes, "32", "--decoder-dim", "16", "--joiner-dim", "16"])
+    sizes = {k: v for k, v in TINY_TRANSDUCER.items() if k in MODEL_PRESETS["cpu"]}
+    args = parser.parse_args([item for k, v in sizes.items() for item in (f"--{k.replace('_', '-')}", str(v))])
     config = model_config_from_args(args, vocab_size=12, blank_id=0, num_features=80)
     assert config["grad_filter_threshold"] == 0.0 and "grad_filter_mode" not in config
     decoding = build_transducer(**config)
-    assert decoding.encoder.gradient_filters() == [] and len(trained.encoder.gradient_filters()) == 3
+    assert decoding.encoder.gradient_filters() == [] and len(trained.encoder.gradient_filters()) == 2
     decoding.load_state_dict(trained.state_dict())  # strict
     x = torch.randn(2, 40, 80)
     with torch.no_grad():
