@@ -36,6 +36,13 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from benchmarks.common import Section, add_common_arguments, fmt_ms, markdown_table, median, setup_threads
+from icefall_lite.data.bpe import load_bpe_model
+from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
+from icefall_lite.train import cli as train_cli
+from icefall_lite.train.grad_control import GradientControl
+from icefall_lite.train.loop import Training, train_step
+from icefall_lite.train.optim import Eden
+from icefall_lite.train.setup import build_models, load_training_data, make_optimizer
 from icefall_lite.utils import script_parser
 
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "egs" / "librispeech" / "ASR"
@@ -66,24 +73,13 @@ def get_parser() -> argparse.ArgumentParser:
 
 def run_arm(args: argparse.Namespace) -> Dict[str, List]:
     """One arm in this process: the step time and the shape of every batch."""
-    recipe = Path(__file__).resolve().parents[1] / "egs" / "librispeech" / "ASR" / "lstm_transducer_stateless"
-    sys.path.insert(0, str(recipe))
-    import train  # the recipe's flags and defaults
-
-    from icefall_lite.data.bpe import load_bpe_model
-    from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
-    from icefall_lite.train.grad_control import GradientControl
-    from icefall_lite.train.loop import Training, train_step
-    from icefall_lite.train.optim import Eden
-    from icefall_lite.train.setup import build_models, load_training_data, make_optimizer
-
     work = args.work_dir.resolve()
     os.chdir(work)  # the manifests name their feature files relative to the work dir
-    parser = train.get_parser()
+    parser = train_cli.get_parser()
     flags = ["--enable-musan", "false", "--num-workers", "0", *ARMS[args.arm]]
     flags += ["--bpe-model", str(work / "data/lang_bpe_100/bpe.model"), "--manifest-dir", str(work / "data/fbank")]
-    targs = train.parse_args(parser, flags)
-    params = train.get_params()
+    targs = train_cli.parse_args(parser, flags)
+    params = train_cli.get_params()  # train.py's fixed settings
     params.update(vars(targs))
     params.batch_idx_train = 3 * params.model_warm_step  # past the warm-up: the pruned loss on
     torch.manual_seed(0)

@@ -2,10 +2,12 @@
 test session by ``prepare.sh --size tiny``; tests treat it as read-only.
 ``run_train``/``train_command``: train.py with the tiny model on the tiny corpus; ``six_batches``: a 6-batch run of it,
 made once per session (the reference of the resume tests).
+``assert_flag_error``: a script's flag check exits as argparse does.
 ``isolated_logging``: undoes a script's ``setup_logger`` after an in-process ``main()``.
 ``check_wer_files``: the icefall result files of one decoded test set agree with each other and the manifest.
 ``reference_streaming_greedy``: what chunk-by-chunk greedy search must give, computed without chunks."""
 
+import argparse
 import ast
 import gzip
 import json
@@ -16,7 +18,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
 import kaldialign
 import pytest
@@ -128,6 +130,21 @@ def isolated_logging() -> Iterator[None]:
         if handler not in root.handlers:
             root.addHandler(handler)
     root.setLevel(level)
+
+
+def assert_flag_error(
+    parser: argparse.ArgumentParser,
+    validate: Callable[[argparse.ArgumentParser, argparse.Namespace], None],
+    argv: Sequence[str],
+    message: str,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """Parsing ``argv`` and checking it with a script's ``validate(parser, args)`` ends as argparse does for a bad
+    flag: exit status 2, ``message`` in the error on stderr."""
+    with pytest.raises(SystemExit) as exc:
+        validate(parser, parser.parse_args(argv))
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def with_features(cut, feats, storage: Path):

@@ -4,7 +4,6 @@ tail padding, and clear errors (checkpoint selection itself: test_checkpoint.py)
 from __future__ import annotations
 
 import copy
-import importlib.util
 import math
 import re
 import shutil
@@ -19,10 +18,12 @@ import torch
 import torch.nn as nn
 from lhotse import CutSet, load_manifest
 
-from conftest import RECIPE, check_wer_files, recipe_env, tiny_transducer, with_features
+from conftest import RECIPE, assert_flag_error, check_wer_files, recipe_env, tiny_transducer, with_features
+from icefall_lite.decoding.cli import get_params, get_parser, validate_args
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.decode_run import resolve_test_sets, result_key, validate_test_sets
 from icefall_lite.decoding.greedy_search import greedy_search, greedy_search_batch
+from icefall_lite.decoding.offline import decode_one_batch, search_tokens
 from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
 from icefall_lite.train.checkpoint import save_checkpoint
 from icefall_lite.utils import AttributeDict
@@ -46,17 +47,6 @@ KEYS = {
 }
 EXTRA_SET = "my_cuts"  # a test set given by manifest path (a copy of test-clean)
 DECODED_SETS = (*TEST_SETS, EXTRA_SET)
-
-
-def _load_decode_module():
-    spec = importlib.util.spec_from_file_location("icefall_lite_decode_script", DECODE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-decode = _load_decode_module()
 
 
 # --------------------------------------------------------------------------
@@ -170,14 +160,14 @@ def one_thread() -> Iterator[None]:
     ],
 )
 def test_suffix_and_key_follow_icefall(argv, suffix, key):
-    params = decode.get_params(decode.get_parser().parse_args(argv))
+    params = get_params(get_parser().parse_args(argv))
     assert params.suffix == suffix
     assert result_key(params) == key
     assert params.res_dir == Path("lstm_transducer_stateless/exp") / params.decoding_method
 
 
 def test_defaults():
-    args = decode.get_parser().parse_args([])
+    args = get_parser().parse_args([])
     # train.py's defaults (one home: icefall_lite/recipe_defaults.py)
     assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (NUM_EPOCHS, 0, AVG, True)
     assert args.exp_dir == EXP_DIR
@@ -195,7 +185,7 @@ def test_defaults():
 def test_default_test_sets_follow_mini_libri(tiny_data, tmp_path):
     """Without --test-sets: test-clean and test-other; with --mini-libri true, mini LibriSpeech's dev-clean-2."""
     fbank = tiny_data / "data/fbank"
-    parser = decode.get_parser()
+    parser = get_parser()
     args = parser.parse_args(["--manifest-dir", str(fbank)])
     validate_test_sets(parser, args)
     assert [name for name, _ in args.test_set_paths] == ["test-clean", "test-other"]
@@ -229,11 +219,7 @@ def test_default_test_sets_follow_mini_libri(tiny_data, tmp_path):
 )
 def test_bad_flag_values_name_the_flag(tiny_data, capsys, argv, message):
     base = ["--bpe-model", str(tiny_data / BPE), "--manifest-dir", str(tiny_data / "data/fbank"), *TINY_FLAGS]
-    parser = decode.get_parser()
-    with pytest.raises(SystemExit) as exc:
-        decode.validate_args(parser, parser.parse_args(base + argv))
-    assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_flag_error(get_parser(), validate_args, base + argv, message, capsys)
 
 
 def test_test_sets_accept_part_names_and_manifest_paths(tiny_data, tmp_path):
@@ -277,7 +263,7 @@ def test_tail_padding_before_the_encoder():
     feature = torch.randn(2, 50, 80)
     batch = {"inputs": feature, "supervisions": {"num_frames": torch.tensor([50, 40])}}
     params = AttributeDict(decoding_method="greedy_search", max_sym_per_frame=1)
-    out = decode.decode_one_batch(params, model, _WordPieces(), batch)
+    out = decode_one_batch(params, model, _WordPieces(), batch)
     assert list(out) == ["greedy_search"] and len(out["greedy_search"]) == 2
     assert seen["x"].shape == (2, 85, 80)
     assert torch.equal(seen["x"][:, :50], feature)
@@ -290,13 +276,9 @@ def test_search_dispatch_greedy_batch_and_max_sym_per_frame():
     torch.manual_seed(5)
     encoder_out = torch.randn(3, 12, TINY_SIZES["encoder_dim"]) * 3
     lens = torch.tensor([12, 7, 9])
-    one = decode.search_tokens(
-        AttributeDict(decoding_method="greedy_search", max_sym_per_frame=1), model, encoder_out, lens
-    )
+    one = search_tokens(AttributeDict(decoding_method="greedy_search", max_sym_per_frame=1), model, encoder_out, lens)
     assert one == greedy_search_batch(model, encoder_out, lens)
-    three = decode.search_tokens(
-        AttributeDict(decoding_method="greedy_search", max_sym_per_frame=3), model, encoder_out, lens
-    )
+    three = search_tokens(AttributeDict(decoding_method="greedy_search", max_sym_per_frame=3), model, encoder_out, lens)
     assert three == [
         greedy_search(model, encoder_out[i : i + 1, :n], max_sym_per_frame=3) for i, n in enumerate([12, 7, 9])
     ]
@@ -395,37 +377,33 @@ def small_exp(tmp_path_factory) -> Path:
     return exp_dir
 
 
-def _main_error(tiny_data, capsys, *argv: str) -> str:
-    """Run decode.main in-process; assert it exits 1 and return its stderr."""
-    base = ["--bpe-model", str(tiny_data / BPE), "--manifest-dir", str(tiny_data / "data/fbank"), "--num-workers", "0"]
-    with pytest.raises(SystemExit) as exc:
-        decode.main([*base, *argv])
-    assert exc.value.code == 1
-    return capsys.readouterr().err
+def _main_error(tiny_data: Path, *argv: str) -> str:
+    """decode.py as a user runs it, in the tiny corpus's work dir; assert it exits 1 without a traceback and
+    return its stderr."""
+    run = run_decode(tiny_data, *argv)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    return run.stderr
 
 
-def test_main_avg_too_large_exits_with_the_file_names(tiny_data, small_exp, capsys, isolated_logging):
-    err = _main_error(tiny_data, capsys, "--exp-dir", str(small_exp), "--epoch", "2", "--avg", "2", *TINY_FLAGS)
+def test_main_avg_too_large_exits_with_the_file_names(tiny_data, small_exp):
+    err = _main_error(tiny_data, "--exp-dir", str(small_exp), "--epoch", "2", "--avg", "2")
     assert (
         "decode.py: error: --avg 2 is too large for --epoch 2: --use-averaged-model true averages the model between "
         "epoch-(EPOCH-AVG).pt (excluded) and epoch-2.pt, so --avg must be below --epoch; use --avg 1 or less, or "
         f"--use-averaged-model false. Found in {small_exp}: epoch-1.pt, epoch-2.pt." in err
     )
-    assert "Traceback" not in err
 
 
-def test_main_other_model_size_exits_with_mismatched_shapes(tiny_data, small_exp, capsys, isolated_logging):
-    flags = [*TINY_FLAGS, "--decoder-dim", "40"]  # a later flag wins
-    err = _main_error(tiny_data, capsys, "--exp-dir", str(small_exp), "--epoch", "2", "--avg", "1", *flags)
+def test_main_other_model_size_exits_with_mismatched_shapes(tiny_data, small_exp):
+    flags = ["--decoder-dim", "40"]  # after run_decode's TINY_FLAGS: a later flag wins
+    err = _main_error(tiny_data, "--exp-dir", str(small_exp), "--epoch", "2", "--avg", "1", *flags)
     assert "decode.py: error: the averaged model from" in err
     assert "Mismatched shapes:" in err
     assert re.search(r"decoder\.embedding\.weight: checkpoint \(100, 32\) vs model \(100, 40\)", err), err
-    assert "Traceback" not in err
 
 
-def test_main_nan_features_exit_naming_the_cut_without_result_files(
-    tiny_data, small_exp, tmp_path, capsys, isolated_logging, monkeypatch
-):
+def test_main_nan_features_exit_naming_the_cut_without_result_files(tiny_data, small_exp, tmp_path, monkeypatch):
     monkeypatch.chdir(tiny_data)  # feature paths in the tiny manifests are relative to its work dir
     cuts = list(load_manifest(tiny_data / "data/fbank/librispeech_cuts_test-clean.jsonl.gz"))[:3]
     victim = cuts[1]
@@ -436,19 +414,6 @@ def test_main_nan_features_exit_naming_the_cut_without_result_files(
     CutSet.from_cuts(cuts).to_file(manifest)
     exp_dir = tmp_path / "exp"
     shutil.copytree(small_exp, exp_dir)
-    err = _main_error(
-        tiny_data,
-        capsys,
-        "--exp-dir",
-        str(exp_dir),
-        "--epoch",
-        "2",
-        "--avg",
-        "1",
-        "--test-sets",
-        str(manifest),
-        *TINY_FLAGS,
-    )
+    err = _main_error(tiny_data, "--exp-dir", str(exp_dir), "--epoch", "2", "--avg", "1", "--test-sets", str(manifest))
     assert f"decode.py: error: NaN/inf in the features of cut(s) [{victim.id!r}]" in err, err
-    assert "Traceback" not in err
     assert not list((exp_dir / "greedy_search").glob("recogs-*")), "no result files from a failed test set"

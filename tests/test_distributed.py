@@ -4,7 +4,6 @@
 resumed from different checkpoints and impossible launches are refused; the DDP step skip and the
 --max-minutes stop are decided jointly (2-process tests that fail without the fixes)."""
 
-import importlib.util
 import json
 import os
 import re
@@ -23,8 +22,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import RECIPE, TINY_MODEL, free_port, recipe_env
+from conftest import RECIPE, TINY_MODEL, assert_flag_error, free_port, recipe_env
 from icefall_lite.nn.model import build_transducer
+from icefall_lite.train.cli import get_params, get_parser, validate_args
 from icefall_lite.train.distributed import (
     Placement,
     check_launch,
@@ -44,16 +44,6 @@ FLAGS = "--bpe-model data/lang_bpe_100/bpe.model --max-duration 30 --num-workers
 FLAGS += " --log-interval 1 --tensorboard false"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 TIMEOUT = 300
-
-
-def _load_train_module():
-    spec = importlib.util.spec_from_file_location("icefall_lite_train_script_dist", TRAIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train = _load_train_module()
 
 
 def _env(**extra: str) -> dict:
@@ -291,11 +281,7 @@ def test_impossible_launches_are_refused(monkeypatch, capsys, env, argv, gpus, m
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    parser = train.get_parser()
-    with pytest.raises(SystemExit) as e:
-        train.validate_args(parser, parser.parse_args(argv))
-    assert e.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_flag_error(get_parser(), validate_args, argv, message, capsys)
 
 
 def test_launches_that_work_are_accepted():
@@ -343,12 +329,12 @@ def _step_worker(rank: int, port: int, bpe_model: str, out: str) -> None:
     the ranks listed have no utterance with a finite loss."""
     torch.set_num_threads(1)
     _join(rank, port)
-    args = train.get_parser().parse_args(["--bpe-model", bpe_model, *TINY_MODEL])
+    args = get_parser().parse_args(["--bpe-model", bpe_model, *TINY_MODEL])
     sp = spm.SentencePieceProcessor()
     sp.load(bpe_model)
     results = {}
     for case, nan_ranks in NAN_RANKS.items():
-        params = train.get_params()
+        params = get_params()
         params.update(vars(args))
         params.batch_idx_train = 1
         torch.manual_seed(0)

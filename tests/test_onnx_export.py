@@ -1,7 +1,8 @@
 """ONNX export: non-scaled conversion, streaming wrappers, ONNX files, the export script, sherpa-onnx."""
 
-import importlib.util
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +13,11 @@ import sherpa_onnx
 import torch
 import torch.nn as nn
 
-from conftest import reference_streaming_greedy, tiny_transducer
+from conftest import assert_flag_error, recipe_env, reference_streaming_greedy, tiny_transducer
 from icefall_lite.data.bpe import train_bpe_model
 from icefall_lite.data.features import fbank_extractor
 from icefall_lite.decoding.streaming import TorchStreamingModel, chunk_starts, streaming_search
+from icefall_lite.export.cli import get_parser, validate_args
 from icefall_lite.export.onnx_export import (
     build_exportable,
     export_transducer_onnx,
@@ -401,13 +403,12 @@ def test_write_tokens_file(bpe_model, tmp_path):
     assert lines[:3] == ["<blk> 0", "<sos/eos> 1", "<unk> 2"]
 
 
-@pytest.fixture
-def export_script(isolated_logging):
-    """The export script as a module; the root logger's handlers are restored afterwards."""
-    spec = importlib.util.spec_from_file_location("export_onnx_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def run_export(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+    """export_onnx.py as a user runs it; one OpenMP thread (tiny matrices, shared 2-core machines)."""
+    env = {**recipe_env(), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *argv], cwd=cwd, capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 SIZE_FLAGS = [
@@ -437,13 +438,14 @@ def _torch_and_onnx_outputs(state_dict: dict, out_dir: Path, suffix: str) -> tup
     return tuple(outputs)
 
 
-def test_export_script_averaging_and_files(export_script, bpe_model, tmp_path):
+def test_export_script_averaging_and_files(bpe_model, tmp_path):
     exp = tmp_path / "exp"
     exp.mkdir()
     _write_epochs(exp, vocab_size=40)
     base = ["--exp-dir", str(exp), "--bpe-model", str(bpe_model), *SIZE_FLAGS]
 
-    export_script.main(base + ["--epoch", "3", "--avg", "2", "--use-averaged-model", "true"])
+    run = run_export(tmp_path, *base, "--epoch", "3", "--avg", "2", "--use-averaged-model", "true")
+    assert run.returncode == 0, run.stderr[-3000:]
     names = {p.name for p in exp.iterdir()}
     for part in ("encoder", "decoder", "joiner"):
         assert {f"{part}-epoch-3-avg-2.onnx", f"{part}-epoch-3-avg-2.int8.onnx"} <= names
@@ -454,7 +456,8 @@ def test_export_script_averaging_and_files(export_script, bpe_model, tmp_path):
 
     out = tmp_path / "out"
     flags = ["--epoch", "3", "--avg", "2", "--use-averaged-model", "false", "--int8", "false", "--output-dir", str(out)]
-    export_script.main(base + flags)
+    run = run_export(tmp_path, *base, *flags)
+    assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == [
         "decoder-epoch-3-avg-2.onnx",
         "encoder-epoch-3-avg-2.onnx",
@@ -471,27 +474,35 @@ def test_export_script_averaging_and_files(export_script, bpe_model, tmp_path):
     assert _max_diff(other, want) > 1e-3
 
 
-def test_export_script_defaults_point_at_the_trained_model(export_script):
-    args = export_script.get_parser().parse_args([])
+def test_export_script_defaults_point_at_the_trained_model():
+    args = get_parser().parse_args([])
     # train.py's defaults (one home: icefall_lite/recipe_defaults.py)
     assert (args.epoch, args.iter, args.avg, args.use_averaged_model) == (NUM_EPOCHS, 0, AVG, True)
     assert args.exp_dir == EXP_DIR
 
 
-def test_export_script_errors(export_script, bpe_model, tmp_path, capsys):
+def test_export_script_flag_error(bpe_model, tmp_path, capsys):
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    argv = ["--exp-dir", str(exp), "--bpe-model", str(bpe_model), *SIZE_FLAGS, "--decode-chunk-len", "6"]
+    assert_flag_error(get_parser(), validate_args, argv, "--decode-chunk-len must be a positive multiple of 4", capsys)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--avg", "3", "--use-averaged-model", "true", *SIZE_FLAGS], "--avg 3 is too large for --epoch 3"),
+        (["--avg", "1", "--encoder-dim", "32"], "does not fit this model"),  # the other sizes at their defaults
+    ],
+)
+def test_export_script_checkpoint_errors_exit_before_writing(bpe_model, tmp_path, flags, message):
     exp = tmp_path / "exp"
     exp.mkdir()
     _write_epochs(exp, vocab_size=40)
-    base = ["--exp-dir", str(exp), "--bpe-model", str(bpe_model), *SIZE_FLAGS]
-    with pytest.raises(SystemExit):
-        export_script.main(base + ["--epoch", "3", "--avg", "3", "--use-averaged-model", "true"])
-    assert "--avg 3 is too large for --epoch 3" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        export_script.main(base[:4] + ["--epoch", "3", "--avg", "1", "--encoder-dim", "32"])
-    assert "does not fit this model" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        export_script.main(base + ["--decode-chunk-len", "6"])
-    assert "--decode-chunk-len must be a positive multiple of 4" in capsys.readouterr().err
+    run = run_export(tmp_path, "--exp-dir", str(exp), "--bpe-model", str(bpe_model), "--epoch", "3", *flags)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "export_onnx.py: error:" in run.stderr and message in run.stderr
+    assert "Traceback" not in run.stderr
     assert not list(exp.glob("*.onnx"))
 
 

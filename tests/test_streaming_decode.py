@@ -3,12 +3,11 @@ hypotheses equal to references computed here without the scripts (and, for greed
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List
 
 import numpy as np
 import pytest
@@ -17,8 +16,9 @@ import torch
 from lhotse import CutSet, load_manifest
 from test_decode import BPE, TINY_FLAGS, TINY_SIZES, VOCAB_SIZE, write_epoch_checkpoints
 
-from conftest import RECIPE, check_wer_files, recipe_env, reference_streaming_greedy, tiny_transducer
+from conftest import RECIPE, assert_flag_error, check_wer_files, recipe_env, reference_streaming_greedy, tiny_transducer
 from icefall_lite.data.features import LOG_EPS, NUM_TAIL_PADDED_FRAMES, fbank_extractor
+from icefall_lite.decoding.cli import get_streaming_parser, validate_streaming_args
 from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.streaming import streaming_search
 from icefall_lite.export.onnx_export import build_exportable
@@ -133,31 +133,35 @@ def test_streaming_decode_writes_icefall_files_with_reference_hyps(tiny_data, ex
     assert sum(map(len, ref)) >= 10, "the model should emit tokens, or the comparison is empty"
 
 
-def load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(f"icefall_lite_{path.stem}_script", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def test_streaming_decode_flag_errors(tiny_data, exp, capsys):
+    base = ["--exp-dir", str(exp["dir"]), "--bpe-model", str(tiny_data / BPE), *TINY_FLAGS]
+    base += ["--manifest-dir", str(tiny_data / "data/fbank")]
+    parser = get_streaming_parser()
+    for argv, message in [
+        (["--decode-chunk-len", "6"], "--decode-chunk-len must be a positive multiple of 4, got 6"),
+        (["--decoding-method", "fast_beam_search"], "invalid choice: 'fast_beam_search'"),
+        (["--num-threads", "0"], "--num-threads must be positive, got 0"),
+    ]:
+        assert_flag_error(parser, validate_streaming_args, base + argv, message, capsys)
 
 
-def main_error(script: Path, argv: List[str], capsys) -> Tuple[int, str]:
-    """Run the script's main in-process; its exit status and stderr."""
-    with pytest.raises(SystemExit) as exc:
-        load_script(script).main(argv)
-    return exc.value.code, capsys.readouterr().err
-
-
-def test_streaming_decode_flag_errors(tiny_data, exp, capsys, isolated_logging, monkeypatch):
-    monkeypatch.chdir(tiny_data)
-    base = ["--exp-dir", str(exp["dir"]), "--bpe-model", BPE, *TINY_FLAGS]
-    code, err = main_error(STREAMING, [*base, "--decode-chunk-len", "6"], capsys)
-    assert code == 2 and "--decode-chunk-len must be a positive multiple of 4, got 6" in err
-    code, err = main_error(STREAMING, [*base, "--decoding-method", "fast_beam_search"], capsys)
-    assert code == 2 and "invalid choice: 'fast_beam_search'" in err
-    code, err = main_error(STREAMING, [*base, "--num-threads", "0"], capsys)
-    assert code == 2 and "--num-threads must be positive, got 0" in err
-    code, err = main_error(STREAMING, [*base, "--epoch", "3", "--avg", "3"], capsys)
-    assert code == 1 and "streaming_decode.py: error: --avg 3 is too large for --epoch 3" in err
+def test_streaming_decode_avg_too_large_exits_without_traceback(tiny_data, exp):
+    run = run_script(
+        STREAMING,
+        tiny_data,
+        "--exp-dir",
+        str(exp["dir"]),
+        "--bpe-model",
+        BPE,
+        *TINY_FLAGS,
+        "--epoch",
+        "3",
+        "--avg",
+        "3",
+    )
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "streaming_decode.py: error: --avg 3 is too large for --epoch 3" in run.stderr
+    assert "Traceback" not in run.stderr
 
 
 # --------------------------------------------------------------------------
@@ -234,21 +238,21 @@ def test_sherpa_onnx_decode_writes_icefall_files_with_reference_hyps(tiny_data, 
     assert sum(map(len, ref)) >= 5, "the model should emit words, or the comparison is empty"
 
 
-def test_sherpa_onnx_decode_int8_and_errors(
-    tiny_data, exp, exported, few_cuts, tmp_path, capsys, isolated_logging, monkeypatch
-):
-    monkeypatch.chdir(tiny_data)
+def test_sherpa_onnx_decode_int8_and_errors(tiny_data, exp, exported, few_cuts, tmp_path):
     base = ["--exp-dir", str(exported), "--epoch", "3", "--avg", "2", "--test-sets", str(few_cuts)]
     run = run_script(SHERPA, tiny_data, *base, "--int8", "true")
     assert run.returncode == 0, run.stderr[-3000:]
     suffix = SHERPA_SUFFIXES["greedy_search"] + "-int8"
     check_wer_files(exported / "sherpa-onnx" / "greedy_search", "few", suffix, "greedy_search", few_cuts)
 
-    code, err = main_error(SHERPA, [*base[:2], "--epoch", "4", "--avg", "2"], capsys)
-    assert code == 2 and f"{exported}/encoder-epoch-4-avg-2.onnx does not exist: run export_onnx.py" in err
+    run = run_script(SHERPA, tiny_data, *base[:2], "--epoch", "4", "--avg", "2")
+    assert run.returncode == 2
+    assert f"{exported}/encoder-epoch-4-avg-2.onnx does not exist: run export_onnx.py" in run.stderr
 
     no_audio = tmp_path / "no_audio.jsonl.gz"
     load_manifest(few_cuts).drop_recordings().to_file(no_audio)
-    code, err = main_error(SHERPA, [*base[:6], "--test-sets", str(no_audio)], capsys)
+    run = run_script(SHERPA, tiny_data, *base[:6], "--test-sets", str(no_audio))
     first = next(iter(load_manifest(few_cuts))).id
-    assert code == 1 and f"sherpa_onnx_decode.py: error: cut {first} has no recording" in err
+    assert run.returncode == 1
+    assert f"sherpa_onnx_decode.py: error: cut {first} has no recording" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -1,7 +1,6 @@
 """train.py end to end on the tiny corpus: resume equals an uninterrupted run, DDP ranks
 agree, non-finite batches are skipped, bad checkpoints and flags give clear errors."""
 
-import importlib.util
 import math
 import re
 import shutil
@@ -13,25 +12,25 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from conftest import TINY_MODEL, TRAIN, batch_losses, free_port, run_train, tiny_transducer, train_env
+from conftest import (
+    TINY_MODEL,
+    TRAIN,
+    assert_flag_error,
+    batch_losses,
+    free_port,
+    run_train,
+    tiny_transducer,
+    train_env,
+)
 from icefall_lite.nn.model import build_transducer
 from icefall_lite.train.checkpoint import load_checkpoint_file
+from icefall_lite.train.cli import get_params, get_parser, parse_args, validate_args
 from icefall_lite.train.grad_control import GradientControl
 from icefall_lite.train.loop import Training, train_step
 from icefall_lite.train.loss import compute_loss, loss_scales, pruned_loss_scale
 from icefall_lite.train.optim import Eden, Eve
 from icefall_lite.train.presets import ICEFALL_PRESET
 from icefall_lite.train.setup import training_model_config
-
-
-def _load_train_module():
-    spec = importlib.util.spec_from_file_location("icefall_lite_train_script", TRAIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train = _load_train_module()
 
 
 @pytest.fixture(scope="module")
@@ -181,9 +180,9 @@ def test_ddp_two_processes_keep_identical_weights(tiny_data, tmp_path):
 
 
 def _params_and_model(tiny_data: Path, *extra: str):
-    parser = train.get_parser()
+    parser = get_parser()
     args = parser.parse_args(["--bpe-model", str(tiny_data / "data/lang_bpe_100/bpe.model"), *TINY_MODEL, *extra])
-    params = train.get_params()
+    params = get_params()
     params.update(vars(args))
     sp = spm.SentencePieceProcessor()
     sp.load(params.bpe_model)
@@ -290,13 +289,8 @@ def test_print_diagnostics_prints_and_exits(tiny_data, tmp_path):
     ],
 )
 def test_bad_flags_give_argparse_errors(argv, flag, capsys, tiny_data):
-    parser = train.get_parser()
-    with pytest.raises(SystemExit) as e:
-        base = ["--bpe-model", str(tiny_data / "data/lang_bpe_100/bpe.model")]
-        args = parser.parse_args(base + argv)
-        train.validate_args(parser, args)
-    assert e.value.code == 2
-    assert flag in capsys.readouterr().err
+    base = ["--bpe-model", str(tiny_data / "data/lang_bpe_100/bpe.model")]
+    assert_flag_error(get_parser(), validate_args, base + argv, flag, capsys)
 
 
 def test_missing_or_empty_training_manifest_gives_clear_error(tiny_data, tmp_path):
@@ -424,14 +418,14 @@ def test_prepare_sh_default_vocabulary_is_train_py_default_bpe_model(tiny_data):
     from icefall_lite.data.bpe import DEFAULT_BPE_MODEL
 
     assert (tiny_data / DEFAULT_BPE_MODEL).is_file()
-    assert train.get_parser().parse_args([]).bpe_model == DEFAULT_BPE_MODEL
+    assert get_parser().parse_args([]).bpe_model == DEFAULT_BPE_MODEL
 
 
 def test_train_py_trains_what_the_decoding_scripts_decode_by_default():
     # decode.py/export_onnx.py default to --epoch NUM_EPOCHS in EXP_DIR (their tests check that side).
     from icefall_lite.recipe_defaults import EXP_DIR, NUM_EPOCHS
 
-    args = train.get_parser().parse_args([])
+    args = get_parser().parse_args([])
     assert (args.num_epochs, args.exp_dir) == (NUM_EPOCHS, EXP_DIR)
 
 
@@ -473,21 +467,21 @@ ICEFALL_VALUES = {
 
 
 def test_icefall_preset_sets_icefall_values_and_explicit_flags_win():
-    parser = train.get_parser()
+    parser = get_parser()
     dests = {action.dest for action in parser._actions}
     assert set(ICEFALL_PRESET) <= dests  # no setting lands on a name train.py does not read
-    args = train.parse_args(train.get_parser(), ["--preset", "icefall"])
+    args = parse_args(get_parser(), ["--preset", "icefall"])
     assert {k: getattr(args, k) for k in ICEFALL_VALUES} == ICEFALL_VALUES
     assert args.valid_interval == 800  # train-clean-100 only
-    assert train.parse_args(train.get_parser(), ["--preset", "icefall", "--full-libri", "true"]).valid_interval == 3000
+    assert parse_args(get_parser(), ["--preset", "icefall", "--full-libri", "true"]).valid_interval == 3000
     # The ablation's gradient-control arms on top of the preset: explicit flags win.
-    args = train.parse_args(
-        train.get_parser(),
+    args = parse_args(
+        get_parser(),
         ["--clip-grad-norm", "5", "--preset", "icefall", "--grad-norm-threshold", "0", "--agc-clipping", "0.1"],
     )
     assert (args.clip_grad_norm, args.grad_filter_threshold, args.agc_clipping, args.num_buckets) == (5.0, 0.0, 0.1, 30)
     # Without the preset, today's defaults.
-    args = train.parse_args(train.get_parser(), [])
+    args = parse_args(get_parser(), [])
     assert (args.preset, args.clip_grad_norm, args.valid_interval, args.num_buckets) == ("none", 5.0, 0, 10)
 
 

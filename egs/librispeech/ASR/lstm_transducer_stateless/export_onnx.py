@@ -37,16 +37,15 @@ is the file's name: encoder-pretrained.onnx, ... sherpa-onnx runs the files with
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 
-from icefall_lite.data.bpe import DEFAULT_BPE_MODEL, load_bpe_model
-from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN
+from icefall_lite.data.bpe import load_bpe_model
 from icefall_lite.decoding.decode_run import build_decoding_model
+from icefall_lite.export.cli import get_parser, validate_args
 from icefall_lite.export.onnx_export import (
     ExportableTransducer,
     build_exportable,
@@ -54,57 +53,10 @@ from icefall_lite.export.onnx_export import (
     write_tokens_file,
 )
 from icefall_lite.export.onnx_runtime import OnnxRuntimeTransducer, max_abs_diff
-from icefall_lite.nn.model import add_model_arguments, check_model_args, count_parameters
-from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
+from icefall_lite.nn.model import count_parameters
 from icefall_lite.train.averaging import checkpoint_suffix, load_weights_from_flags
 from icefall_lite.train.checkpoint import CheckpointError
-from icefall_lite.train.checkpoint_args import add_checkpoint_arguments, validate_checkpoint_args
-from icefall_lite.utils import script_errors, setup_logger, str2bool
-
-
-def get_parser() -> argparse.ArgumentParser:
-    """icefall's checkpoint flags (as decode.py), the output options and the model-size flags."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_arguments(parser, epoch=NUM_EPOCHS, avg=AVG, exp_dir=EXP_DIR)
-    parser.add_argument(
-        "--output-dir",
-        type=Path,
-        default=None,
-        help="Where to write the ONNX files, tokens.txt and the log. (default: --exp-dir)",
-    )
-    parser.add_argument(
-        "--bpe-model",
-        type=Path,
-        default=Path(DEFAULT_BPE_MODEL),
-        help=f"sentencepiece model. (default: {DEFAULT_BPE_MODEL})",
-    )
-    parser.add_argument(
-        "--decode-chunk-len",
-        type=int,
-        default=DEFAULT_DECODE_CHUNK_LEN,
-        help="Feature frames per encoder call (a multiple of 4); the encoder sees "
-        f"decode_chunk_len + 5 frames (T). (default: {DEFAULT_DECODE_CHUNK_LEN})",
-    )
-    parser.add_argument(
-        "--int8",
-        type=str2bool,
-        default=True,
-        help="Also write *.int8.onnx (onnxruntime dynamic quantisation), as icefall does. (default: true)",
-    )
-    add_model_arguments(parser)
-    return parser
-
-
-def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """argparse errors naming the flag for bad values."""
-    validate_checkpoint_args(parser, args)
-    if args.decode_chunk_len < 4 or args.decode_chunk_len % 4:
-        parser.error(f"--decode-chunk-len must be a positive multiple of 4, got {args.decode_chunk_len}")
-    if not args.bpe_model.is_file():
-        parser.error(f"--bpe-model {args.bpe_model} does not exist; run prepare.sh (stage 4) first")
-    if args.checkpoint is None and not args.exp_dir.is_dir():
-        parser.error(f"--exp-dir {args.exp_dir} does not exist; train first (train.py --exp-dir ...)")
-    check_model_args(parser, args)
+from icefall_lite.utils import script_errors, setup_logger
 
 
 @torch.no_grad()
@@ -123,7 +75,7 @@ def check_onnx(exportable: ExportableTransducer, files: Dict[str, Path], int8: b
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = get_parser()
+    parser = get_parser(__doc__)
     args = parser.parse_args(argv)
     validate_args(parser, args)
     output_dir = args.output_dir or args.exp_dir

@@ -40,10 +40,8 @@ audio duration) of every test set are logged and printed as a table.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import sentencepiece as spm
@@ -51,60 +49,17 @@ import torch
 from lhotse import load_manifest_lazy
 
 from icefall_lite.data.datamodule import CutDataError, LibriSpeechAsrDataModule
-from icefall_lite.decoding.constants import DEFAULT_DECODE_CHUNK_LEN, STREAMING_METHODS
+from icefall_lite.decoding.cli import get_streaming_params, get_streaming_parser, validate_streaming_args
 from icefall_lite.decoding.decode_run import (
-    add_decoding_arguments,
-    add_decoding_method_argument,
-    add_num_threads_argument,
     batch_features,
-    check_positive,
     decode_and_report,
     decode_batches,
     load_decoding_model,
-    make_suffix,
     result_key,
-    validate_decoding_args,
 )
 from icefall_lite.decoding.streaming import TorchStreamingModel, streaming_search
-from icefall_lite.recipe_defaults import AVG, EXP_DIR, NUM_EPOCHS
 from icefall_lite.train.checkpoint import CheckpointError
-from icefall_lite.train.checkpoint_args import add_checkpoint_arguments
 from icefall_lite.utils import AttributeDict, script_errors, setup_logger
-
-
-def get_parser() -> argparse.ArgumentParser:
-    """decode.py's flags (greedy and modified beam search only), ``--decode-chunk-len`` and ``--num-threads``."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_decoding_method_argument(parser, STREAMING_METHODS)
-    parser.add_argument(
-        "--decode-chunk-len",
-        type=int,
-        default=DEFAULT_DECODE_CHUNK_LEN,
-        help="Feature frames between encoder calls, a multiple of 4 (export_onnx.py's flag); every "
-        f"call sees decode_chunk_len + 5 frames. (default: {DEFAULT_DECODE_CHUNK_LEN})",
-    )
-    add_num_threads_argument(parser)
-    add_checkpoint_arguments(parser, epoch=NUM_EPOCHS, avg=AVG, exp_dir=EXP_DIR)
-    add_decoding_arguments(parser)
-    return parser
-
-
-def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """argparse errors naming the flag for bad values; also resolves ``args.test_set_paths``."""
-    if args.decode_chunk_len < 4 or args.decode_chunk_len % 4:
-        parser.error(f"--decode-chunk-len must be a positive multiple of 4, got {args.decode_chunk_len}")
-    check_positive(parser, args, ["num_threads"])
-    validate_decoding_args(parser, args)
-
-
-def get_params(args: argparse.Namespace) -> AttributeDict:
-    """Flags plus derived settings (result dir, suffix)."""
-    params = AttributeDict(vars(args))
-    params.exp_dir = Path(args.exp_dir)
-    params.max_sym_per_frame = 1  # streaming search emits at most one symbol per frame
-    params.res_dir = params.exp_dir / "streaming" / params.decoding_method
-    params.suffix = f"{make_suffix(params)}-decode-chunk-len-{params.decode_chunk_len}"
-    return params
 
 
 @torch.inference_mode()
@@ -130,10 +85,10 @@ def decode_one_batch(
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = get_parser()
+    parser = get_streaming_parser(__doc__)
     args = parser.parse_args(argv)
-    validate_args(parser, args)
-    params = get_params(args)
+    validate_streaming_args(parser, args)
+    params = get_streaming_params(args)
     setup_logger(params.res_dir / f"log-decode-{params.suffix}")
     logging.info("Streaming decoding started")
     torch.set_num_threads(params.num_threads)
