@@ -15,9 +15,8 @@ from icefall_lite.utils import check_positive, str2bool
 
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
-    """Optimizer and schedule, loss, dropout, fp16 and the gradient-control flags (their ``--help`` section,
-    which :func:`icefall_lite.nn.model.add_model_arguments`, called after this, gives the GradientFilter's
-    threshold too)."""
+    """Optimizer and schedule, loss, dropout, fp16 and the gradient-control flags (one per rule of
+    :data:`icefall_lite.train.rules.RULES`, the GradientFilter's threshold and mode among them)."""
     group = parser.add_argument_group("training step")
     # dest is not "optimizer": checkpoints store params next to the "optimizer" state.
     group.add_argument(

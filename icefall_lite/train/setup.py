@@ -26,7 +26,9 @@ from icefall_lite.nn.model import build_transducer, count_parameters, model_conf
 from icefall_lite.train.checkpoint import unwrap
 from icefall_lite.train.diagnostics import ModelDiagnostics, register_inf_check_hooks
 from icefall_lite.train.distributed import DEFAULT_MASTER_PORT, Placement
+from icefall_lite.train.grad_control import MODEL_RULES
 from icefall_lite.train.optim import Eve, ScaledAdam
+from icefall_lite.train.rules import RULE_BY_NAME
 from icefall_lite.utils import AttributeDict
 
 OPTIMIZERS = ("eve", "scaled-adam")
@@ -66,11 +68,9 @@ def training_model_config(args: argparse.Namespace, vocab_size: int, blank_id: i
     ``--grad-filter-mode``, and the recurrent cap)."""
     config = model_config_from_args(args, vocab_size=vocab_size, blank_id=blank_id, num_features=NUM_MEL_BINS)
     config.update(dropout=args.dropout, layer_dropout=args.layer_dropout, use_ctc=args.ctc_loss_scale > 0)
-    config.update(
-        grad_filter_threshold=args.grad_filter_threshold,
-        grad_filter_mode=args.grad_filter_mode,
-        recurrent_grad_clip=args.recurrent_grad_clip,
-    )
+    # build_transducer takes each of these rules by its dest.
+    config.update({RULE_BY_NAME[name].dest: getattr(args, RULE_BY_NAME[name].dest) for name in MODEL_RULES})
+    config.update(grad_filter_mode=args.grad_filter_mode)
     return config
 
 
