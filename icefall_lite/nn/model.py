@@ -246,12 +246,13 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# The recipe's GradientFilter threshold, icefall's --grad-norm-threshold of lstm_transducer_stateless3 (train.py's
+# default: icefall_lite.train.rules.RULES).
+DEFAULT_GRAD_FILTER_THRESHOLD = 25.0
 # Model sizes. "cpu" trains 5 epochs of the default synthetic corpus in about 36 minutes
 # on 2 CPU cores; "icefall" is lstm_transducer_stateless3's size (GPU).
 # With rnn_hidden_size == encoder_dim the LSTM has no projection (oneDNN
 # runs it much faster on CPU); otherwise it projects back to encoder_dim.
-# The recipe's GradientFilter threshold, icefall's --grad-norm-threshold of lstm_transducer_stateless3.
-DEFAULT_GRAD_FILTER_THRESHOLD = 25.0
 MODEL_PRESETS: Dict[str, Dict[str, int]] = {
     "cpu": dict(
         num_encoder_layers=4,
