@@ -42,6 +42,7 @@ from typing import Dict, List, Mapping, Sequence, Tuple
 from icefall_lite.nn.model import DEFAULT_GRAD_FILTER_THRESHOLD
 from icefall_lite.train.grad_control import FLAGS
 from studies.ablation.family import FamilyComparison, load_config
+from studies.ablation.records import RunKey
 
 OBSERVE = math.inf  # --grad-filter-threshold inf: the filter observes only
 STUDY = load_config()  # the round's configuration, fixed before its runs (studies/ablation/family.json)
@@ -329,19 +330,6 @@ def select(names: Sequence[str], known: Sequence[str], what: str) -> List[str]:
     if unknown:
         raise ValueError(f"unknown {what} {', '.join(unknown)}; known: {', '.join(known)}")
     return [k for k in known if k in names]
-
-
-@dataclass(frozen=True)
-class RunKey:
-    """One training run: a condition, an arm, a seed."""
-
-    condition: str
-    arm: str
-    seed: int
-
-    @property
-    def relpath(self) -> str:
-        return f"{self.condition}/{self.arm}/seed-{self.seed}"
 
 
 def seeds_of(base_seed: int, num_seeds: int) -> List[int]:

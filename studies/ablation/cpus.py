@@ -21,13 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from studies.ablation.records import RunResult
 from studies.runner import read_json, write_json_atomic
 from studies.tb_reader import Series, seven_digits
-
-if TYPE_CHECKING:  # runs reads this module's record when it reads a summary
-    from studies.ablation.runs import RunResult
 
 CPUS_FILE = "cpus.json"
 

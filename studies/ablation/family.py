@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from studies.ablation.markdown import markdown_table
 from studies.ablation.paired import (
@@ -28,9 +28,7 @@ from studies.ablation.paired import (
 )
 from studies.ablation.pairing import Pairing, pair_runs
 from studies.ablation.power import paired_t_power
-
-if TYPE_CHECKING:  # runs imports arms, which reads this configuration
-    from studies.ablation.runs import RunResult
+from studies.ablation.records import RunResult
 
 CONFIG_PATH = Path(__file__).with_name("family.json")
 

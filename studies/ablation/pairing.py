@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
-if TYPE_CHECKING:  # runs imports arms, which reads the study's configuration (family), which imports this
-    from studies.ablation.runs import RunResult
+from studies.ablation.records import RunResult
 
 NOT_RECORDED = "CPU model not recorded"
 

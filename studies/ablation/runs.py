@@ -1,6 +1,6 @@
 """One finished run of the ablation: what it measured, read from its folder (TensorBoard scalars,
-wer-summary files, wall time) and kept as a small JSON summary beside RESULTS.md, so that the report
-outlives the run folders.
+wer-summary files, wall time) and kept as a summary in the study's folder (:mod:`studies.ablation.compact`: a
+small JSON and its per-step series), so that the report outlives the run folders.
 """
 
 from __future__ import annotations
@@ -8,47 +8,34 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import re
 import resource
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from icefall_lite.train.tb_tags import TrainingScalarTags
 from icefall_lite.utils import write_text_atomic
-from studies.ablation.arms import RunKey
+from studies.ablation.compact import read_run_summary, write_run_summary
 from studies.ablation.cpus import computes_as
 from studies.ablation.pairing import cpu_name
+from studies.ablation.records import (  # noqa: F401  (the names the study's modules read from here)
+    ERROR_CLIP,
+    EXACT_SCALARS,
+    KEPT_FILTER_STATS,
+    KEPT_SCALARS,
+    OBJECTIVE_SIMPLE_SCALE,
+    RECURRENT_CLIP,
+    RunKey,
+    RunResult,
+)
 from studies.runner import StudyError, read_json, write_json_atomic
-from studies.tb_reader import Series, seven_digits
+from studies.tb_reader import Series
 
 WALL_FILE = "ablation-wall.json"  # in every run dir: wall seconds per phase, kept across reruns
 # In every run dir: per phase, the segments started and ended and the CPU seconds of those that ended.
 CPU_FILE = "ablation-cpu.json"
-# The losses of the report are of the transducer objective after warm-up, 0.5 x simple + pruned per frame,
-# whatever weights the warm-up ramp gave them at the step.
-OBJECTIVE_SIMPLE_SCALE = 0.5
-# A summary's per-step largest fraction over layers of the frame rows the recurrent cap clipped, and of the
-# layer output's gradient elements the error clip clipped (TrainingScalarTags fields of per-layer tags).
-RECURRENT_CLIP = "recurrent_clip"
-ERROR_CLIP = "error_clip"
-# The scalars a run summary keeps (TrainingScalarTags fields).
-KEPT_SCALARS = (
-    "simple_loss",
-    "pruned_loss",
-    "grad_norm",
-    "clip_scale",
-    "skipped_steps",
-    "valid_loss",
-    "exp_avg_sq_jump",
-    "exp_avg_sq_recovery",
-)
-KEPT_FILTER_STATS = ("max_over_median", "fraction_filtered")
-# Scalars a summary keeps exactly (not to 7 significant digits): the batch digests, compared step by step.
-EXACT_SCALARS = ("batch_digest",)
 
 
 def add_wall_time(run_dir: Path, phase: str, seconds: float) -> Dict[str, float]:
@@ -145,129 +132,8 @@ def wall_time_kept(run_dir: Path, phase: str, every_s: float = 60.0) -> Iterator
             _cpu_segment(run_dir, phase, ended_s=children_cpu_s() - cpu_before)
 
 
-@dataclass
-class RunResult:
-    """What one finished run (condition x arm x seed) measured.
-
-    ``wer``: at the end of the budget; ``wer_at``: ``{step: {(method, test set): WER}}`` at every point the
-    run was decoded (``decoding``: how, e.g. ``{"avg": 2, "use_averaged_model": true}``; empty in summaries
-    written before runs were decoded at several points: then the end only, ``--avg 1``). ``scalars``:
-    ``{TrainingScalarTags field: series}`` (:data:`KEPT_SCALARS`); ``filters``: ``{(layer, stat): series}`` of
-    the per-layer GradientFilter statistics (the observing filter's too); ``warm_end``: the first step at the
-    full loss weights; ``machine``: the CPU model, flags digest, threads and torch version it ran on (empty in
-    summaries written before they were recorded); ``commands``: the commands that made it, as typed from the
-    recipe folder (empty in older summaries); ``cpu_s``: CPU seconds per phase of the phases recorded in full
-    (:func:`cpu_time_recorded`; empty in older summaries); ``computes_as``: the name of the CPUs
-    ``machine``'s CPU was shown to compute as (:mod:`studies.ablation.cpus`; set when the summary is read, not
-    stored in it), else None.
-    """
-
-    key: RunKey
-    wer: Dict[Tuple[str, str], float]
-    scalars: Dict[str, Series]
-    filters: Dict[Tuple[int, str], Series] = field(default_factory=dict)
-    wall_s: Dict[str, float] = field(default_factory=dict)
-    warm_end: int = 0
-    machine: Dict[str, str] = field(default_factory=dict)
-    wer_at: Dict[int, Dict[Tuple[str, str], float]] = field(default_factory=dict)
-    decoding: Dict = field(default_factory=dict)
-    commands: List[str] = field(default_factory=list)
-    cpu_s: Dict[str, float] = field(default_factory=dict)
-    computes_as: Optional[str] = None
-
-    def series(self, name: str) -> Series:
-        return self.scalars.get(name, [])
-
-    @property
-    def wall_total_s(self) -> float:
-        """Wall seconds recorded over every phase (0 when none was)."""
-        return sum(self.wall_s.values())
-
-    @property
-    def cpu_total_s(self) -> Optional[float]:
-        """CPU seconds over every phase, when each phase that took wall time has its CPU time recorded in full
-        (:func:`cpu_time_recorded`); else None."""
-        timed = [phase for phase, seconds in self.wall_s.items() if seconds > 0]
-        if not timed or any(phase not in self.cpu_s for phase in timed):
-            return None
-        return sum(self.cpu_s[phase] for phase in timed)
-
-    @property
-    def steps(self) -> int:
-        grad_norm = self.series("grad_norm")
-        return grad_norm[-1][0] if grad_norm else 0
-
-    def objective(self) -> Series:
-        """``[(step, 0.5 x simple + pruned loss per frame)]`` at every step from 1: the training objective with
-        its weights after warm-up, during warm-up too."""
-        pruned = dict(self.series("pruned_loss"))
-        return [
-            (step, OBJECTIVE_SIMPLE_SCALE * simple + pruned[step])
-            for step, simple in self.series("simple_loss")
-            if step in pruned
-        ]
-
-    def layers(self) -> List[int]:
-        return sorted({layer for layer, _ in self.filters})
-
-    def filter_series(self, layer: int, stat: str) -> Series:
-        return self.filters.get((layer, stat), [])
-
-    def largest_ratio_per_step(self) -> Series:
-        """``[(step, max over layers of max/median)]``."""
-        by_step: Dict[int, float] = {}
-        for layer in self.layers():
-            for step, v in self.filter_series(layer, "max_over_median"):
-                by_step[step] = max(by_step.get(step, v), v)
-        return sorted(by_step.items())
-
-    def to_json(self) -> Dict:
-        return {
-            "key": {"condition": self.key.condition, "arm": self.key.arm, "seed": self.key.seed},
-            "wer": [[m, t, v] for (m, t), v in self.wer.items()],
-            "wer_at": [[step, m, t, v] for step, wers in sorted(self.wer_at.items()) for (m, t), v in wers.items()],
-            "decoding": self.decoding,
-            "scalars": {k: _exact(v) if k in EXACT_SCALARS else _rounded(v) for k, v in self.scalars.items()},
-            "filters": [[layer, stat, _rounded(v)] for (layer, stat), v in self.filters.items()],
-            "wall_s": self.wall_s,
-            "warm_end": self.warm_end,
-            "machine": self.machine,
-            "commands": self.commands,
-            "cpu_s": self.cpu_s,
-        }
-
-    @staticmethod
-    def from_json(data: Dict) -> "RunResult":
-        wer_at: Dict[int, Dict[Tuple[str, str], float]] = {}
-        for step, m, t, v in data.get("wer_at", []):
-            wer_at.setdefault(int(step), {})[(m, t)] = v
-        return RunResult(
-            RunKey(**data["key"]),
-            {(m, t): v for m, t, v in data["wer"]},
-            {k: [(int(s), float(v)) for s, v in series] for k, series in data["scalars"].items()},
-            {(int(layer), stat): [(int(s), float(v)) for s, v in series] for layer, stat, series in data["filters"]},
-            dict(data["wall_s"]),
-            int(data["warm_end"]),
-            dict(data.get("machine", {})),
-            wer_at,
-            dict(data.get("decoding", {})),
-            list(data.get("commands", [])),
-            dict(data.get("cpu_s", {})),
-        )
-
-
-def _exact(series: Series) -> List[List[float]]:
-    """Integer-valued scalars (batch digests: 24-bit, exact as float32) kept as integers."""
-    return [[s, int(v)] for s, v in series]
-
-
-def _rounded(series: Series) -> List[List[float]]:
-    """:func:`studies.tb_reader.seven_digits`; non-finite values as strings."""
-    return [[s, seven_digits(v) if math.isfinite(v) else str(v)] for s, v in series]
-
-
 # --------------------------------------------------------------------------
-# Summaries beside RESULTS.md
+# Summaries in the study's folder
 # --------------------------------------------------------------------------
 
 
@@ -292,23 +158,33 @@ def stored_runs(summaries_dir: Path, condition: str, arm: str = "*") -> List[Run
 
 
 def write_summary(summaries_dir: Path, result) -> Path:
-    """The summary of a run or a replay (a RunResult or a ReplayResult: ``key`` and ``to_json()``)."""
+    """The summary of a run (a RunResult: a small JSON and its series file, :mod:`studies.ablation.compact`) or
+    of a replay (a ReplayResult: ``key`` and ``to_json()``, one JSON)."""
     path = summary_path(summaries_dir, result.key)
+    if isinstance(result, RunResult):
+        return write_run_summary(path, result)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(result.to_json(), separators=(",", ":")) + "\n")
     return path
 
 
 def read_summary(summaries_dir: Path, key: RunKey) -> Optional[RunResult]:
-    """The run's summary, or None when it has none yet; with the CPU its CPU computes as, where
-    ``<summaries_dir>/cpus.json`` records a reproduction."""
-    data = read_json(summary_path(summaries_dir, key))
-    if data is None:
+    """The run's summary (either form, :func:`studies.ablation.compact.read_run_summary`), or None when it has
+    none yet; with the CPU its CPU computes as, where ``<summaries_dir>/cpus.json`` records a reproduction."""
+    path = summary_path(summaries_dir, key)
+    if not path.is_file():
         return None
-    result = RunResult.from_json(data)
+    result = read_run_summary(path)
     joined = computes_as(summaries_dir, key.condition, result.machine.get("torch", ""))
     result.computes_as = joined.get(cpu_name(result.machine) or "")
     return result
+
+
+def load_summaries(folder: Path) -> List[RunResult]:
+    """Every run summary (``seed-<n>.json``, either form; not a replay's) anywhere under ``folder``, by path;
+    without the CPUs they compute as (:func:`read_summary` adds those for one round's folder)."""
+    paths = sorted(p for p in folder.rglob("seed-*.json") if _RUN_SUMMARY.fullmatch(p.name))
+    return [read_run_summary(p) for p in paths]
 
 
 # --------------------------------------------------------------------------
