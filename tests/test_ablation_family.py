@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from test_markdown_tables import cell_count, tables
 
-from conftest import RECIPE
 from studies.ablation.arms import STUDY, RunKey
 from studies.ablation.family import CONFIG_PATH, family_rows, format_family_table, load_config, power_now, verdict
 from studies.ablation.metrics import plateau_exit, spearman, within_group_spearman
@@ -27,10 +26,11 @@ from studies.ablation.planning import (
     seconds_per_step,
 )
 from studies.ablation.power import effect_for_power, noncentral_t_sf, paired_t_power, pairs_for_power
-from studies.ablation.replay import Event, ReplayKey, ReplayResult
-from studies.ablation.runs import RunResult, read_summary
+from studies.ablation.replay.events import Event, ReplayKey
+from studies.ablation.replay.result import ReplayResult
+from studies.ablation.runs import RunResult, read_summary, round_summaries
 
-ROUND_1 = RECIPE / "ablation-runs"
+ROUND_1 = round_summaries("ablation-runs")
 ROUND_1_ARMS = ("none", "filter", "clip", "filter-clip", "clip-relative")
 RAW = json.loads(CONFIG_PATH.read_text())
 
@@ -163,7 +163,7 @@ def test_the_budget_moved_by_the_pilot_quotes_its_summary():
     are those of its committed summary, and they fail the first budget by the rule."""
     assert STUDY.steps == 1800 and STUDY.decode_at == (600, 1200, 1800)
     assert STUDY.pilot.steps == 2700 and STUDY.pilot.decode_at == (600, 1200, 1800, 2700)
-    pilot = read_summary(RECIPE / STUDY.summaries / "pilot", RunKey("digits", "none", 42))
+    pilot = read_summary(round_summaries(STUDY.summaries) / "pilot", RunKey("digits", "none", 42))
     clean, other = ("greedy_search", "test-clean"), ("greedy_search", "test-other")
     wers = {step: (w[clean], w[other]) for step, w in pilot.wer_at.items()}
     text = RAW["budget"]["pilot_2026_11_26"]
@@ -359,7 +359,9 @@ def test_family_rows_holm_signed_rank_and_verdicts_by_hand():
 def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power():
     from studies.ablation.arms import Thresholds
     from studies.ablation.metrics import spread_cell
-    from studies.ablation.section import ReportSetup, acts_as, family_runs, lead
+    from studies.ablation.report.answer import acts_as, lead
+    from studies.ablation.report.common import ReportSetup
+    from studies.ablation.report.figures import family_runs
 
     runs = []
     # filter - none: -1 .. -6 over seeds 42-47 (holds); filter-clip - clip: +1, -1, +0.5 (does not); a clip
@@ -456,7 +458,7 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
 
 
 def test_the_family_section_checks_each_pairs_batches_by_their_digests():
-    from studies.ablation.section import same_batches
+    from studies.ablation.report.figures import same_batches
 
     def with_digests(run, digests):
         run.scalars["batch_digest"] = list(enumerate(digests, 1))
@@ -486,7 +488,7 @@ def test_an_interval_bound_that_rounds_to_zero_keeps_its_sign_and_a_digit():
 
 def test_the_described_intervals_are_counted_against_chance():
     from studies.ablation.compare import paired_comparisons
-    from studies.ablation.section import unadjusted_sentence
+    from studies.ablation.report.tables import unadjusted_sentence
 
     runs = []
     # filter - none on test-other: -2, -3, -4 (sd 1, half-width t(0.975, 2) / sqrt(3) = 2.48: [-5.48, -0.52]);
@@ -572,8 +574,8 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     from icefall_lite.train.tb_tags import TB_TAGS
     from studies.ablation.arms import Thresholds, make_arms
     from studies.ablation.metrics import steps_acting
+    from studies.ablation.report.landscape import landscape_section
     from studies.ablation.runs import ERROR_CLIP, RECURRENT_CLIP, kept_scalars
-    from studies.ablation.section import landscape_section
 
     # The recurrent cap's per-layer fractions become one series: the largest over layers at each step.
     tb = {
@@ -628,7 +630,7 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     deep = _run("autoclip", 42, 10.0)
     deep.key, deep.scalars = RunKey(STUDY.depth_condition, "autoclip", 42), {"clip_scale": [(1, 0.5)]}
     lines = landscape_section([*runs, deep], arms, SimpleNamespace(config=STUDY))
-    assert lines[0] == "### The clipping landscape"
+    assert lines[0] == "## The clipping landscape"
     table = "\n".join(lines)
     diffs = [-1.0, -3.0, -2.0]
     mean, sem = statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(3)
@@ -690,8 +692,8 @@ def test_a_rule_that_never_acted_is_called_a_placebo_not_an_effect():
     from types import SimpleNamespace
 
     from studies.ablation.arms import Thresholds, make_arms
+    from studies.ablation.report.landscape import landscape_section
     from studies.ablation.runs import RECURRENT_CLIP
-    from studies.ablation.section import landscape_section
 
     arms = {a.name: a for a in make_arms(Thresholds())}
     idle_value = {"clip_scale": [(1, 1.0), (2, 1.0)]}
@@ -743,7 +745,7 @@ def depth_text(results, config, waiting=(), pilot=None):
     """The depth section's lines for ``results`` under ``config``, as the report renders it."""
     from types import SimpleNamespace
 
-    from studies.ablation.section import depth_section
+    from studies.ablation.report.depth import depth_section
 
     return depth_section(results, {}, SimpleNamespace(config=config, waiting=waiting), pilot)
 
@@ -751,7 +753,8 @@ def depth_text(results, config, waiting=(), pilot=None):
 def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
 
     from studies.ablation.arms import CONDITIONS, RUN_SETS
-    from studies.ablation.section import depth_interaction, filter_effects, pilot_verdict
+    from studies.ablation.report.depth import pilot_verdict
+    from studies.ablation.report.figures import depth_interaction, filter_effects
 
     deep = CONDITIONS[STUDY.depth_condition]
     flags = dict(zip(deep.model_flags[::2], deep.model_flags[1::2]))
@@ -798,7 +801,7 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     # 4 seeds planned, not the landscape's 5: the sensitivity is the depth family's.
     config = dataclasses.replace(STUDY, depth_seeds=4)
     text = "\n".join(depth_text(runs, config))
-    assert text.startswith("### Depth: `digits-12`")
+    assert text.startswith("## Depth: `digits-12`")
     assert (
         "The filter's effect at `digits-12` minus its effect at `digits` (each at its condition's budget, 2700 and "
         f"1800 steps), over the 3 seed(s) both have (42, 43, 44): {mean:+.2f}, 95% interval {d.interval(2)}" in text
@@ -849,7 +852,7 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     waiting = ("digits-12/guard/seed-44 (1800 of 2700)", "digits/none/seed-50 (600 of 1800)")
     only_waiting = "\n".join(depth_text([], config, waiting))
     assert (
-        only_waiting.startswith("### Depth: `digits-12`")
+        only_waiting.startswith("## Depth: `digits-12`")
         and "Waiting to train on (above): 1 run of `digits-12`." in only_waiting
     )
     # The family at the round's budget too (1,800 steps; each run decoded there): filter - none -1, +2, +0.5.
@@ -898,7 +901,7 @@ def test_the_deep_condition_has_its_own_budget_because_the_round_rule_failed_the
     is exact; the earlier runs' decoding points are kept. The round's condition keeps the round's budget."""
     from studies.ablation.arms import CONDITIONS
 
-    pilot = read_summary(RECIPE / STUDY.summaries / "pilot", RunKey(STUDY.depth_condition, "none", 42))
+    pilot = read_summary(round_summaries(STUDY.summaries) / "pilot", RunKey(STUDY.depth_condition, "none", 42))
     other = STUDY.metric
     at = {step: round(pilot.wer_at[step][other], 2) for step in (1800, 2700)}
     late = at[2700] - at[1800]

@@ -4,30 +4,31 @@ decoded at three points on two CPU models, the pilot, replays with all five bran
 refuses a row of another width."""
 
 import math
-import shutil
+import os
 
 import pytest
 from test_markdown_tables import cell_count, tables
 
-from conftest import RECIPE
+from studies.ablation import cli
 from studies.ablation.arms import STUDY, RunKey, Thresholds, make_arms
+from studies.ablation.cli import STUDY_DIR
 from studies.ablation.markdown import markdown_table
-from studies.ablation.replay import (
+from studies.ablation.replay.events import (
     EVENT_ONLY,
     FILTER,
     MATCHED,
     MATCHED_REFERENCE,
     NO_CONTROL,
     UNIFORM,
-    Branch,
     Event,
     Matched,
     ReplayKey,
-    ReplayResult,
-    parameter_layout,
 )
-from studies.ablation.runs import RunResult
-from studies.ablation.section import ReportSetup, render_section
+from studies.ablation.replay.result import Branch, ReplayResult, parameter_layout
+from studies.ablation.report.common import ReportSetup
+from studies.ablation.report.render import render_report
+from studies.ablation.report.write import gather_report, render
+from studies.ablation.runs import RunResult, round_summaries
 
 KEYS = [("greedy_search", "test-clean"), ("greedy_search", "test-other")]
 
@@ -52,18 +53,13 @@ def test_the_table_writer_refuses_a_row_of_another_width():
         markdown_table(["a", "b"], [], "rrr")
 
 
-def test_round_1s_section_has_well_formed_tables(tmp_path):
-    from test_ablation import _load_ablation_script
-
-    shutil.copytree(RECIPE / "ablation-runs", tmp_path / "ablation-runs")
-    module = _load_ablation_script()
-    parser = module.get_parser()
-    args = parser.parse_args(["--results-dir", str(tmp_path), "--summaries", "ablation-runs"])
-    s = module.resolve_settings(parser, args, need_data=False)
-    from studies.ablation import study
-
-    study.write_report(s, "cmd", "2026-11-25", "m")
-    text = (tmp_path / "RESULTS.md").read_text()
+def test_round_1s_report_has_well_formed_tables():
+    """Round 1's committed summaries, read where they are, rendered (the plots named, not drawn)."""
+    parser = cli.get_parser()
+    summaries = os.path.relpath(round_summaries("ablation-runs"), STUDY_DIR)
+    args = parser.parse_args(["--summaries", summaries])
+    s = cli.resolve_settings(parser, args, need_data=False)
+    text = render(s, gather_report(s, "cmd", "2026-11-25", "m"))
     # The replay table: one row per replay, its start step in the second column under "from step".
     assert "| seed | from step | event step | event layer | max/median |" in text
     assert "| 42 | 445 | 446 | 0 | 46.6 |" in text
@@ -168,8 +164,8 @@ def test_a_full_rounds_section_has_well_formed_tables():
         date="2026-12-01",
         machine="x86_64",
     )
-    text = render_section(results, replays, arms, {}, setup, [pilot])
-    assert assert_tables_well_formed(text) == 12 and "### The clipping landscape" in text
+    text = render_report(results, replays, arms, {}, setup, [pilot])
+    assert assert_tables_well_formed(text) == 12 and "## The clipping landscape" in text
     # The answer: the plan's 7 arms x 3 seeds of its 59 runs (17 + 17 + 5 x 5), the landscape's not counted.
     assert "21 of the 59 runs planned for round 2 and 2 of the 10 planned replays are in." in text
     # clip: WER base + 10 - step / 4 with base 10.4, 11.8, 13.2 (seeds 42-44): 20.8 / 19.8 / 18.8 at 4 / 8 / 12,

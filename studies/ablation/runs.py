@@ -33,6 +33,11 @@ from studies.ablation.records import (  # noqa: F401  (the names the study's mod
 from studies.runner import StudyError, read_json, write_json_atomic
 from studies.tb_reader import Series
 
+# Every round's run summaries, one folder per round. family.json (fixed before its round's runs, never edited)
+# names its round's folder as the recipe folder they were made in; they live here now.
+SUMMARIES_DIR = Path(__file__).resolve().parent / "summaries"
+ROUND_DIRS = {"ablation-runs": "round-1", "ablation-runs-2": "round-2"}
+
 WALL_FILE = "ablation-wall.json"  # in every run dir: wall seconds per phase, kept across reruns
 # In every run dir: per phase, the segments started and ended and the CPU seconds of those that ended.
 CPU_FILE = "ablation-cpu.json"
@@ -135,6 +140,12 @@ def wall_time_kept(run_dir: Path, phase: str, every_s: float = 60.0) -> Iterator
 # --------------------------------------------------------------------------
 # Summaries in the study's folder
 # --------------------------------------------------------------------------
+
+
+def round_summaries(recorded: str) -> Path:
+    """The folder of a round's run summaries, from the name family.json records for it (``ablation-runs-2`` ->
+    ``studies/ablation/summaries/round-2``); a name with no round is taken as a folder in :data:`SUMMARIES_DIR`."""
+    return SUMMARIES_DIR / ROUND_DIRS.get(recorded, recorded)
 
 
 def summary_path(summaries_dir: Path, key) -> Path:
