@@ -13,7 +13,7 @@ from test_markdown_tables import cell_count, tables
 from conftest import REPO
 from studies.ablation.arms import CONDITIONS, RunKey
 from studies.ablation.metrics import layer_outliers
-from studies.ablation.runs import RunResult
+from studies.ablation.records import RunResult
 from studies.ablation.settings import with_budget
 from studies.depth.report import format_report, load_runs, main
 

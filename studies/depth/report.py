@@ -24,21 +24,16 @@ from typing import List, Optional, Sequence, Tuple
 from studies.ablation.markdown import markdown_table
 from studies.ablation.metrics import OUTLIER_RATIO, first_and_largest, layer_outliers, plateau_exit
 from studies.ablation.plots import plot_outliers_by_depth
-from studies.ablation.runs import RunResult
-from studies.runner import read_json
+from studies.ablation.records import RunResult
+from studies.ablation.runs import load_summaries
 
 
 def load_runs(folder: Path) -> List[RunResult]:
-    """Every run summary under an ablation ``--summaries`` folder (its configuration file excluded)."""
-    runs = []
-    for path in sorted(folder.rglob("seed-*.json")):
-        data = read_json(path)
-        if data is not None and "key" in data and "filters" in data:
-            runs.append(RunResult.from_json(data))
+    """Every run summary under an ablation ``--summaries`` folder (either form the ablation keeps), by path;
+    FileNotFoundError when there is none."""
+    runs = load_summaries(folder)
     if not runs:
-        raise FileNotFoundError(
-            f"no run summaries (seed-*.json) under {folder}: pass an ablation.py --summaries folder"
-        )
+        raise FileNotFoundError(f"no run summaries (seed-*.json) under {folder}: pass an ablation --summaries folder")
     return runs
 
 
