@@ -25,15 +25,17 @@ demo: setup
 
 # Gradient-control ablation, round 2 as studies/ablation/family.json fixed it before its runs: first the pilot
 # (none / seed 42 to 2,700 steps: the 1,800-step budget stands if greedy test-other moves by at most 1 point
-# from 1,800 to 2,700 and stays at 1% or more; else it stops and says so), then 7 arms on connected digits (17 seeds of none and filter, 5 of
-# clip, guard, filter-clip, clip-relative 2x and 5x), each run decoded with icefall's averaging at 600 / 1,200 /
-# 1,800 steps, and 10 replayed outlier events with their controls -> RESULTS.md, ablation-runs-2/ (run
-# summaries) and PNG plots. About 17.7 h on 2 idle cores (8 h hold the pilot, seeds 42-44 of every arm and the
-# replays); resumable: a rerun skips finished runs, and the runs of a seed with runs made on another CPU (they
-# would pair with none of them) unless `ablation.py --verify-cpu 300` has shown this CPU computes as theirs.
+# from 1,800 to 2,700 and stays at 1% or more; else it stops and says so), then 7 arms on connected digits
+# (17 seeds of none and filter, 5 of clip, guard, filter-clip, clip-relative 2x and 5x), each run decoded with
+# icefall's averaging at 600 / 1,200 / 1,800 steps, and 10 replayed outlier events with their controls ->
+# studies/ablation/README.md, its run summaries (studies/ablation/summaries/round-2/) and PNG plots
+# (studies/ablation/plots/); the statistics need the [studies] extra (SciPy, statsmodels), installed first.
+# About 17.7 h on 2 idle cores (8 h hold the pilot, seeds 42-44 of every arm and the replays); resumable: a
+# rerun skips finished runs, and the runs of a seed with runs made on another CPU (they would pair with none of
+# them) unless `ablation.py --verify-cpu 300` has shown this CPU computes as theirs.
 # The other sets: ablation.py --set secondary, --set landscape, --set depth.
 ablation: setup
-	. $(VENV)/bin/activate && cd egs/librispeech/ASR && bash prepare.sh --corpus digits --work-dir digits && python lstm_transducer_stateless/ablation.py
+	. $(VENV)/bin/activate && pip install -q -e '.[studies]' && cd egs/librispeech/ASR && bash prepare.sh --corpus digits --work-dir digits && python lstm_transducer_stateless/ablation.py
 
 # The ten benchmarks (loss, scaling, filter overhead, training throughput, decoding vs sherpa-onnx, the loss
 # recursion before/after fusing, the losses against their earlier versions, float32 vs bf16 training step, the

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_markdown_tables import cell_count, tables
+from test_paired import student_t_quantile
 
 from studies.ablation.arms import STUDY, RunKey
 from studies.ablation.family import CONFIG_PATH, family_rows, format_family_table, load_config, power_now, verdict
 from studies.ablation.metrics import plateau_exit, spearman, within_group_spearman
-from studies.ablation.paired import student_t_cdf, student_t_quantile
 from studies.ablation.planning import (
     median_pre_clip_norm,
     observed_effect,
@@ -25,7 +25,7 @@ from studies.ablation.planning import (
     seconds_per_decoding,
     seconds_per_step,
 )
-from studies.ablation.power import effect_for_power, noncentral_t_sf, paired_t_power, pairs_for_power
+from studies.ablation.power import effect_for_power, paired_t_power, pairs_for_power
 from studies.ablation.replay.events import Event, ReplayKey
 from studies.ablation.replay.result import ReplayResult
 from studies.ablation.runs import RunResult, read_summary, round_summaries
@@ -179,13 +179,6 @@ def test_the_budget_moved_by_the_pilot_quotes_its_summary():
 # --------------------------------------------------------------------------
 # The power computation
 # --------------------------------------------------------------------------
-
-
-def test_noncentral_t_is_central_t_at_zero_noncentrality():
-    for df in (1, 2, 4, 16):
-        for c in (0.5, 2.0, 4.0):
-            assert noncentral_t_sf(c, df, 0.0) == pytest.approx(1.0 - student_t_cdf(c, df), abs=1e-9), (df, c)
-    assert paired_t_power(0.0, 10, 0.05) == pytest.approx(0.05, abs=1e-9), "power at no effect is alpha"
 
 
 @pytest.mark.parametrize("effect,n,alpha", [(0.9, 8, 0.01), (0.5, 20, 0.05), (1.4, 5, 0.01), (-0.7, 12, 0.05)])
