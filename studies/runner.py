@@ -1,11 +1,11 @@
-"""What the studies share: running the recipe's scripts, telling what is finished, the time left, and the
-generated sections of RESULTS.md.
+"""What the studies share: running the recipe's scripts, telling what is finished, the time left, the
+machine a run was made on, and generated sections of a study's Markdown report.
 
 A study is a list of runs, each one or more commands of the recipe (``train.py``, ``decode.py``) run as
 subprocesses. A study is resumable: what a command leaves behind (a checkpoint, a marker file, a
-``wer-summary`` file) says that it has finished, so a rerun skips it. After every run the study rewrites
-its section of RESULTS.md, between the markers ``<!-- <name>:begin (written by <script>) -->`` and
-``<!-- <name>:end -->``, from every finished run.
+``wer-summary`` file) says that it has finished, so a rerun skips it. After every run the study rewrites its
+report (its own README.md) from every finished run: the whole file, or (:class:`Section`) the part between
+the markers ``<!-- <name>:begin (written by <script>) -->`` and ``<!-- <name>:end -->``.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class Progress:
 
 
 # --------------------------------------------------------------------------
-# RESULTS.md
+# Generated sections
 # --------------------------------------------------------------------------
 
 

@@ -1,40 +1,43 @@
 """Replays with controls, without training: which events are replayed (the largest, windows inside the run and
 not overlapping), the matched start of branch (d), branch (a)'s check against the run at every step, the
 per-layer second moments over multi-element tensors, events of a seed averaged before the interval, and the
-uniform filter of branch (e) against icefall's GradientFilter it is derived from."""
+uniform filter of branch (e) (the library's GradientFilter in mode uniform) against hand-worked factors."""
 
 import math
 import statistics
 
 import pytest
 import torch
+from scipy import stats
 
-from conftest import tiny_transducer
 from icefall_lite.nn.clip import GradientFilter
+from studies.ablation import cli
 from studies.ablation.arms import RunKey
-from studies.ablation.paired import student_t_quantile
-from studies.ablation.replay import (
+from studies.ablation.replay import run as replay_run
+from studies.ablation.replay.events import (
     FILTER,
     MATCHED_REFERENCE,
     NO_CONTROL,
-    Branch,
     Event,
     Matched,
     ReplayKey,
-    ReplayResult,
     choose_replays,
-    control_measures,
-    layer_of,
-    layer_ratios,
     matched_start,
     matched_starts,
-    over_seeds,
+)
+from studies.ablation.replay.result import (
+    Branch,
+    ReplayResult,
+    layer_of,
+    layer_ratios,
     parameter_layout,
     read_replay_summaries,
     reproduction,
 )
+from studies.ablation.replay.run import replay_plan, run_checkpoint
+from studies.ablation.replay.tables import control_measures, over_seeds
 from studies.ablation.runs import RunResult
-from studies.ablation.uniform_filter import UniformGradientFilter, make_uniform
+from studies.ablation.settings import CONFIG_FILE
 
 
 def _run(ratios, steps, warm_end=10, loss=None):
@@ -164,7 +167,7 @@ def test_events_of_a_seed_are_averaged_before_the_interval():
     d = over_seeds(measures.window_loss)
     means = [-0.2, -0.4, -0.3]
     assert d.n == 3 and d.mean == pytest.approx(statistics.mean(means))
-    half = student_t_quantile(0.975, 2) * statistics.stdev(means) / math.sqrt(3)
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(means) / math.sqrt(3)
     assert d.high == pytest.approx(d.mean + half)
     wer = over_seeds(measures.wer[("greedy_search", "test-other")])
     assert wer.mean == pytest.approx(statistics.mean([0.0, -2.0, 0.0]))
@@ -175,7 +178,8 @@ def test_events_of_a_seed_are_averaged_before_the_interval():
 
 def test_the_references_levels_and_branch_ds_distance_from_its_event():
     from studies.ablation.arms import STUDY, Thresholds
-    from studies.ablation.section import ReportSetup, reference_sentence
+    from studies.ablation.report.answer import reference_sentence
+    from studies.ablation.report.common import ReportSetup
 
     def replay(seed, start, loss, wers, matched_start):
         window = range(start + 1, start + 21)
@@ -238,7 +242,7 @@ def test_the_uniform_filter_applies_the_filters_mean_factor_to_every_sequence():
     upstream_w = torch.randn(4, 3)
     threshold = 4.0
     filt_x, filt_w, filt_stats = _grads(GradientFilter(1, threshold), x, w, upstream, upstream_w)
-    uni_x, uni_w, uni_stats = _grads(UniformGradientFilter(1, threshold), x, w, upstream, upstream_w)
+    uni_x, uni_w, uni_stats = _grads(GradientFilter(1, threshold, mode="uniform"), x, w, upstream, upstream_w)
     # By hand: n_b, c = threshold x median(n), factors c / (c + n_b).
     n = upstream.square().mean(dim=(0, 2)).sqrt()
     c = threshold * n.median()
@@ -257,38 +261,20 @@ def test_the_uniform_filter_applies_the_filters_mean_factor_to_every_sequence():
     )
 
 
-def test_make_uniform_swaps_every_layers_filter_and_refuses_a_model_without_one():
-    def model(threshold):
-        return tiny_transducer(
-            vocab_size=10, rnn_hidden_size=32, grad_filter_threshold=threshold, dropout=0.0, layer_dropout=0.0
-        )
-
-    m = model(25.0)
-    assert make_uniform(m) == [0, 1]
-    assert all(isinstance(layer.lstm.grad_filter, UniformGradientFilter) for layer in m.encoder.encoder.layers)
-    assert m.encoder.encoder.layers[0].lstm.grad_filter.threshold == 25.0
-    with pytest.raises(ValueError, match="no GradientFilter with a finite threshold"):
-        make_uniform(model(math.inf))
-
-
 def test_replays_are_planned_seed_by_seed_up_to_the_total(tmp_path):
     """At most --replays-per-seed events per seed, in seed order, until --replay-events are planned; each with
     its matched start."""
-    from test_ablation import _load_ablation_script
-
-    from studies.ablation import study
     from studies.ablation.runs import write_summary
     from studies.runner import write_json_atomic
 
     summaries = tmp_path / "summaries"
-    write_json_atomic(summaries / study.CONFIG_FILE, {"conditions": {"digits": {"bpe_model": "bpe.model"}}})
+    write_json_atomic(summaries / CONFIG_FILE, {"conditions": {"digits": {"bpe_model": "bpe.model"}}})
     events = {42: {150: 40.0, 400: 30.0, 700: 50.0}, 43: {300: 80.0}, 44: {500: 60.0}}
     for seed, ratios in events.items():
         run = _run(ratios, 1200, warm_end=100)
         run.key = RunKey("digits", "none", seed)
         write_summary(summaries, run)
-    module = _load_ablation_script()
-    parser = module.get_parser()
+    parser = cli.get_parser()
     args = [
         "--results-dir",
         str(tmp_path),
@@ -299,8 +285,8 @@ def test_replays_are_planned_seed_by_seed_up_to_the_total(tmp_path):
         "--work-dir",
         str(tmp_path),
     ]
-    s = module.resolve_settings(parser, parser.parse_args(args), need_data=False)
-    plan = {seed: study.replay_plan(s, "digits", seed) for seed in (42, 43, 44)}
+    s = cli.resolve_settings(parser, parser.parse_args(args), need_data=False)
+    plan = {seed: replay_plan(s, "digits", seed) for seed in (42, 43, 44)}
     # Seed 42: its two largest (700: 50x, 150: 40x); seed 43: the one left; seed 44: none (3 planned).
     assert [(k.start, e.step) for k, e, _ in plan[42]] == [(149, 150), (699, 700)]
     assert [(k.start, e.step) for k, e, _ in plan[43]] == [(299, 300)] and plan[44] == []
@@ -314,9 +300,9 @@ def test_a_finished_replay_keeps_its_summary_and_drops_its_checkpoints_only_when
     another batch -> summary still written (the report shows it), StudyError naming it, checkpoints kept."""
     from types import SimpleNamespace
 
+    from studies.ablation.replay.run import finish_replay
     from studies.ablation.runs import WALL_FILE
-    from studies.ablation.study import StudyError, finish_replay
-    from studies.runner import write_json_atomic
+    from studies.runner import StudyError, write_json_atomic
 
     key = ReplayKey("digits", 42, 10)
     s = SimpleNamespace(summaries=tmp_path / "runs", replay_dir=lambda k: tmp_path / "exp" / k.relpath)
@@ -351,18 +337,14 @@ def test_a_retrained_checkpoint_lists_the_command_that_retrains_it_once(tmp_path
     """run_checkpoint: the run's own checkpoint adds no command; one gone from the run comes from
     ``none/seed-<s>-retrained`` with train.py to that step listed (once, also when an earlier replay made it),
     and is checked against the run every time it is used (a study stopped by a failed check leaves it)."""
-    from test_ablation import _load_ablation_script
-
-    from studies.ablation import study
     from studies.runner import write_json_atomic
 
     summaries = tmp_path / "summaries"
-    write_json_atomic(summaries / study.CONFIG_FILE, {"conditions": {"digits": {"bpe_model": "bpe.model"}}})
-    module = _load_ablation_script()
-    parser = module.get_parser()
+    write_json_atomic(summaries / CONFIG_FILE, {"conditions": {"digits": {"bpe_model": "bpe.model"}}})
+    parser = cli.get_parser()
     args = ["--results-dir", str(tmp_path), "--summaries", "summaries", "--work-dir", str(tmp_path)]
     args += ["--exp-root", str(tmp_path / "exp")]
-    s = module.resolve_settings(parser, parser.parse_args(args), need_data=False)
+    s = cli.resolve_settings(parser, parser.parse_args(args), need_data=False)
     own = s.run_dir(RunKey("digits", "none", 42)) / "checkpoint-500.pt"
     own.parent.mkdir(parents=True)
     own.write_bytes(b"x")
@@ -371,11 +353,11 @@ def test_a_retrained_checkpoint_lists_the_command_that_retrains_it_once(tmp_path
     redo.write_bytes(b"x")
 
     checked = []
-    monkeypatch.setattr(study, "check_retrained", lambda s, key, folder, step: checked.append((folder, step)))
+    monkeypatch.setattr(replay_run, "check_retrained", lambda s, key, folder, step: checked.append((folder, step)))
     commands = []
-    assert study.run_checkpoint(s, "digits", 42, 500, commands) == own and commands == [] and checked == []
-    assert study.run_checkpoint(s, "digits", 42, 600, commands) == redo
-    assert study.run_checkpoint(s, "digits", 42, 600, commands) == redo
+    assert run_checkpoint(s, "digits", 42, 500, commands) == own and commands == [] and checked == []
+    assert run_checkpoint(s, "digits", 42, 600, commands) == redo
+    assert run_checkpoint(s, "digits", 42, 600, commands) == redo
     assert len(commands) == 1 and checked == [(redo.parent, 600)] * 2
     words = commands[0].split()
     assert words[words.index("--exp-dir") + 1].endswith("digits/none/seed-42-retrained")

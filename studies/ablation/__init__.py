@@ -1,6 +1,10 @@
-"""The gradient-control ablation (``lstm_transducer_stateless/ablation.py``): its arms and conditions
-(:mod:`~studies.ablation.arms`), a finished run read back and summarised (:mod:`~studies.ablation.runs`),
+"""The gradient-control ablation (``python -m studies.ablation``; its report: ``studies/ablation/README.md``).
+
+From the bottom up: its arms and conditions (:mod:`~studies.ablation.arms`, the round's configuration in
+:mod:`~studies.ablation.family`), a finished run read back and summarised (:mod:`~studies.ablation.runs`),
 its numbers (:mod:`~studies.ablation.metrics`), paired differences (:mod:`~studies.ablation.paired`,
-:mod:`~studies.ablation.compare`), replayed outlier events (:mod:`~studies.ablation.replay`), the RESULTS.md
-section (:mod:`~studies.ablation.section`) and plots (:mod:`~studies.ablation.plots`), and the study that
-runs them (:mod:`~studies.ablation.study`)."""
+:mod:`~studies.ablation.compare`), the settings of an invocation (:mod:`~studies.ablation.settings`), runs made
+(:mod:`~studies.ablation.execute`), replayed outlier events (:mod:`~studies.ablation.replay`), the plots
+(:mod:`~studies.ablation.plots`), the report (:mod:`~studies.ablation.report`), the plan made run by run
+(:mod:`~studies.ablation.plan`), the CPU check (:mod:`~studies.ablation.verify`) and the command line
+(:mod:`~studies.ablation.cli`)."""

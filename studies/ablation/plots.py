@@ -23,6 +23,8 @@ condition, every seed drawn:
 
 from __future__ import annotations
 
+import functools
+import io
 import math
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Tuple
@@ -31,11 +33,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+from PIL import Image  # noqa: E402
 
 from icefall_lite.utils import atomic_output  # noqa: E402
 from studies.ablation.arms import Arm  # noqa: E402
 from studies.ablation.metrics import OUTLIER_RATIO, group_runs, outlier_rows, steps_acting  # noqa: E402
-from studies.ablation.replay import EVENT_ONLY, FILTER, LABELS, NO_CONTROL, UNIFORM, ReplayResult  # noqa: E402
+from studies.ablation.replay.events import EVENT_ONLY, FILTER, LABELS, NO_CONTROL, UNIFORM
+from studies.ablation.replay.result import ReplayResult
 from studies.ablation.runs import RunResult  # noqa: E402
 from studies.tb_reader import Series, moving_average  # noqa: E402
 
@@ -59,10 +63,14 @@ def _window(runs: Sequence[RunResult]) -> int:
 
 
 def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
+    """The figure as a PNG of a 256-colour palette: the plots are committed beside the report, and the
+    palette makes them about a third of matplotlib's RGBA size with no visible change to lines and text."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=100, format="png")
     plt.close(fig)
+    buffer.seek(0)
+    with atomic_output(path) as tmp:
+        Image.open(buffer).convert("RGB").quantize(256).save(tmp, "PNG", optimize=True)
     return path
 
 
@@ -354,7 +362,13 @@ def plot_replays(replays: Sequence[ReplayResult], path: Path) -> Path:
     return _save(fig, path)
 
 
-def write_plots(
+def _planned(plot: Callable[..., Path], *args, **kwargs) -> Tuple[Path, Callable[[], Path]]:
+    """``(the plot's path, a call that draws it)``: the path is the plot function's first argument that is one."""
+    path = next(a for a in args if isinstance(a, Path))
+    return path, functools.partial(plot, *args, **kwargs)
+
+
+def planned_plots(
     results: Sequence[RunResult],
     arms: Dict[str, Arm],
     out_dir: Path,
@@ -366,39 +380,43 @@ def write_plots(
     landscape_reference: str = "",
     depths: Sequence[str] = (),
     outlier_threshold: float = OUTLIER_RATIO,
-) -> Dict[str, Path]:
-    """Every plot of every condition into ``out_dir``; ``{"<condition> <kind>": path}``. ``landscape``: the
+) -> Dict[str, Tuple[Path, Callable[[], Path]]]:
+    """Every plot of every condition, not drawn yet: ``{"<condition> <kind>": (path in out_dir, draw)}``, where
+    ``draw()`` draws it and returns its path (the report names the plots without drawing them). ``landscape``: the
     arms whose runs bring the plot of steps acting, and at ``landscape_condition`` a WER-per-seed plot of their
     own beside the observing arm and ``landscape_reference`` (the condition's plot keeps the other arms);
     ``depths``: the conditions that differ only in depth, whose observing-arm runs, once two of them have
     some, bring the outliers by depth (over ``outlier_threshold``) as ``"depth outliers"``."""
-    out: Dict[str, Path] = {}
+    out: Dict[str, Tuple[Path, Callable[[], Path]]] = {}
     for condition in dict.fromkeys(r.key.condition for r in results):
         groups = {arm: runs for (c, arm), runs in group_runs(results).items() if c == condition}
         observed = groups.get(observing_arm, [])
-        out[f"{condition} grad-norm"] = plot_grad_norm(groups, arms, plot_path(out_dir, condition, "grad-norm"))
-        if observed:
-            out[f"{condition} max-over-median"] = plot_max_over_median(
-                observed, thresholds, plot_path(out_dir, condition, "max-over-median")
-            )
-            out[f"{condition} over-threshold"] = plot_over_threshold(
-                observed, thresholds, plot_path(out_dir, condition, "over-threshold")
-            )
-        out[f"{condition} filter-fraction"] = plot_filter_fraction(
-            groups, arms, plot_path(out_dir, condition, "filter-fraction")
+        out[f"{condition} grad-norm"] = _planned(
+            plot_grad_norm, groups, arms, plot_path(out_dir, condition, "grad-norm")
         )
-        out[f"{condition} train-loss"] = plot_train_loss(
-            groups, arms, plot_path(out_dir, condition, "train-loss"), observing_arm
+        if observed:
+            out[f"{condition} max-over-median"] = _planned(
+                plot_max_over_median, observed, thresholds, plot_path(out_dir, condition, "max-over-median")
+            )
+            out[f"{condition} over-threshold"] = _planned(
+                plot_over_threshold, observed, thresholds, plot_path(out_dir, condition, "over-threshold")
+            )
+        out[f"{condition} filter-fraction"] = _planned(
+            plot_filter_fraction, groups, arms, plot_path(out_dir, condition, "filter-fraction")
+        )
+        out[f"{condition} train-loss"] = _planned(
+            plot_train_loss, groups, arms, plot_path(out_dir, condition, "train-loss"), observing_arm
         )
         wer_keys = list(dict.fromkeys(k for runs in groups.values() for r in runs for k in r.wer))
         rules = landscape if condition == landscape_condition else ()
         others, versus = split_landscape(groups, rules, observing_arm, landscape_reference)
         if wer_keys:
-            out[f"{condition} wer-per-seed"] = plot_wer_per_seed(
-                others, wer_keys, plot_path(out_dir, condition, "wer-per-seed")
+            out[f"{condition} wer-per-seed"] = _planned(
+                plot_wer_per_seed, others, wer_keys, plot_path(out_dir, condition, "wer-per-seed")
             )
         if wer_keys and versus:
-            out[f"{condition} landscape-wer-per-seed"] = plot_wer_per_seed(
+            out[f"{condition} landscape-wer-per-seed"] = _planned(
+                plot_wer_per_seed,
                 versus,
                 wer_keys,
                 plot_path(out_dir, condition, "landscape-wer-per-seed"),
@@ -408,21 +426,30 @@ def write_plots(
         curves = [k for k in wer_keys if any(len(r.wer_at) > 1 for runs in groups.values() for r in runs)]
         for k in curves:
             name = f"wer-curve-{k[1]}"
-            out[f"{condition} {name}"] = plot_wer_curves(groups, arms, k, plot_path(out_dir, condition, name))
+            out[f"{condition} {name}"] = _planned(plot_wer_curves, groups, arms, k, plot_path(out_dir, condition, name))
         if any(arm in groups for arm in landscape):
-            out[f"{condition} steps-acting"] = plot_steps_acting(
-                groups, arms, plot_path(out_dir, condition, "steps-acting")
+            out[f"{condition} steps-acting"] = _planned(
+                plot_steps_acting, groups, arms, plot_path(out_dir, condition, "steps-acting")
             )
         mine = [r for r in replays if r.key.condition == condition]
         if mine:
-            out[f"{condition} replays"] = plot_replays(mine, plot_path(out_dir, condition, "replays"))
+            out[f"{condition} replays"] = _planned(plot_replays, mine, plot_path(out_dir, condition, "replays"))
     observed = group_runs([r for r in results if r.key.arm == observing_arm and r.key.condition in depths])
     if len(observed) > 1:
         labelled = [
             (f"{condition}, {1 + max((layer for r in runs for layer in r.layers()), default=-1)} layers", runs)
             for (condition, _), runs in observed.items()
         ]
-        out["depth outliers"] = plot_outliers_by_depth(
-            labelled, outlier_threshold, plot_path(out_dir, "depth", "outliers"), observing_arm
+        out["depth outliers"] = _planned(
+            plot_outliers_by_depth, labelled, outlier_threshold, plot_path(out_dir, "depth", "outliers"), observing_arm
         )
     return out
+
+
+def write_plots(
+    results: Sequence[RunResult], arms: Dict[str, Arm], out_dir: Path, thresholds: Sequence[float], **options: object
+) -> Dict[str, Path]:
+    """Every plot of :func:`planned_plots` (the same arguments) drawn into ``out_dir``; ``{"<condition> <kind>":
+    path}``."""
+    planned = planned_plots(results, arms, out_dir, thresholds, **options)
+    return {kind: draw() for kind, (_, draw) in planned.items()}

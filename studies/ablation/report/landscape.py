@@ -1,0 +1,222 @@
+"""The report's family of comparisons (how it was fixed and tested) and the clipping landscape (every other
+rule against ``none``, a family of its own), with what a family of that many pairs can see."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Dict, List, Sequence, Tuple
+
+from studies.ablation.arms import Arm, seeds_of
+from studies.ablation.family import (
+    FamilyComparison,
+    FamilyRow,
+    StudyConfig,
+    family_rows,
+    family_verdicts,
+    format_p,
+    landscape_rule,
+)
+from studies.ablation.markdown import markdown_table
+from studies.ablation.metrics import (
+    clips,
+    counts_what_it_applies,
+    median_clip_scale,
+    steps_acting,
+)
+from studies.ablation.power import effect_for_power
+from studies.ablation.report.common import (
+    ReportSetup,
+    plural,
+    round_note,
+    time_lines,
+    wer_name,
+)
+from studies.ablation.report.figures import (
+    filter_effects,
+    same_batches,
+)
+from studies.ablation.runs import RunResult
+
+
+def family_section(
+    rows: Sequence[FamilyRow], setup: ReportSetup, results: Sequence[RunResult], condition: str
+) -> List[str]:
+    c = setup.config
+    straddling = sum(len(r.pairing.straddling) for r in rows)
+    unchecked = sum(len(r.pairing.unchecked) for r in rows)
+    agree, pairs = same_batches(rows, results, condition)
+    return [
+        "## The family of comparisons",
+        "",
+        round_note(c, setup.stored)
+        + f" Metric: {wer_name(*c.metric)} WER (%) at the end of the budget. Per seed, the arm's value minus the "
+        "baseline's (same initialisation and batches); mean, "
+        f"{100 * c.confidence:g}% interval (Student's t on the per-seed differences, not adjusted for the "
+        "family), Holm's adjustment of the "
+        f"paired t-test's p over the {len(c.family)} comparisons (a difference holds when its Holm p is at most "
+        f"{c.alpha:g}), and beside it the exact Wilcoxon signed-rank test's p (unadjusted); the table is in the "
+        "answer above.",
+        "",
+        f"Pairs left out because their two runs ran on different CPU models: {straddling}. Pairs kept whose CPU "
+        f"model is not recorded (not checked): {unchecked}. Pairs whose two runs logged the same batch digest at "
+        "every step (the same utterances in the same order; the digest hashes the cut ids, not the noise mixed "
+        f"in): {agree} of {pairs}.",
+        "",
+    ]
+
+
+def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup: ReportSetup) -> List[str]:
+    """The landscape (family.json's "landscape": every other rule against ``none``, a family of its own), once
+    one of its arms has runs: per rule its granularity and what it reacts to (as family.json states them), %
+    of steps it acted on, and its paired difference from ``none`` with Holm over the landscape's comparisons,
+    every figure over the landscape's seeds."""
+    c = setup.config
+    names = {comparison.arm for comparison in c.landscape_family}
+    if not any(r.key.arm in names for r in results):
+        return []
+    # Every row over the landscape's seeds, the round's filter among them (the reference row, and the filter
+    # against each rule).
+    seeds = seeds_of(c.first_seed, c.landscape_seeds)
+    within = [r for r in results if r.key.condition == c.condition and r.key.seed in seeds]
+    rows = family_rows(within, c, c.condition, c.landscape_family)
+    landscape_runs = [r for r in within if r.key.arm in names]
+    first = c.family[0]
+    header = [
+        "rule",
+        "granularity",
+        "reacts to",
+        "% steps acting",
+        "median clip scale",
+        "pairs",
+        "mean difference",
+        f"{100 * c.confidence:g}% interval (unadjusted)",
+        "Holm p",
+        "signed-rank p",
+        "verdict",
+        f"`{first.arm}` − rule: mean [{100 * c.confidence:g}% interval] (unadjusted)",
+    ]
+
+    def cells_of(row: FamilyRow, label: str, kind: Tuple[str, str], holm: str, said: str) -> List[str]:
+        arm = row.comparison.arm
+        runs = [r for r in within if r.key.arm == arm]
+        acting = [100 * steps_acting(r, arms[arm]) for r in runs]
+        acting = [x for x in acting if math.isfinite(x)]
+        scales = [x for x in (median_clip_scale(r) for r in runs) if math.isfinite(x)] if clips(arms[arm]) else []
+        d = row.difference
+        return [
+            label,
+            *kind,
+            f"{statistics.mean(acting):.1f}" if acting else "-",
+            f"{statistics.median(scales):.3f}" if scales else "-",
+            str(d.n),
+            "-" if math.isnan(d.mean) else f"{d.mean:+.2f}",
+            d.interval(2),
+            holm,
+            format_p(row.signed_rank.p),
+            said,
+            against_filter(arm),
+        ]
+
+    def against_filter(arm: str) -> str:
+        """The round's filter minus the rule, seed by seed over the landscape's seeds: where the filter stands
+        against it directly (a description, in neither family)."""
+        if arm == first.arm:
+            return "-"
+        d = family_rows(within, c, c.condition, [FamilyComparison(first.arm, arm)])[0].difference
+        if d.n == 0:
+            return "-"
+        return f"{d.mean:+.2f} {d.interval(2)}" if d.n >= 2 else f"{d.mean:+.2f} (1 pair)"
+
+    # The yardstick: the round's first comparison (the filter at its default against none) over the
+    # landscape's seeds, with the granularity of the landscape's filters; outside the landscape's Holm.
+    yardstick = family_rows(within, c, c.condition, [first])[0]
+    kinds = [landscape_rule(c, x.arm)[1:] for x in c.landscape_family if arms[x.arm].filter_on]
+    cells = []
+    if yardstick.difference.n and kinds and arms[first.arm].filter_on:
+        said = (
+            f"outside this family: the round's `{first.arm}` − `{first.baseline}` over seeds {seeds[0]}-{seeds[-1]} "
+            f"(p {format_p(yardstick.difference.p)}, unadjusted)"
+        )
+        cells.append(cells_of(yardstick, f"{arms[first.arm].label} (the round's, for reference)", kinds[0], "-", said))
+    for row, words in zip(rows, family_verdicts(rows, c.alpha, [c.landscape_seeds] * len(rows))):
+        arm = row.comparison.arm
+        cells.append(cells_of(row, arms[arm].label, landscape_rule(c, arm)[1:], format_p(row.holm_p), words))
+    return [
+        "## The clipping landscape",
+        "",
+        f"Every other rule minus `none`, seed by seed, on {wer_name(*c.metric)} WER (%) at the end of the budget; "
+        f"Holm over these {len(rows)} comparisons, apart from the family above; each rule's threshold and its "
+        "reason are listed below the table; the first row, for reference and outside that Holm, is the round's "
+        f"`{first.arm}` − `{first.baseline}` over the same seeds. % steps acting: mean over the rule's runs of the "
+        "% of steps at which its own statistic says it changed a gradient (the filters: a sequence over the "
+        "cutoff) ('-': no run logged it); median clip scale: of the rules that change the gradients after "
+        "backward, the global norm after over before, the median over steps, then over seeds ('-': a rule that "
+        "acts inside backward, or no run logged it). The last column compares the filter with each rule "
+        f"directly: the round's `{first.arm}` minus the rule, seed by seed over the same seeds (its mean and "
+        "unadjusted interval, a description in neither family; below 0: the filter's WER lower).",
+        "",
+        markdown_table(header, cells),
+        "",
+        *idle_lines(landscape_runs, arms, rows),
+        *time_lines(landscape_runs),
+        'The thresholds, as fixed before the runs (`studies/ablation/family.json`, "landscape"):',
+        "",
+        *(f"- `{row.comparison.arm}`: {landscape_rule(c, row.comparison.arm)[0]}" for row in rows),
+        "",
+        sensitivity_sentence(results, c, c.landscape_seeds, len(rows)),
+        "",
+    ]
+
+
+def idle_lines(runs: Sequence[RunResult], arms: Dict[str, Arm], rows: Sequence[FamilyRow]) -> List[str]:
+    """For each rule whose every run logged that it changed no gradient at any step (% steps acting 0, by a
+    statistic that counts what was applied): a sentence that its row is no effect of the rule at its
+    threshold. Such a run does ``none``'s arithmetic; where the rule's presence changes the computation's path
+    (the recurrent cap runs the LSTM frame by frame, outside PyTorch's fused kernel) it rounds differently, and
+    its difference from ``none`` is what rounding alone did to the WER: a placebo."""
+    lines = []
+    for row in rows:
+        arm = arms[row.comparison.arm]
+        if not counts_what_it_applies(arm):
+            continue
+        acting = [steps_acting(r, arm) for r in runs if r.key.arm == arm.name]
+        if not acting or any(x != 0.0 for x in acting):  # nan (not logged) is not 0
+            continue
+        d = row.difference
+        said = f"{d.mean:+.2f}, {plural(d.n, 'pair', 'pairs')}" if d.n else "no pair yet"
+        head = (
+            f"`{arm.name}` ({arm.label}) changed no gradient at any step of its {plural(len(acting), 'run', 'runs')}: "
+            "its row is no effect of the rule at this threshold. "
+        )
+        if arm.value("recurrent_grad_clip") > 0:
+            tail = (
+                "Its runs do `none`'s arithmetic in another order (with the cap in place the LSTM runs frame by "
+                f"frame, not in PyTorch's fused kernel), so its difference from `none` ({said}) is what rounding "
+                "alone did to the WER: a placebo."
+            )
+        else:
+            tail = f"Its runs do `none`'s arithmetic, so its difference from `none` ({said}) measures no rule."
+        lines += [head + tail, ""]
+    return lines
+
+
+def sensitivity_sentence(results: Sequence[RunResult], config: StudyConfig, pairs: int, m: int) -> str:
+    """What a family of ``m`` comparisons at ``pairs`` pairs each can see: the standardised effect at which
+    Holm's first step (alpha / m) reaches the planned power, and that effect in WER points at the spread of the
+    round's ``filter`` − ``none`` on its condition (the most pairs this study has)."""
+    effect = effect_for_power(pairs, config.alpha / m, config.power_target)
+    text = (
+        f"What {pairs} pairs can see: the paired t at {config.alpha:g} / {m} (Holm's first step) reaches power "
+        f"{config.power_target:g} only at a standardised effect (mean over the standard deviation of the per-seed "
+        f"differences) of at least {effect:.2f}"
+    )
+    reference = filter_effects(results, config, config.condition)
+    sd = statistics.stdev(reference.values()) if len(reference) >= 2 else 0.0
+    if sd == 0:
+        return text + "."
+    return (
+        f"{text}: at the spread of `filter` − `none` on `{config.condition}` (standard deviation {sd:.2f} points "
+        f"over its {len(reference)} pairs), about {effect * sd:.1f} points of WER. A smaller difference can sit "
+        "inside a null here."
+    )
