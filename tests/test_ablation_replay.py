@@ -305,7 +305,7 @@ def test_a_finished_replay_keeps_its_summary_and_drops_its_checkpoints_only_when
     from studies.runner import StudyError, write_json_atomic
 
     key = ReplayKey("digits", 42, 10)
-    s = SimpleNamespace(summaries=tmp_path / "runs", replay_dir=lambda k: tmp_path / "exp" / k.relpath)
+    s = SimpleNamespace(summaries=tmp_path / "runs", run_dir=lambda k: tmp_path / "exp" / k.relpath)
 
     def result(filter_digests):
         window = [(11, 1.0), (12, 1.0)]

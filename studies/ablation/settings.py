@@ -11,13 +11,10 @@ import os
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Protocol, Tuple
 
-from studies.ablation.arms import Arm, Condition, Plan, RunKey, Thresholds, same_controls
+from studies.ablation.arms import Arm, Condition, Plan, Thresholds, same_controls
 from studies.ablation.family import StudyConfig
-from studies.ablation.replay.events import (
-    ReplayKey,
-)
 from studies.ablation.runs import (
     read_summary,
     stored_runs,
@@ -50,6 +47,13 @@ PILOT = "pilot"  # <exp-root>/pilot/..., <summaries>/pilot/...
 
 
 VERIFY_DIR = "verify-cpu"  # <exp-root>/verify-cpu/...: retrainings of another CPU's runs, removed when checked
+
+
+class Keyed(Protocol):
+    """A run's or a replay's key: where its folder is, relative to the runs' root."""
+
+    @property
+    def relpath(self) -> str: ...
 
 
 @dataclass
@@ -118,10 +122,8 @@ class Settings:
         """``path`` relative to the condition's data folder (where the commands run)."""
         return os.path.relpath(path.resolve(), self.work_dirs[condition])
 
-    def run_dir(self, key: RunKey) -> Path:
-        return self.exp_root / key.relpath
-
-    def replay_dir(self, key: ReplayKey) -> Path:
+    def run_dir(self, key: Keyed) -> Path:
+        """The folder of a run or a replay (``key``: a RunKey or a ReplayKey) in ``exp_root``."""
         return self.exp_root / key.relpath
 
     def replays_on(self, condition: str) -> bool:

@@ -166,7 +166,7 @@ def start_checkpoint(s: Settings, key: ReplayKey, commands: List[str]) -> Path:
     base = run_checkpoint(s, key.condition, key.seed, key.start // s.save_every_n * s.save_every_n, commands)
     if base.name == f"checkpoint-{key.start}.pt":
         return base
-    prefix = s.replay_dir(key) / "prefix"
+    prefix = s.run_dir(key) / "prefix"
     train_segments(s, key, prefix, base, [(OBSERVING_ARM, key.start)], f"{key.relpath}/prefix", commands)
     return prefix / f"checkpoint-{key.start}.pt"
 
@@ -175,7 +175,7 @@ def reference_branch(s: Settings, key: ReplayKey, matched: Matched, commands: Li
     """The run itself over the matched window: its losses and batch digests from its summary, its checkpoint at
     the window's end decoded and its second moments."""
     end = matched.start + s.args.replay_steps
-    ref_dir = s.replay_dir(key) / MATCHED_REFERENCE
+    ref_dir = s.run_dir(key) / MATCHED_REFERENCE
     ref_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = run_checkpoint(s, key.condition, key.seed, end, commands)
     commands.append(
@@ -202,7 +202,7 @@ def matched_branches(s: Settings, key: ReplayKey, matched: Optional[Matched], co
     matched start)."""
     if matched is None:
         return {}
-    branch_dir = s.replay_dir(key) / MATCHED
+    branch_dir = s.run_dir(key) / MATCHED
     start = run_checkpoint(s, key.condition, key.seed, matched.start, commands)
     end = matched.start + s.args.replay_steps
     train_segments(s, key, branch_dir, start, [(FILTER_ARM, end)], f"{key.relpath}/{MATCHED}", commands)
@@ -217,7 +217,7 @@ def redo_matched(s: Settings, done: ReplayResult, matched: Optional[Matched]) ->
     """A finished replay whose matched start is no longer the plan's (chosen by an earlier rule): branch (d)
     and its reference made again from ``matched``, the branches from the event kept as they are; finished as
     :func:`finish_replay`."""
-    replay_dir = s.replay_dir(done.key)
+    replay_dir = s.run_dir(done.key)
     for name in (MATCHED, MATCHED_REFERENCE):
         if (replay_dir / name).exists():
             shutil.rmtree(replay_dir / name)
@@ -237,7 +237,7 @@ def redo_matched(s: Settings, done: ReplayResult, matched: Optional[Matched]) ->
 def run_replay(s: Settings, key: ReplayKey, event: Event, matched: Optional[Matched]) -> ReplayResult:
     """Every branch of one replay (replay.py's module doc), decoded at the window's end; finished as
     :func:`finish_replay`."""
-    replay_dir = s.replay_dir(key)
+    replay_dir = s.run_dir(key)
     steps = s.args.replay_steps
     end = key.start + steps
     commands: List[str] = []
@@ -279,7 +279,7 @@ def finish_replay(s: Settings, result: ReplayResult) -> ReplayResult:
     """Write ``result``'s summary with its folders' wall time (kept even when its branches saw other batches,
     so the report shows that replay as such), then StudyError if they did (its checkpoints kept to look into),
     else its checkpoints removed."""
-    replay_dir = s.replay_dir(result.key)
+    replay_dir = s.run_dir(result.key)
     result = replace(result, wall_s=folders_wall(replay_dir))
     write_summary(s.summaries, result)
     if not result.identical_batches:
