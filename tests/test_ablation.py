@@ -64,6 +64,7 @@ from studies.ablation.execute import (
 )
 from studies.ablation.family import Budget
 from studies.ablation.metrics import (
+    SPIKE_MIN_WINDOW,
     Spread,
     diverged,
     format_table,
@@ -137,6 +138,30 @@ def test_loss_spikes_count_after_warm_up_against_the_median_before():
     spiky[58] = float("nan")
     assert loss_spikes(sorted(spiky.items()), start=20, window=50) == 2
     assert loss_spikes(sorted(spiky.items()), start=0, window=50) == 3, "from step 1: step 25 counts too"
+
+
+def _spikes_oracle(loss, start, factor, window):
+    """loss_spikes as it was: the median of each step's window sorted afresh (statistics.median)."""
+    xs = [v for step, v in loss if step > start]
+    count = 0
+    for i in range(SPIKE_MIN_WINDOW, len(xs)):
+        before = [x for x in xs[max(0, i - window) : i] if math.isfinite(x)]
+        if not math.isfinite(xs[i]) or (before and xs[i] > factor * statistics.median(before)):
+            count += 1
+    return count
+
+
+def test_loss_spikes_sliding_median_counts_as_a_fresh_median_per_step():
+    gen = np.random.default_rng(5)
+    for trial in range(40):
+        n = int(gen.integers(5, 400))
+        values = np.exp(gen.normal(0.0, 0.6, n))  # heavy-ish tail: spikes at factor 2 do occur
+        values[gen.random(n) < 0.03] = np.nan
+        values[gen.random(n) < 0.01] = np.inf
+        values[gen.random(n) < 0.2] = 1.0  # ties in the window
+        loss = [(i + 1, float(v)) for i, v in enumerate(values)]
+        start, window, factor = int(gen.integers(0, 30)), int(gen.integers(1, 80)), float(gen.uniform(1.2, 3.0))
+        assert loss_spikes(loss, start, factor, window) == _spikes_oracle(loss, start, factor, window), trial
 
 
 def test_diverged_compares_the_last_window_with_the_lowest():

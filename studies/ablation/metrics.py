@@ -5,6 +5,7 @@ clipping acted, the optimizer's second-moment jumps, wall time; the mean and spr
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from dataclasses import dataclass
@@ -52,11 +53,21 @@ def loss_spikes(loss: Series, start: int = 0, factor: float = SPIKE_FACTOR, wind
     counts as a spike)."""
     xs = [v for step, v in loss if step > start]
     count = 0
-    for i in range(SPIKE_MIN_WINDOW, len(xs)):
-        before = [x for x in xs[max(0, i - window) : i] if math.isfinite(x)]
-        if not math.isfinite(xs[i]) or (before and xs[i] > factor * statistics.median(before)):
+    before: List[float] = []  # the finite losses of xs[i - window : i], sorted (a sliding median, not a sort per step)
+    for i, x in enumerate(xs):
+        if i >= SPIKE_MIN_WINDOW and (not math.isfinite(x) or (before and x > factor * _sorted_median(before))):
             count += 1
+        if math.isfinite(x):
+            bisect.insort(before, x)
+        if i >= window and math.isfinite(xs[i - window]):
+            del before[bisect.bisect_left(before, xs[i - window])]
     return count
+
+
+def _sorted_median(ordered: Sequence[float]) -> float:
+    """The median of an already sorted sequence, as :func:`statistics.median` computes it."""
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def diverged(loss: Series, skipped_steps: int, factor: float = DIVERGE_FACTOR, window: int = DIVERGE_WINDOW) -> bool:
