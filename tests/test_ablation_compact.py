@@ -10,6 +10,8 @@ import struct
 
 import pytest
 
+from studies.ablation.arm_names import ARM_ALIASES, canonical_arm
+from studies.ablation.arms import STUDY, Thresholds, make_arms
 from studies.ablation.compact import (
     compact_folder,
     compact_summary,
@@ -17,8 +19,10 @@ from studies.ablation.compact import (
     series_path,
     unpack_series,
 )
+from studies.ablation.cpus import computes_as, read_reproductions
+from studies.ablation.family import FamilyComparison
 from studies.ablation.records import RunKey, RunResult
-from studies.ablation.runs import load_summaries, read_summary, write_summary
+from studies.ablation.runs import load_summaries, read_summary, stored_runs, write_summary
 
 # A full-form summary as the study wrote them before the series moved out: 7-digit values, a nan and an inf
 # written as strings, a batch digest above 2^23 (a float32 would round it), validation every 2 steps, a value
@@ -112,8 +116,55 @@ def test_written_summaries_are_compact_and_the_loader_reads_both_forms(tmp_path)
     replay.parent.mkdir(parents=True)
     replay.write_text("{}")
     loaded = load_summaries(tmp_path)
-    assert [r.key for r in loaded] == [RunKey("digits", "filter", 42), RunKey("digits", "none", 7)]
-    assert _bits(loaded[0]) == _bits(loaded[1]) == _bits(run)
-    assert "series" in json.loads((tmp_path / "digits" / "filter" / "seed-42.json").read_text())
+    assert [r.key for r in loaded] == [RunKey("digits", "grad-filter-threshold", 42), RunKey("digits", "none", 7)]
+    assert _bits(loaded[1]) == _bits(run), "the full form as it is"
+    # Written now, the series are kept as the full form keeps them: OLD_STYLE's one value past 7 digits rounded.
+    assert _bits(loaded[0]) == _bits(RunResult.from_json(run.to_json())) != _bits(run)
+    written = tmp_path / "digits" / "grad-filter-threshold" / "seed-42.json"
+    assert json.loads(written.read_text())["series"] == "seed-42.series.xz", "written under the arm's name now"
     assert [p.name for p in compact_folder(tmp_path)] == ["seed-7.json"], "the replay and the compact one untouched"
     assert replay.read_text() == "{}"
+
+
+def test_summaries_and_cpu_records_of_the_old_arm_names_load_under_the_new_ones(tmp_path):
+    """A round written before the arms took their flags' names: folders, keys and cpus.json of the old names
+    (``filter``, ``guard``); the readers give the arms by their names now, through the one alias table."""
+    for arm, seed in (("filter", 42), ("guard", 42), ("none", 42)):
+        path = tmp_path / "digits" / arm / f"seed-{seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**OLD_STYLE, "key": {"condition": "digits", "arm": arm, "seed": seed}}))
+    assert stored_runs(tmp_path, "digits") == [
+        RunKey("digits", "clip-grad-norm-1000", 42),
+        RunKey("digits", "grad-filter-threshold", 42),
+        RunKey("digits", "none", 42),
+    ]
+    assert stored_runs(tmp_path, "digits", "grad-filter-threshold") == [RunKey("digits", "grad-filter-threshold", 42)]
+    for asked in ("guard", "clip-grad-norm-1000"):  # the old name asked for finds it too
+        assert read_summary(tmp_path, RunKey("digits", asked, 42)).key.arm == "clip-grad-norm-1000"
+    assert read_summary(tmp_path, RunKey("digits", "clip-grad-norm", 42)) is None, "no run of plain clip here"
+    # cpus.json's runs of old names: a reproduction joins the CPUs for the runs' arms by their names now.
+    record = {"cpu": "B", "of": "A", "steps": 3, "runs": {"digits/filter/seed-42": None, "digits/guard/seed-42": None}}
+    record.update(date="2026-11-27", commands=[], torch="2.13.0")
+    (tmp_path / "cpus.json").write_text(json.dumps({"reproductions": [record]}))
+    (reproduction,) = read_reproductions(tmp_path)
+    assert set(reproduction.runs) == {"digits/grad-filter-threshold/seed-42", "digits/clip-grad-norm-1000/seed-42"}
+    assert computes_as(tmp_path, "digits", "2.13.0") == {"A": "A", "B": "A"}
+    # family.json keeps the names of its day; the configuration read from it has the arms' names now.
+    assert canonical_arm("filter-clip") == "grad-filter-threshold+clip-grad-norm" and canonical_arm("none") == "none"
+    assert STUDY.family[0] == FamilyComparison("grad-filter-threshold", "none")
+    assert set(STUDY.seeds_per_arm) == {arm.name for arm in make_arms(Thresholds()) if arm.name in STUDY.seeds_per_arm}
+    assert set(ARM_ALIASES.values()) <= {arm.name for arm in make_arms(Thresholds())}, "each new name is an arm's"
+    assert not set(ARM_ALIASES) & {arm.name for arm in make_arms(Thresholds())}, "no old name is a new one"
+
+
+def test_a_run_written_now_keeps_its_series_at_the_full_forms_7_digits(tmp_path):
+    """TensorBoard's float32 values, as a finished run's folder gives them, are kept to 7 significant digits in
+    either form: the run reads back as its full form would (a retraining is compared with it at those digits)."""
+    raw = RunResult.from_json(OLD_STYLE)
+    raw.scalars["simple_loss"] = [(1, 5.1940107345581055), (2, 0.30000001192092896)]
+    raw.filters = {(0, "max_over_median"): [(1, 3.4212319850921631)]}
+    write_summary(tmp_path, raw)
+    back = read_summary(tmp_path, raw.key)
+    assert back.scalars["simple_loss"] == [(1, 5.194011), (2, 0.3)]
+    assert back.filters == {(0, "max_over_median"): [(1, 3.421232)]}
+    assert _bits(back) == _bits(RunResult.from_json(raw.to_json()))

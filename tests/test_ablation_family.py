@@ -15,6 +15,7 @@ import pytest
 from test_markdown_tables import cell_count, tables
 from test_paired import student_t_quantile
 
+from studies.ablation.arm_names import ARM_ALIASES, canonical_arm
 from studies.ablation.arms import STUDY, RunKey
 from studies.ablation.family import CONFIG_PATH, family_rows, format_family_table, load_config, power_now, verdict
 from studies.ablation.metrics import plateau_exit, spearman, within_group_spearman
@@ -31,7 +32,14 @@ from studies.ablation.replay.result import ReplayResult
 from studies.ablation.runs import RunResult, read_summary, round_summaries
 
 ROUND_1 = round_summaries("ablation-runs")
-ROUND_1_ARMS = ("none", "filter", "clip", "filter-clip", "clip-relative")
+OLD_NAME = {new: old for old, new in ARM_ALIASES.items()}  # family.json's texts name the arms as they were
+ROUND_1_ARMS = (
+    "none",
+    "grad-filter-threshold",
+    "clip-grad-norm",
+    "grad-filter-threshold+clip-grad-norm",
+    "clip-grad-norm-relative",
+)
 RAW = json.loads(CONFIG_PATH.read_text())
 
 
@@ -51,8 +59,9 @@ def test_the_seed_counts_come_from_round_1s_effect_and_the_power_computation(rou
     power = RAW["seeds"]["power"]
     m = len(RAW["family"])
     assert m == 5 and RAW["family"][0] == ["filter", "none"], "the seed counts are planned for filter - none"
+    assert STUDY.family[0].name == "grad-filter-threshold - none", "family.json's old names read as the arms' now"
     for test_set in ("test-other", "test-clean"):
-        effect = observed_effect(round_1, "filter", "none", ("greedy_search", test_set))
+        effect = observed_effect(round_1, "grad-filter-threshold", "none", ("greedy_search", test_set))
         written = power[test_set]
         assert effect.n == 5
         assert (round(effect.mean, 3), round(effect.sd, 3), round(effect.standardised, 3)) == (
@@ -64,11 +73,16 @@ def test_the_seed_counts_come_from_round_1s_effect_and_the_power_computation(rou
         assert plan == {"pairs_needed": written["pairs_needed"], "power_at": written["power_at"]}
     # The primary metric is test-other: its pairs needed are the seeds of none and filter.
     assert RAW["metric"] == ["greedy_search", "test-other"]
-    assert STUDY.seeds_per_arm["none"] == STUDY.seeds_per_arm["filter"] == power["test-other"]["pairs_needed"] == 17
+    assert (
+        STUDY.seeds_per_arm["none"]
+        == STUDY.seeds_per_arm["grad-filter-threshold"]
+        == power["test-other"]["pairs_needed"]
+        == 17
+    )
     assert all(n >= 5 for n in STUDY.seeds_per_arm.values())
     # The issue's figures (Holm over its 8 WER comparisons): 0.19 / 0.08 with 5 pairs, 0.97 / 0.68 with 15.
-    clean = observed_effect(round_1, "filter", "none", ("greedy_search", "test-clean")).standardised
-    other = observed_effect(round_1, "filter", "none", ("greedy_search", "test-other")).standardised
+    clean = observed_effect(round_1, "grad-filter-threshold", "none", ("greedy_search", "test-clean")).standardised
+    other = observed_effect(round_1, "grad-filter-threshold", "none", ("greedy_search", "test-other")).standardised
     assert [round(paired_t_power(abs(clean), n, 0.05 / 8), 2) for n in (5, 15)] == [0.19, 0.97]
     assert [round(paired_t_power(abs(other), n, 0.05 / 8), 2) for n in (5, 15)] == [0.08, 0.68]
 
@@ -125,11 +139,17 @@ def test_the_time_the_plan_takes_and_what_8_hours_hold(round_1):
 def test_the_plateau_measure_matches_the_issues_figures(round_1):
     """Trailing 5-step mean of the objective below 0.3: within 3 steps of the issue's means, its Spearman
     correlations with final WER (0.69 / 0.72), and the means family.json quotes."""
-    issue = {"none": 281, "filter": 281, "clip": 108, "filter-clip": 107, "clip-relative": 224}
+    issue = {
+        "none": 281,
+        "grad-filter-threshold": 281,
+        "clip-grad-norm": 108,
+        "grad-filter-threshold+clip-grad-norm": 107,
+        "clip-grad-norm-relative": 224,
+    }
     means = {arm: statistics.mean(plateau_exit(r) for r in round_1 if r.key.arm == arm) for arm in issue}
     assert all(abs(means[a] - issue[a]) <= 3 for a in issue), means
     for arm, mean in means.items():
-        assert f"{mean:.1f} ({arm})" in RAW["plateau"]["why"]
+        assert f"{mean:.1f} ({OLD_NAME.get(arm, arm)})" in RAW["plateau"]["why"]
     steps = [plateau_exit(r) for r in round_1]
     rhos = [spearman(steps, [r.wer[("greedy_search", t)] for r in round_1]) for t in ("test-clean", "test-other")]
     assert [round(x, 2) for x in rhos] == [0.69, 0.72]
@@ -231,7 +251,7 @@ def _write(tmp_path: Path, change) -> Path:
 
 
 def test_a_configuration_that_does_not_fit_together_is_refused(tmp_path):
-    assert load_config().family[0].name == "filter - none"
+    assert load_config().family[0].name == "grad-filter-threshold - none"
 
     def last_point(raw):
         raw["budget"]["decode_at"] = [600, 1200, 1700]
@@ -254,19 +274,23 @@ def test_a_configuration_that_does_not_fit_together_is_refused(tmp_path):
     def unknown(raw):
         raw["family"].append(["agc", "none"])
 
-    with pytest.raises(ValueError, match="family comparison agc - none: an arm without seeds"):
+    with pytest.raises(ValueError, match="family comparison agc-clipping - none: an arm without seeds"):
         load_config(_write(tmp_path, unknown))
 
     def no_kind(raw):  # the reason without its granularity and what the rule reacts to
         raw["landscape"]["arms"]["zclip"] = "ZClip, z-score threshold 2.5 (its default)"
 
-    with pytest.raises(ValueError, match=r"landscape.arms\['zclip'\] must read '<threshold and its reason>; "):
+    with pytest.raises(
+        ValueError, match=r"landscape.arms\['zclip-z-threshold'\] must read '<threshold and its reason>; "
+    ):
         load_config(_write(tmp_path, no_kind))
 
     def unreasoned(raw):
         del raw["landscape"]["arms"]["autoclip"]
 
-    with pytest.raises(ValueError, match="landscape comparison autoclip - none: its arm's threshold is not given"):
+    with pytest.raises(
+        ValueError, match="landscape comparison autoclip-percentile - none: its arm's threshold is not given"
+    ):
         load_config(_write(tmp_path, unreasoned))
 
 
@@ -286,28 +310,30 @@ def test_family_rows_holm_signed_rank_and_verdicts_by_hand():
     runs = []
     # filter - none: -1, -2, -3, -4, -5, -6 (six pairs, all negative).
     for seed, (base, diff) in enumerate([(20, -1), (21, -2), (19, -3), (22, -4), (20, -5), (18, -6)], 42):
-        runs += [_run("none", seed, base), _run("filter", seed, base + diff)]
+        runs += [_run("none", seed, base), _run("grad-filter-threshold", seed, base + diff)]
     # filter-clip - clip: +1, -1, +0.5 (three pairs); seed 45's clip ran on another CPU model: left out.
     for seed, diff in zip((42, 43, 44), (1.0, -1.0, 0.5)):
-        runs += [_run("clip", seed, 10), _run("filter-clip", seed, 10 + diff)]
-    runs += [_run("clip", 45, 10, cpu="EPYC"), _run("filter-clip", 45, 30)]
+        runs += [_run("clip-grad-norm", seed, 10), _run("grad-filter-threshold+clip-grad-norm", seed, 10 + diff)]
+    runs += [_run("clip-grad-norm", 45, 10, cpu="EPYC"), _run("grad-filter-threshold+clip-grad-norm", 45, 30)]
     rows = {r.comparison.name: r for r in family_rows(runs, config, "digits")}
-    f = rows["filter - none"]
+    f = rows["grad-filter-threshold - none"]
     diffs = [-1, -2, -3, -4, -5, -6]
     mean, sem = statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(6)
     assert f.difference.mean == pytest.approx(mean) and f.difference.n == 6
     assert f.difference.high == pytest.approx(mean + student_t_quantile(0.975, 5) * sem)
     assert f.signed_rank.p == pytest.approx(2 / 64), "all six of one sign: 2 of the 2^6 sign patterns"
-    fc = rows["filter-clip - clip"]
+    fc = rows["grad-filter-threshold+clip-grad-norm - clip-grad-norm"]
     assert fc.per_seed == {42: 1.0, 43: -1.0, 44: 0.5} and fc.pairing.straddling == [45]
     # Holm over the two comparisons with pairs (guard, clip-relative and filter - clip-relative have none).
     p1, p2 = f.difference.p, fc.difference.p
     assert p1 < p2
     assert f.holm_p == pytest.approx(2 * p1) and fc.holm_p == pytest.approx(max(2 * p1, p2))
-    assert math.isnan(rows["guard - none"].holm_p)
-    assert verdict(rows["guard - none"], 0.05) == "not tested: 0 pair(s)"
+    assert math.isnan(rows["clip-grad-norm-1000 - none"].holm_p)
+    assert verdict(rows["clip-grad-norm-1000 - none"], 0.05) == "not tested: 0 pair(s)"
     words = verdict(f, 0.05)
-    assert words.startswith(f"filter lower by {abs(mean):.2f} points, holds after Holm (p {f.holm_p:.3f})")
+    assert words.startswith(
+        f"grad-filter-threshold lower by {abs(mean):.2f} points, holds after Holm (p {f.holm_p:.3f})"
+    )
     assert "the signed-rank check agrees (p 0.031, unadjusted)" in words
     # Before its planned pairs are in, a comparison gets no Holm verdict, whatever its p (the landscape's 5).
     assert verdict(f, 0.05, planned=6) == words
@@ -334,19 +360,26 @@ def test_family_rows_holm_signed_rank_and_verdicts_by_hand():
         assert header.endswith(last)
         return {line.split(" | ")[0].strip("| "): line.split(" | ")[-1].rstrip(" |") for line in body}
 
-    short = verdicts({"none": 8, "filter": 9, "clip": 3, "filter-clip": 3})
-    assert short["filter − none"] == (
+    short = verdicts(
+        {"none": 8, "grad-filter-threshold": 9, "clip-grad-norm": 3, "grad-filter-threshold+clip-grad-norm": 3}
+    )
+    assert short["grad-filter-threshold − none"] == (
         f"not tested yet: 6 of its 8 planned pairs (Holm p {f.holm_p:.3f} now, a look before the test); the "
         f"interval allows {f.difference.low:+.2f} to {f.difference.high:+.2f}"
     )
-    assert short["filter-clip − clip"] == (
+    assert short["grad-filter-threshold+clip-grad-norm − clip-grad-norm"] == (
         f"not tested yet: its 3 planned pairs in, 1 of the family's other comparisons short of theirs (Holm p "
         f"{fc.holm_p:.3f} now, a look before the test); the interval allows {fc.difference.low:+.2f} to "
         f"{fc.difference.high:+.2f}"
     )
-    for plan in ({"none": 6, "filter": 6, "clip": 3, "filter-clip": 3}, None):
+    for plan in (
+        {"none": 6, "grad-filter-threshold": 6, "clip-grad-norm": 3, "grad-filter-threshold+clip-grad-norm": 3},
+        None,
+    ):
         done = verdicts(plan)
-        assert done["filter − none"] == verdict(f, 0.05) and done["filter-clip − clip"] == verdict(fc, 0.05)
+        assert done["grad-filter-threshold − none"] == verdict(f, 0.05) and done[
+            "grad-filter-threshold+clip-grad-norm − clip-grad-norm"
+        ] == verdict(fc, 0.05)
 
 
 def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power():
@@ -360,24 +393,29 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
     # filter - none: -1 .. -6 over seeds 42-47 (holds); filter-clip - clip: +1, -1, +0.5 (does not); a clip
     # run of seed 50 is outside clip's 5 planned seeds (42-46): not counted, not paired.
     for seed, (base, diff) in enumerate([(20, -1), (21, -2), (19, -3), (22, -4), (20, -5), (18, -6)], 42):
-        runs += [_run("none", seed, base), _run("filter", seed, base + diff)]
+        runs += [_run("none", seed, base), _run("grad-filter-threshold", seed, base + diff)]
     for seed, diff in zip((42, 43, 44), (1.0, -1.0, 0.5)):
-        runs += [_run("clip", seed, 10), _run("filter-clip", seed, 10 + diff)]
-    runs.append(_run("clip", 50, 10))
+        runs += [_run("clip-grad-norm", seed, 10), _run("grad-filter-threshold+clip-grad-norm", seed, 10 + diff)]
+    runs.append(_run("clip-grad-norm", 50, 10))
     setup = ReportSetup("cmd", STUDY, "s", {"round": STUDY.round}, Thresholds(), ["greedy_search"], 0, "d", "m")
     rows = family_rows(runs, STUDY, "digits")
     runs_of = family_runs(runs, STUDY, "digits")
-    assert {arm: len(v) for arm, v in runs_of.items()} == {"none": 6, "filter": 6, "clip": 3, "filter-clip": 3}
+    assert {arm: len(v) for arm, v in runs_of.items()} == {
+        "none": 6,
+        "grad-filter-threshold": 6,
+        "clip-grad-norm": 3,
+        "grad-filter-threshold+clip-grad-norm": 3,
+    }
     text = lead(rows, runs_of, [], setup)
     assert text.startswith("18 of the 59 runs planned for round 2 are in. "), "17 + 17 + 5 x 5; no replays planned"
     diffs = [-1, -2, -3, -4, -5, -6]
     half = student_t_quantile(0.975, 5) * statistics.stdev(diffs) / math.sqrt(6)
     assert (
         "Of the 2 comparisons with 2 pairs or more, 1 holds after Holm's adjustment at family-wise 0.05: "
-        f"`filter` − `none` -3.50 points [{-3.5 - half:+.2f}, {-3.5 + half:+.2f}]."
+        f"`grad-filter-threshold` − `none` -3.50 points [{-3.5 - half:+.2f}, {-3.5 + half:+.2f}]."
     ) in text
     power = paired_t_power(abs(STUDY.planned_effect), 6, 0.05 / 5)
-    assert f"`filter` − `none` has 6 of its 17 planned pairs: its power is {power:.3f}" in text
+    assert f"`grad-filter-threshold` − `none` has 6 of its 17 planned pairs: its power is {power:.3f}" in text
     # The planned effect beside the observed one: differences -1 .. -6 have sd sqrt(3.5), so -3.5 standardises to
     # -sqrt(3.5) = -1.871; the 95% interval [-5.46, -1.54] holds round 1's -1.834, and so does the 99% one (alpha
     # 0.05 / 5): -3.5 -+ t(0.995, 5) sqrt(3.5 / 6).
@@ -385,14 +423,15 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
     assert text.endswith(
         " The planned effect comes from round 1's filter - none paired differences in greedy WER, seeds 42-46, at "
         "600 steps (--avg 1), on test-other: -1.83 points, standardised (mean over the standard deviation of the "
-        "per-seed differences) -0.952; here `filter` − `none` is -3.50 points, standardised -1.871: its unadjusted "
+        "per-seed differences) -0.952; here `grad-filter-threshold` − `none` is -3.50 points, standardised "
+        "-1.871: its unadjusted "
         f"95% interval holds -1.83, and its 99% interval (alpha 0.05 / 5, as planned), [{-3.5 - wide:+.2f}, "
         f"{-3.5 + wide:+.2f}], holds it."
     )
     # Differences +1, +2, +3 (sd 1): the 95% interval 2 -+ 4.303 / sqrt(3) = [-0.48, +4.48] leaves -1.83 out, the
     # 99% one 2 -+ 9.925 / sqrt(3) = [-3.73, +7.73] holds it. Decoded at 600 too: there -1, -2, -3 points.
     worse = [_run("none", s, 20) for s in (42, 43, 44)]
-    worse += [_run("filter", s, 20 + d) for s, d in zip((42, 43, 44), (1, 2, 3))]
+    worse += [_run("grad-filter-threshold", s, 20 + d) for s, d in zip((42, 43, 44), (1, 2, 3))]
     metric = ("greedy_search", "test-other")
     for r, at_600 in zip(worse, [20, 20, 20, 19, 18, 17]):
         r.wer_at = {600: {metric: at_600}, 1800: dict(r.wer)}
@@ -405,7 +444,7 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
     # Differences +2.9, +3.0, +3.1 (sd 0.1): the 99% interval 3 -+ 9.925 * 0.1 / sqrt(3) = [+2.43, +3.57] leaves
     # -1.83 out too. Not decoded at 600: no step-600 sentence.
     far = [_run("none", s, 20) for s in (42, 43, 44)]
-    far += [_run("filter", s, 20 + d) for s, d in zip((42, 43, 44), (2.9, 3.0, 3.1))]
+    far += [_run("grad-filter-threshold", s, 20 + d) for s, d in zip((42, 43, 44), (2.9, 3.0, 3.1))]
     far_text = lead(family_rows(far, STUDY, "digits"), family_runs(far, STUDY, "digits"), [], setup)
     assert far_text.endswith(
         "its unadjusted 95% interval leaves out -1.83, and its 99% interval (alpha 0.05 / 5, as planned), "
@@ -420,15 +459,21 @@ def test_the_answers_lead_counts_the_plan_names_what_holds_and_gives_the_power()
     )
     # A planned run not in while a later seed of its arm is (as one skipped for its seed's CPU) is named with the
     # CPU models of its seed's runs; a run not yet made (no later seed in) is not.
-    gap = [_run(arm, seed, 20) for seed in (42, 43, 44) for arm in ("none", "filter") if (arm, seed) != ("filter", 43)]
+    gap = [
+        _run(arm, seed, 20)
+        for seed in (42, 43, 44)
+        for arm in ("none", "grad-filter-threshold")
+        if (arm, seed) != ("grad-filter-threshold", 43)
+    ]
     gap[2].machine = {"cpu_model": "AMD EPYC", "cpu_flags": "bbb", "threads": "2"}  # none / 43
     assert lead(family_rows(gap, STUDY, "digits"), family_runs(gap, STUDY, "digits"), [], setup).startswith(
-        "5 of the 59 runs planned for round 2 are in. Not in while a later seed of its arm is: `filter` / seed 43 "
+        "5 of the 59 runs planned for round 2 are in. Not in while a later seed of its arm is: "
+        "`grad-filter-threshold` / seed 43 "
         "(the runs of its seed that are in were made on AMD EPYC (flags bbb, 2 threads)). "
     )
     # Wall time: summed over the summaries that recorded it (here 2 runs: 1 h + 0.5 h; 1 replay: 0.25 h).
     runs_of["none"][0].wall_s = {"train": 3000.0, "decode/greedy_search": 600.0}
-    runs_of["filter"][0].wall_s = {"train": 1800.0}
+    runs_of["grad-filter-threshold"][0].wall_s = {"train": 1800.0}
     timed = ReplayResult(ReplayKey("digits", 42, 1000), Event(1001, 0, 50.0), 100, {})
     timed.wall_s = {"train": 800.0, "decode/greedy_search": 100.0}
     untimed = ReplayResult(ReplayKey("digits", 43, 1000), Event(1001, 0, 50.0), 100, {})
@@ -459,11 +504,11 @@ def test_the_family_section_checks_each_pairs_batches_by_their_digests():
 
     runs = [
         with_digests(_run("none", 42, 20), [7.0, 8.0, 9.0]),
-        with_digests(_run("filter", 42, 19), [7.0, 8.0, 9.0]),
+        with_digests(_run("grad-filter-threshold", 42, 19), [7.0, 8.0, 9.0]),
         with_digests(_run("none", 43, 20), [7.0, 8.0, 9.0]),
-        with_digests(_run("filter", 43, 18), [7.0, 8.0, 1.0]),  # its third batch differs
+        with_digests(_run("grad-filter-threshold", 43, 18), [7.0, 8.0, 1.0]),  # its third batch differs
         _run("none", 44, 20),
-        _run("filter", 44, 18),  # neither logged digests: not counted as the same
+        _run("grad-filter-threshold", 44, 18),  # neither logged digests: not counted as the same
     ]
     rows = family_rows(runs, STUDY, "digits")
     assert [row.per_seed for row in rows][0] == {42: -1.0, 43: -2.0, 44: -2.0}
@@ -487,7 +532,11 @@ def test_the_described_intervals_are_counted_against_chance():
     # filter - none on test-other: -2, -3, -4 (sd 1, half-width t(0.975, 2) / sqrt(3) = 2.48: [-5.48, -0.52]);
     # test-clean a third of it ([-1.83, -0.17]): both leave out 0; clip - none: -1, +1, 0 holds 0 on both.
     for seed, (d_filter, d_clip) in zip((42, 43, 44), ((-2, -1), (-3, 1), (-4, 0))):
-        runs += [_run("none", seed, 20), _run("filter", seed, 20 + d_filter), _run("clip", seed, 20 + d_clip)]
+        runs += [
+            _run("none", seed, 20),
+            _run("grad-filter-threshold", seed, 20 + d_filter),
+            _run("clip-grad-norm", seed, 20 + d_clip),
+        ]
     comparisons = [c for c in paired_comparisons(runs, ["greedy_search"]) if c.metric.header != "valid loss"]
     assert len(comparisons) == 4
     assert unadjusted_sentence(comparisons).startswith(
@@ -496,7 +545,12 @@ def test_the_described_intervals_are_counted_against_chance():
 
 
 def test_pairs_without_a_recorded_cpu_model_are_kept_and_counted():
-    runs = [_run("none", 42, 20, cpu=None), _run("filter", 42, 19), _run("none", 43, 20), _run("filter", 43, 18)]
+    runs = [
+        _run("none", 42, 20, cpu=None),
+        _run("grad-filter-threshold", 42, 19),
+        _run("none", 43, 20),
+        _run("grad-filter-threshold", 43, 18),
+    ]
     row = family_rows(runs, STUDY, "digits")[0]
     assert row.per_seed == {42: -1.0, 43: -2.0} and row.pairing.unchecked == [42] and row.pairing.straddling == []
 
@@ -513,24 +567,24 @@ def test_the_landscape_is_every_other_rule_against_none_with_its_reasons_and_tim
     landscape = RAW["landscape"]
     names = [c.arm for c in STUDY.landscape_family]
     assert len(names) == 10 and {c.baseline for c in STUDY.landscape_family} == {"none"}
-    assert set(names) <= set(arms) and set(names) == set(landscape["arms"])
+    assert set(names) <= set(arms) and set(names) == {canonical_arm(a) for a in landscape["arms"]}
     assert not set(names) & {a for c in STUDY.family for a in (c.arm, c.baseline)}, "no arm of the round's family"
     assert dict(RUN_SETS["landscape"].seeds_per_arm) == {"none": 5, **{n: 5 for n in names}}
     # Each threshold as its reason states it.
     for name, flag, value, phrase in [
-        ("zclip", "--zclip-z-threshold", "2.5", "z-score threshold 2.5"),
-        ("autoclip", "--autoclip-percentile", "10", "the 10th percentile"),
-        ("scaled-adam", "--scaled-adam-clipping-scale", "2", "clipping_scale 2.0"),
-        ("recurrent-clip", "--recurrent-grad-clip", "30", "recurrent layers at 30"),
-        ("agc", "--agc-clipping", "0.08", "lambda 0.08"),
-        ("value", "--clip-grad-value", "1", "clip by value 1 "),
+        ("zclip-z-threshold", "--zclip-z-threshold", "2.5", "z-score threshold 2.5"),
+        ("autoclip-percentile", "--autoclip-percentile", "10", "the 10th percentile"),
+        ("scaled-adam-clipping-scale", "--scaled-adam-clipping-scale", "2", "clipping_scale 2.0"),
+        ("recurrent-grad-clip", "--recurrent-grad-clip", "30", "recurrent layers at 30"),
+        ("agc-clipping", "--agc-clipping", "0.08", "lambda 0.08"),
+        ("clip-grad-value", "--clip-grad-value", "1", "clip by value 1 "),
         ("error-clip", "--error-clip", "0.0002", "ErrorClipByValue at 0.0002"),
-        ("filter-10", "--grad-filter-threshold", "10", "GradientFilter 10 "),
-        ("filter-5", "--grad-filter-threshold", "5", "GradientFilter 5,"),
-        ("filter-hard", "--grad-filter-threshold", "25", "GradientFilter 25 with a hard mask"),
+        ("grad-filter-threshold-10", "--grad-filter-threshold", "10", "GradientFilter 10 "),
+        ("grad-filter-threshold-5", "--grad-filter-threshold", "5", "GradientFilter 5,"),
+        ("grad-filter-mode-hard-mask", "--grad-filter-threshold", "25", "GradientFilter 25 with a hard mask"),
     ]:
         flags = arms[name].train_flags()
-        assert flags[flags.index(flag) + 1] == value and phrase in landscape["arms"][name], name
+        assert flags[flags.index(flag) + 1] == value and phrase in landscape["arms"][OLD_NAME.get(name, name)], name
     # The time: 10 arms x 5 seeds at round 2's per-run estimate, and what 3 seeds take.
     per_run = RAW["time"]["per_run_minutes"]
     assert (
@@ -543,7 +597,7 @@ def test_the_hard_mask_filter_is_its_own_arm_and_older_arm_files_stay_soft():
     from studies.ablation.arms import Thresholds, make_arms, same_controls
 
     arms = {a.name: a for a in make_arms(Thresholds())}
-    hard, soft = arms["filter-hard"].train_flags(), arms["filter"].train_flags()
+    hard, soft = arms["grad-filter-mode-hard-mask"].train_flags(), arms["grad-filter-threshold"].train_flags()
     assert hard[-2:] == ["--grad-filter-mode", "hard-mask"] and hard[:-2] == soft
     assert "--grad-filter-mode" not in soft, "arms made before the mode existed keep their flags"
     assert not same_controls(hard, soft) and same_controls(soft + ["--grad-filter-mode", "soft"], soft)
@@ -552,13 +606,21 @@ def test_the_hard_mask_filter_is_its_own_arm_and_older_arm_files_stay_soft():
 def test_the_landscape_family_is_adjusted_apart_from_the_rounds():
     runs = []
     for seed, (base, diff) in enumerate([(20, -1.0), (21, -2.0), (19, -1.5)], 42):
-        runs += [_run("none", seed, base), _run("zclip", seed, base + diff), _run("filter", seed, base + 2 * diff)]
+        runs += [
+            _run("none", seed, base),
+            _run("zclip-z-threshold", seed, base + diff),
+            _run("grad-filter-threshold", seed, base + 2 * diff),
+        ]
     rows = {r.comparison.name: r for r in family_rows(runs, STUDY, "digits", STUDY.landscape_family)}
-    assert len(rows) == 10 and rows["zclip - none"].per_seed == {42: -1.0, 43: -2.0, 44: -1.5}
+    assert len(rows) == 10 and rows["zclip-z-threshold - none"].per_seed == {42: -1.0, 43: -2.0, 44: -1.5}
     # The only landscape comparison with pairs: Holm leaves its p as it is (one test in the family).
-    assert rows["zclip - none"].holm_p == pytest.approx(rows["zclip - none"].difference.p)
+    assert rows["zclip-z-threshold - none"].holm_p == pytest.approx(rows["zclip-z-threshold - none"].difference.p)
     primary = {r.comparison.name: r for r in family_rows(runs, STUDY, "digits")}
-    assert "zclip - none" not in primary and primary["filter - none"].per_seed == {42: -2.0, 43: -4.0, 44: -3.0}
+    assert "zclip-z-threshold - none" not in primary and primary["grad-filter-threshold - none"].per_seed == {
+        42: -2.0,
+        43: -4.0,
+        44: -3.0,
+    }
 
 
 def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
@@ -588,13 +650,13 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
 
     arms = {a.name: a for a in make_arms(Thresholds())}
     scalars = {
-        "zclip": {"clip_scale": [(1, 1.0), (2, 0.5), (3, 1.0), (4, 1.0)]},  # 1 of 4 steps
+        "zclip-z-threshold": {"clip_scale": [(1, 1.0), (2, 0.5), (3, 1.0), (4, 1.0)]},  # 1 of 4 steps
         # the rule acts through the clip scale (its optimizer is Eve)
-        "scaled-adam": {"clip_scale": [(1, 0.9), (2, 0.8), (3, 1.0), (4, 1.0)]},
-        "recurrent-clip": {RECURRENT_CLIP: kept[RECURRENT_CLIP]},  # 2 of 4
+        "scaled-adam-clipping-scale": {"clip_scale": [(1, 0.9), (2, 0.8), (3, 1.0), (4, 1.0)]},
+        "recurrent-grad-clip": {RECURRENT_CLIP: kept[RECURRENT_CLIP]},  # 2 of 4
         "error-clip": {ERROR_CLIP: [(1, 0.0), (2, 0.0), (3, 1e-4), (4, 0.0)], "clip_scale": [(1, 0.5)]},  # 1 of 4
-        "value": {"clip_scale": [(1, 0.5), (2, 1.0)]},  # 1 of 2
-        "agc": {ERROR_CLIP: [(1, 0.1)]},  # another rule's statistic: not counted
+        "clip-grad-value": {"clip_scale": [(1, 0.5), (2, 1.0)]},  # 1 of 2
+        "agc-clipping": {ERROR_CLIP: [(1, 0.1)]},  # another rule's statistic: not counted
     }
     runs = []
     for seed, (base, diff) in enumerate([(20.0, -1.0), (21.0, -3.0), (19.0, -2.0)], 42):
@@ -604,10 +666,12 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
             run.scalars = dict(series)
             runs.append(run)
     # The round's filter at seeds 42-44 and at 47 (not a landscape seed): the reference row has 3 pairs.
-    runs += [_run("filter", seed, other) for seed, other in ((42, 21.0), (43, 23.0), (44, 22.0), (47, 24.0))]
+    runs += [
+        _run("grad-filter-threshold", seed, other) for seed, other in ((42, 21.0), (43, 23.0), (44, 22.0), (47, 24.0))
+    ]
     runs.append(_run("none", 47, 20.0))
     # value's medians over steps per seed: 0.75 (seed 42), 0.2, 0.9: their median 0.75, their mean 0.62.
-    value = {r.key.seed: r for r in runs if r.key.arm == "value"}
+    value = {r.key.seed: r for r in runs if r.key.arm == "clip-grad-value"}
     value[43].scalars = {"clip_scale": [(1, 0.1), (2, 0.3)]}
     value[44].scalars = {"clip_scale": [(1, 0.9), (2, 0.9)]}
     for seed, wall in zip((42, 43, 44), (600.0, 660.0, 720.0)):
@@ -615,13 +679,17 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     value[44].cpu_s = {"train": 1404.0}
     by_arm = {r.key.arm: r for r in runs if r.key.seed == 42}
     acting = {arm: steps_acting(by_arm[arm], arms[arm]) for arm in scalars}
-    assert acting["zclip"] == 0.25 and acting["scaled-adam"] == 0.5 and acting["recurrent-clip"] == 0.5
-    assert acting["error-clip"] == 0.25 and acting["value"] == 0.5 and math.isnan(acting["agc"])
+    assert (
+        acting["zclip-z-threshold"] == 0.25
+        and acting["scaled-adam-clipping-scale"] == 0.5
+        and acting["recurrent-grad-clip"] == 0.5
+    )
+    assert acting["error-clip"] == 0.25 and acting["clip-grad-value"] == 0.5 and math.isnan(acting["agc-clipping"])
     assert math.isnan(steps_acting(by_arm["none"], arms["none"]))
 
     # A run of a landscape rule at another condition (the deep one) counts in neither column.
-    deep = _run("autoclip", 42, 10.0)
-    deep.key, deep.scalars = RunKey(STUDY.depth_condition, "autoclip", 42), {"clip_scale": [(1, 0.5)]}
+    deep = _run("autoclip-percentile", 42, 10.0)
+    deep.key, deep.scalars = RunKey(STUDY.depth_condition, "autoclip-percentile", 42), {"clip_scale": [(1, 0.5)]}
     lines = landscape_section([*runs, deep], arms, SimpleNamespace(config=STUDY))
     assert lines[0] == "## The clipping landscape"
     table = "\n".join(lines)
@@ -645,7 +713,7 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
         "| GradientFilter 25 (the round's, for reference) | per sequence | relative within the batch | - | - | 3 | "
         f"+2.00 | [{low:+.2f}, {high:+.2f}] | - | "
     )
-    assert "outside this family: the round's `filter` − `none` over seeds 42-46 (p " in reference
+    assert "outside this family: the round's `grad-filter-threshold` − `none` over seeds 42-46 (p " in reference
     assert rows.index(reference) < min(i for i, line in enumerate(rows) if line.startswith("| clip by value 1 |"))
     assert "| ScaledAdam's clipping, scale 2 | global | relative in time | 50.0 | 0.950 | 3 |" in table
     # The filter against each rule directly, over seeds 42-44: filter 21, 23, 22 against zclip's 19, 18, 17
@@ -653,7 +721,7 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     zclip = next(line for line in rows if line.startswith("| ZClip, z-score 2.5 |"))
     # sd sqrt(3), standard error 1, t(0.975, 2) = 4.303: [-0.30, +8.30].
     assert zclip.endswith("| +4.00 [-0.30, +8.30] |") and reference.endswith("| - |")
-    assert "| `filter` − rule: mean [95% interval] (unadjusted) |" in rows[rows.index(reference) - 2]
+    assert "| `grad-filter-threshold` − rule: mean [95% interval] (unadjusted) |" in rows[rows.index(reference) - 2]
     assert "| clip by value 1 | per element | absolute | 83.3 | 0.750 | 3 |" in table
     # The set's own time, over its 18 runs (6 rules x 3 seeds; none's are the round's): value's 1,980 s of wall
     # (0.55 h), the others none; one run's CPU, 1,404 s (0.39 h) in its 720 s (0.20 h).
@@ -668,13 +736,17 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
     listed = [line for line in lines if line.startswith("- `")]
     assert [line.split("`")[1] for line in listed] == [c.arm for c in STUDY.landscape_family]
     assert (
-        "- `zclip`: ZClip (Kumar et al. 2025), z-score threshold 2.5 (its default), its exponential moving mean and "
+        "- `zclip-z-threshold`: ZClip (Kumar et al. 2025), z-score threshold 2.5 (its default), its "
+        "exponential moving mean and "
         "variance of the global norm"
     ) in lines
     # The effect 5 pairs see, and its size in points at the spread of filter - none (+1, +2, +3, +4: all pairs).
     assert "Holm's first step) reaches power 0.8 only at a standardised effect" in table
     effect = effect_for_power(5, 0.05 / 10, 0.8)
-    assert f"differences) of at least {effect:.2f}: at the spread of `filter` − `none` on `digits` " in table
+    assert (
+        f"differences) of at least {effect:.2f}: at the spread of `grad-filter-threshold` − `none` on `digits` "
+        in table
+    )
     assert f"(standard deviation {statistics.stdev([1, 2, 3, 4]):.2f} points over its 4 pairs)" in table
     for _, rows in tables(table):
         assert len({cell_count(line) for _, line in rows}) == 1
@@ -692,15 +764,15 @@ def test_a_rule_that_never_acted_is_called_a_placebo_not_an_effect():
     idle_value = {"clip_scale": [(1, 1.0), (2, 1.0)]}
     series = {
         # No frame row capped at any step of either seed: idle, and its path is the frame-by-frame LSTM.
-        "recurrent-clip": [{RECURRENT_CLIP: [(1, 0.0), (2, 0.0)]}, {RECURRENT_CLIP: [(1, 0.0), (2, 0.0)]}],
+        "recurrent-grad-clip": [{RECURRENT_CLIP: [(1, 0.0), (2, 0.0)]}, {RECURRENT_CLIP: [(1, 0.0), (2, 0.0)]}],
         # The norm never lowered: idle, on the fused kernel (no clause on the path).
-        "zclip": [idle_value, {"clip_scale": [(1, 1.0)]}],
+        "zclip-z-threshold": [idle_value, {"clip_scale": [(1, 1.0)]}],
         # Acted at one step of one seed: not idle.
-        "autoclip": [idle_value, {"clip_scale": [(1, 1.0), (2, 0.999)]}],
+        "autoclip-percentile": [idle_value, {"clip_scale": [(1, 1.0), (2, 0.999)]}],
         # The error clip's statistic absent from one seed (a run from before it was logged): not called idle.
         "error-clip": [{"error_clip": [(1, 0.0)]}, {}],
         # Clipping by value logs a ratio of measured norms, which a clamped element can leave at 1: never idle.
-        "value": [idle_value, idle_value],
+        "clip-grad-value": [idle_value, idle_value],
     }
     runs = []
     for i, seed in enumerate((42, 43)):
@@ -710,24 +782,26 @@ def test_a_rule_that_never_acted_is_called_a_placebo_not_an_effect():
             run.scalars = per_seed[i]
             runs.append(run)
         # The soft filter with no sequence over its cutoff still scales every gradient: never idle.
-        soft = _run("filter-10", seed, 11.0)
+        soft = _run("grad-filter-threshold-10", seed, 11.0)
         soft.filters = {(0, "fraction_filtered"): [(1, 0.0), (2, 0.0)]}
         runs.append(soft)
     # A recurrent-cap run at seed 47, outside the landscape's seeds, that acted: left out, as from the table.
-    late = _run("recurrent-clip", 47, 11.0)
+    late = _run("recurrent-grad-clip", 47, 11.0)
     late.scalars = {RECURRENT_CLIP: [(1, 0.5)]}
     runs += [late, _run("none", 47, 10.0)]
-    runs.append(_run("filter", 42, 12.5))  # one pair with each rule: its mean alone, no interval
+    runs.append(_run("grad-filter-threshold", 42, 12.5))  # one pair with each rule: its mean alone, no interval
     lines = landscape_section(runs, arms, SimpleNamespace(config=STUDY))
     rows = "\n".join(lines).splitlines()
     assert next(x for x in rows if x.startswith("| ZClip, z-score 2.5 |")).endswith("| +1.50 (1 pair) |")
     assert next(x for x in rows if x.startswith("| GradientFilter 10 |")).split(" | ")[3] == "0.0"
     idle = [line for line in lines if "changed no gradient at any step" in line]
     assert idle == [
-        "`zclip` (ZClip, z-score 2.5) changed no gradient at any step of its 2 runs: its row is no effect of the "
+        "`zclip-z-threshold` (ZClip, z-score 2.5) changed no gradient at any step of its 2 runs: its row is "
+        "no effect of the "
         "rule at this threshold. Its runs do `none`'s arithmetic, so its difference from `none` (+1.00, 2 pairs) "
         "measures no rule.",
-        "`recurrent-clip` (per-frame recurrent gradient cap 30) changed no gradient at any step of its 2 runs: its "
+        "`recurrent-grad-clip` (per-frame recurrent gradient cap 30) changed no gradient at any step of its "
+        "2 runs: its "
         "row is no effect of the rule at this threshold. Its runs do `none`'s arithmetic in another order (with "
         "the cap in place the LSTM runs frame by frame, not in PyTorch's fused kernel), so its difference from "
         "`none` (+1.00, 2 pairs) is what rounding alone did to the WER: a placebo.",
@@ -758,7 +832,12 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
         "--dim-feedforward": "512",
     }
     assert deep.steps == STUDY.depth_budget.steps and deep.train_flags == CONDITIONS[STUDY.condition].train_flags
-    assert dict(RUN_SETS["depth"].seeds_per_arm) == {"none": 5, "filter": 5, "guard": 5, "scaled-adam": 5}
+    assert dict(RUN_SETS["depth"].seeds_per_arm) == {
+        "none": 5,
+        "grad-filter-threshold": 5,
+        "clip-grad-norm-1000": 5,
+        "scaled-adam-clipping-scale": 5,
+    }
     assert RUN_SETS["depth"].conditions == (STUDY.depth_condition,)
     # The quoted figures of the reason: 1000 / 251.4 and the minutes a run takes.
     why, time = RAW["depth"]["why"], RAW["depth"]["time"]
@@ -783,9 +862,12 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     # filter - none per seed: at 4 layers -1, -2, -1.5; at 12 layers -3, -3, -4.5 (seed 45 only deep: left out).
     runs = []
     for seed, shallow, deep_effect in ((42, -1.0, -3.0), (43, -2.0, -3.0), (44, -1.5, -4.5)):
-        runs += [run("digits", "none", seed, 10.0), run("digits", "filter", seed, 10.0 + shallow)]
-        runs += [run("digits-12", "none", seed, 20.0), run("digits-12", "filter", seed, 20.0 + deep_effect)]
-    runs += [run("digits-12", "none", 45, 20.0), run("digits-12", "filter", 45, 10.0)]
+        runs += [run("digits", "none", seed, 10.0), run("digits", "grad-filter-threshold", seed, 10.0 + shallow)]
+        runs += [
+            run("digits-12", "none", seed, 20.0),
+            run("digits-12", "grad-filter-threshold", seed, 20.0 + deep_effect),
+        ]
+    runs += [run("digits-12", "none", 45, 20.0), run("digits-12", "grad-filter-threshold", 45, 10.0)]
     d = depth_interaction(filter_effects(runs, STUDY, "digits-12"), filter_effects(runs, STUDY, "digits"), 0.95)
     per_seed = [-3.0 - -1.0, -3.0 - -2.0, -4.5 - -1.5]  # -2, -1, -3
     mean, sem = statistics.mean(per_seed), statistics.stdev(per_seed) / math.sqrt(3)
@@ -806,8 +888,9 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     filter_mean = statistics.mean([17.0, 17.0, 15.5, 10.0])
     assert (
         "Learns (every arm's mean greedy test-other WER at the end of the budget at most 30%, "
-        f'`studies/ablation/family.json`, "depth"): so far (no run yet of guard, scaled-adam); per arm `none` 20.00, '
-        f"`filter` {filter_mean:.2f}; the highest run 20.00 (`none`, seed 42)." in text
+        '`studies/ablation/family.json`, "depth"): so far (no run yet of clip-grad-norm-1000, '
+        "scaled-adam-clipping-scale); per arm `none` 20.00, "
+        f"`grad-filter-threshold` {filter_mean:.2f}; the highest run 20.00 (`none`, seed 42)." in text
     )
     assert "Budget check at `digits-12` (the round's pilot rule, family.json's \"depth\"): not made yet" in text
     # The deep condition's pilot: the round's rule on its own budget, WER at 2,700 and 4,100 steps (moved +0.9:
@@ -849,8 +932,13 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
         and "Waiting to train on (above): 1 run of `digits-12`." in only_waiting
     )
     # The family at the round's budget too (1,800 steps; each run decoded there): filter - none -1, +2, +0.5.
-    at_1800 = {("none", 42): 20.0, ("filter", 42): 19.0, ("none", 43): 18.0, ("filter", 43): 20.0}
-    at_1800.update({("none", 44): 21.0, ("filter", 44): 21.5, ("none", 45): 22.0})
+    at_1800 = {
+        ("none", 42): 20.0,
+        ("grad-filter-threshold", 42): 19.0,
+        ("none", 43): 18.0,
+        ("grad-filter-threshold", 43): 20.0,
+    }
+    at_1800.update({("none", 44): 21.0, ("grad-filter-threshold", 44): 21.5, ("none", 45): 22.0})
     for r in runs:
         if r.key.condition == "digits-12" and (r.key.arm, r.key.seed) in at_1800:
             r.wer_at = {1800: {("greedy_search", "test-other"): at_1800[(r.key.arm, r.key.seed)]}, 2700: r.wer}
@@ -859,29 +947,43 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     text = "\n".join(depth_text(runs, config))
     assert (
         "The same comparisons at the round's budget, 1800 steps (every run here is decoded there too), greedy "
-        f"test-other, with unadjusted 95% intervals: `filter` − `none` {m:+.2f} [{m - half:+.2f}, {m + half:+.2f}] "
-        "(3 pairs); `guard` − `none` - - (0 pairs); `scaled-adam` − `none` - - (0 pairs)." in text
+        f"test-other, with unadjusted 95% intervals: `grad-filter-threshold` − `none` {m:+.2f} "
+        f"[{m - half:+.2f}, {m + half:+.2f}] "
+        "(3 pairs); `clip-grad-norm-1000` − `none` - - (0 pairs); `scaled-adam-clipping-scale` − `none` - - (0 pairs)."
+        in text
     )
     # From 1,800 to 2,700 (the runs' own WER at 2,700: none 20 each, filter 17, 17, 15.5 at seeds 42-44): none
     # (20 - 20, 20 - 18, 20 - 21, 20 - 22) / 4 = -0.25; filter (17 - 19, 17 - 20, 15.5 - 21.5) / 3 = -3.67.
     assert (
         "Each arm's mean change from 1800 to 2700 steps (whether its seeds still improve): `none` -0.25 (4 seeds), "
-        "`filter` -3.67 (3 seeds)." in text
+        "`grad-filter-threshold` -3.67 (3 seeds)." in text
     )
-    every_arm = [*runs, run("digits-12", "guard", 42, 29.0), run("digits-12", "scaled-adam", 42, 12.0)]
+    every_arm = [
+        *runs,
+        run("digits-12", "clip-grad-norm-1000", 42, 29.0),
+        run("digits-12", "scaled-adam-clipping-scale", 42, 12.0),
+    ]
     assert '"depth"): yes; per arm' in "\n".join(depth_text(every_arm, config))
-    assert "| filter − none | 4 |" in text and "| guard − none | 0 |" in text
+    assert "| grad-filter-threshold − none | 4 |" in text and "| clip-grad-norm-1000 − none | 0 |" in text
     # The round's filter - none on digits (-1, -2, -1.5: standard deviation 0.5) sizes what 4 pairs at 0.05 / 3 see.
     effect = effect_for_power(4, 0.05 / 3, 0.8)
     assert "What 4 pairs can see: the paired t at 0.05 / 3" in text
-    assert f"of at least {effect:.2f}: at the spread of `filter` − `none` on `digits` (standard deviation 0.50 " in text
+    assert (
+        f"of at least {effect:.2f}: at the spread of `grad-filter-threshold` − `none` on `digits` (standard "
+        "deviation 0.50 " in text
+    )
     assert f"points over its 3 pairs), about {effect * 0.5:.1f} points of WER." in text
     # An arm over the bar, and a run without a WER (it does not learn; the highest is of the finite ones).
-    worse = [*runs, run("digits-12", "guard", 42, 35.0), run("digits-12", "scaled-adam", 42, math.nan)]
+    worse = [
+        *runs,
+        run("digits-12", "clip-grad-norm-1000", 42, 35.0),
+        run("digits-12", "scaled-adam-clipping-scale", 42, math.nan),
+    ]
     text = "\n".join(depth_text(worse, config))
     assert (
-        '"depth"): no; per arm `none` 20.00, `filter` '
-        f"{filter_mean:.2f}, `guard` 35.00, `scaled-adam` nan; the highest run 35.00 (`guard`, seed 42); 1 run "
+        '"depth"): no; per arm `none` 20.00, `grad-filter-threshold` '
+        f"{filter_mean:.2f}, `clip-grad-norm-1000` 35.00, `scaled-adam-clipping-scale` nan; the highest run "
+        "35.00 (`clip-grad-norm-1000`, seed 42); 1 run "
         "without a value (not learning)." in text
     )
     assert depth_text([r for r in runs if r.key.condition == "digits"], STUDY) == []

@@ -9,28 +9,33 @@ run shows, per layer, how far the largest per-sequence gradient rose above
 the batch median: where outliers arise and how often they would cross a
 threshold.
 
-Arms (thresholds from :class:`Thresholds`; the primary set's from ``family.json``):
+An arm is named by train.py's flag (without ``--``) of each rule it switches on (icefall_lite.train.rules),
+``+`` between rules, ``-<value>`` after a rule whose threshold is not the study's default for it (:class:`Thresholds`),
+and ``grad-filter-mode-<mode>`` for the filter in a mode other than soft (:func:`arm_name`); the names the arms had
+before are read through :mod:`studies.ablation.arm_names`. Arms (thresholds from :class:`Thresholds`; the primary
+set's from ``family.json``):
 
-  none           no control (the filter observes)
-  clip           clip_grad_norm at a fixed maximum (5: below every step's norm here, so it rescales every
-                 step: normalisation, not a guard)
-  guard          clip_grad_norm at a fixed maximum far above the typical norm (about 4x none's median): a
-                 true guard, acting on rare steps only
-  filter         GradientFilter at the recipe's threshold
-  filter-clip    both (the recipe's design)
-  clip-relative  clip_grad_norm at a multiple of the running median gradient norm (as ScaledAdam's
-                 clipping_scale); clip-relative-<x> at each other multiple of the sweep
-  filter-<t>     GradientFilter at each other threshold of the sweep
-  agc            adaptive gradient clipping (Brock et al. 2021) with lambda
-  value          clipping every gradient element to [-v, v]
-  error-clip     Paddle's ErrorClipByValue on every encoder layer's output gradient
-  filter-hard    the GradientFilter's hard-mask variant: sequences over the threshold zeroed, the others kept
-  zclip          ZClip (2025): clip when the global norm's z-score against its moving mean and variance
-                 exceeds z
-  autoclip       AutoClip (Seetharaman et al. 2020): clip at a percentile of every past global norm
-  scaled-adam    ScaledAdam's rule (icefall's zipformer): the RMS-scaled norm clipped at clipping_scale x the
-                 median of the last 100
-  recurrent-clip Kaldi nnet3's per-frame derivative cap inside the recurrent layers
+  none                          no control (the filter observes)
+  clip-grad-norm                clip_grad_norm at a fixed maximum (5: below every step's norm here, so it rescales
+                                every step: normalisation, not a guard)
+  clip-grad-norm-1000           the guard: clip_grad_norm at a fixed maximum far above the typical norm (about 4x
+                                none's median), acting on rare steps only
+  grad-filter-threshold         GradientFilter at the recipe's threshold
+  grad-filter-threshold+clip-grad-norm   both (the recipe's design)
+  clip-grad-norm-relative       clip_grad_norm at a multiple of the running median gradient norm (as ScaledAdam's
+                                clipping_scale); clip-grad-norm-relative-<x> at each other multiple of the sweep
+  grad-filter-threshold-<t>     GradientFilter at each other threshold of the sweep
+  agc-clipping                  adaptive gradient clipping (Brock et al. 2021) with lambda
+  clip-grad-value               clipping every gradient element to [-v, v]
+  error-clip                    Paddle's ErrorClipByValue on every encoder layer's output gradient
+  grad-filter-mode-hard-mask    the GradientFilter's hard-mask variant: sequences over the threshold zeroed, the
+                                others kept
+  zclip-z-threshold             ZClip (2025): clip when the global norm's z-score against its moving mean and
+                                variance exceeds z
+  autoclip-percentile           AutoClip (Seetharaman et al. 2020): clip at a percentile of every past global norm
+  scaled-adam-clipping-scale    ScaledAdam's rule (icefall's zipformer): the RMS-scaled norm clipped at
+                                clipping_scale x the median of the last 100
+  recurrent-grad-clip           Kaldi nnet3's per-frame derivative cap inside the recurrent layers
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Sequence, Tuple
 
 from icefall_lite.nn.model import DEFAULT_GRAD_FILTER_THRESHOLD
-from icefall_lite.train.grad_control import FLAGS
+from icefall_lite.train.rules import DESTS, RULES
 from studies.ablation.family import FamilyComparison, load_config
 from studies.ablation.records import RunKey
 
@@ -48,20 +53,21 @@ OBSERVE = math.inf  # --grad-filter-threshold inf: the filter observes only
 STUDY = load_config()  # the round's configuration, fixed before its runs (studies/ablation/family.json)
 
 
-# Every gradient control of train.py, by its flag's argparse dest (``--grad-filter-threshold`` and
-# icefall_lite.train.grad_control.FLAGS): an arm sets every one, those it does not use to off.
-CONTROLS = ("grad_filter_threshold", *FLAGS)
+# Every gradient control of train.py (icefall_lite.train.rules.RULES), by its flag's argparse dest: an arm sets
+# every one, those it does not use to their off value.
+CONTROLS = DESTS
+_RULE_OF = {rule.dest: rule for rule in RULES}
 MODE_FLAG = "--grad-filter-mode"
 
 
 def off_value(control: str) -> float:
-    """A control's value when off: ``inf`` for the filter (observing), 0 for the others."""
-    return OBSERVE if control == "grad_filter_threshold" else 0.0
+    """A control's value when off (its rule's: ``inf`` for the filter, observing; 0 for the others)."""
+    return _RULE_OF[control].off
 
 
 def flag_of(control: str) -> str:
     """train.py's flag of a control: ``clip_grad_norm`` -> ``--clip-grad-norm``."""
-    return "--" + control.replace("_", "-")
+    return _RULE_OF[control].flag
 
 
 def flag_value(x: float) -> str:
@@ -102,9 +108,26 @@ class Arm:
         return flags + ([MODE_FLAG, self.mode] if self.mode != "soft" else [])
 
 
-def arm(name: str, label: str, mode: str = "soft", **settings: float) -> Arm:
-    """An arm with the controls ``settings`` on (by train.py's argparse dests) and the filter in ``mode``."""
-    return Arm(name, label, tuple(settings.items()), mode)
+def arm_name(settings: Mapping[str, float], defaults: "Thresholds", mode: str = "soft") -> str:
+    """An arm's name: the flag (without ``--``) of each control on, in train.py's order, ``+`` between them, each
+    with ``-<value>`` when it is not ``defaults``' (the study's default for it); the filter in another mode than
+    soft at its default threshold is ``grad-filter-mode-<mode>``; no control on is ``none``."""
+    parts = []
+    for control in CONTROLS:
+        if control not in settings:
+            continue
+        name = _RULE_OF[control].name
+        value = settings[control]
+        if control == "grad_filter_threshold" and mode != "soft":
+            name = f"grad-filter-mode-{mode}"
+        parts.append(name if value == getattr(defaults, control) else f"{name}-{value:g}")
+    return "+".join(parts) or "none"
+
+
+def arm(label: str, defaults: "Thresholds", mode: str = "soft", **settings: float) -> Arm:
+    """An arm with the controls ``settings`` on (by train.py's argparse dests) and the filter in ``mode``, named
+    by :func:`arm_name`."""
+    return Arm(arm_name(settings, defaults, mode), label, tuple(settings.items()), mode)
 
 
 def same_controls(flags_a: Sequence[str], flags_b: Sequence[str]) -> bool:
@@ -147,42 +170,41 @@ def make_arms(t: Thresholds) -> List[Arm]:
     """Every arm, in table order."""
     f = t.grad_filter_threshold
     arms = [
-        arm("none", "no control (filter observing)"),
-        arm("clip", f"clip_grad_norm {t.clip_grad_norm:g}", clip_grad_norm=t.clip_grad_norm),
-        arm("guard", f"clip_grad_norm {t.guard:g} (guard)", clip_grad_norm=t.guard),
-        arm("filter", f"GradientFilter {f:g}", grad_filter_threshold=f),
+        arm("no control (filter observing)", t),
+        arm(f"clip_grad_norm {t.clip_grad_norm:g}", t, clip_grad_norm=t.clip_grad_norm),
+        arm(f"clip_grad_norm {t.guard:g} (guard)", t, clip_grad_norm=t.guard),
+        arm(f"GradientFilter {f:g}", t, grad_filter_threshold=f),
         arm(
-            "filter-clip",
             f"GradientFilter {f:g} + clip_grad_norm {t.clip_grad_norm:g}",
+            t,
             grad_filter_threshold=f,
             clip_grad_norm=t.clip_grad_norm,
         ),
         arm(
-            "clip-relative",
             f"clip_grad_norm at {t.clip_grad_norm_relative:g}x the running median",
+            t,
             clip_grad_norm_relative=t.clip_grad_norm_relative,
         ),
     ]
     arms += [
-        arm(f"clip-relative-{x:g}", f"clip_grad_norm at {x:g}x the running median", clip_grad_norm_relative=x)
-        for x in t.relative_sweep
+        arm(f"clip_grad_norm at {x:g}x the running median", t, clip_grad_norm_relative=x) for x in t.relative_sweep
     ]
-    arms += [arm(f"filter-{x:g}", f"GradientFilter {x:g}", grad_filter_threshold=x) for x in t.filter_sweep]
+    arms += [arm(f"GradientFilter {x:g}", t, grad_filter_threshold=x) for x in t.filter_sweep]
     arms += [
-        arm("agc", f"adaptive clipping (AGC), lambda {t.agc_clipping:g}", agc_clipping=t.agc_clipping),
-        arm("value", f"clip by value {t.clip_grad_value:g}", clip_grad_value=t.clip_grad_value),
-        arm("error-clip", f"error clip {t.error_clip:g} on layer outputs", error_clip=t.error_clip),
-        arm("filter-hard", f"GradientFilter {f:g}, hard mask", mode="hard-mask", grad_filter_threshold=f),
-        arm("zclip", f"ZClip, z-score {t.zclip_z_threshold:g}", zclip_z_threshold=t.zclip_z_threshold),
-        arm("autoclip", f"AutoClip, percentile {t.autoclip_percentile:g}", autoclip_percentile=t.autoclip_percentile),
+        arm(f"adaptive clipping (AGC), lambda {t.agc_clipping:g}", t, agc_clipping=t.agc_clipping),
+        arm(f"clip by value {t.clip_grad_value:g}", t, clip_grad_value=t.clip_grad_value),
+        arm(f"error clip {t.error_clip:g} on layer outputs", t, error_clip=t.error_clip),
+        arm(f"GradientFilter {f:g}, hard mask", t, mode="hard-mask", grad_filter_threshold=f),
+        arm(f"ZClip, z-score {t.zclip_z_threshold:g}", t, zclip_z_threshold=t.zclip_z_threshold),
+        arm(f"AutoClip, percentile {t.autoclip_percentile:g}", t, autoclip_percentile=t.autoclip_percentile),
         arm(
-            "scaled-adam",
             f"ScaledAdam's clipping, scale {t.scaled_adam_clipping_scale:g}",
+            t,
             scaled_adam_clipping_scale=t.scaled_adam_clipping_scale,
         ),
         arm(
-            "recurrent-clip",
             f"per-frame recurrent gradient cap {t.recurrent_grad_clip:g}",
+            t,
             recurrent_grad_clip=t.recurrent_grad_clip,
         ),
     ]
@@ -314,7 +336,17 @@ RUN_SETS: Dict[str, RunSet] = {
         ("digits", "stress"),
         tuple(
             (a, 2)
-            for a in ("none", "filter", "clip", "filter-clip", "filter-10", "filter-5", "agc", "value", "error-clip")
+            for a in (
+                "none",
+                "grad-filter-threshold",
+                "clip-grad-norm",
+                "grad-filter-threshold+clip-grad-norm",
+                "grad-filter-threshold-10",
+                "grad-filter-threshold-5",
+                "agc-clipping",
+                "clip-grad-value",
+                "error-clip",
+            )
         ),
         0,
         0,

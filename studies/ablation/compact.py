@@ -123,8 +123,11 @@ def unpack_series(data: bytes) -> Tuple[Dict[str, Series], Dict[Tuple[int, str],
 
 def write_run_summary(path: Path, result: RunResult) -> Path:
     """Write ``result`` as ``path`` (``seed-<n>.json``, without series) and its series file beside it; the
-    series first, so that a summary (which marks the run done) never names a file not yet written."""
-    return _write_pair(path, result.to_json_without_series(), result.scalars, result.filters)
+    series first, so that a summary (which marks the run done) never names a file not yet written. The series
+    are kept as the full form keeps them (:meth:`RunResult.to_json`: TensorBoard's values to 7 significant
+    digits, the digests exact), so that a run reads back the same in either form."""
+    kept = RunResult.from_json(result.to_json())
+    return _write_pair(path, result.to_json_without_series(), kept.scalars, kept.filters)
 
 
 def _write_pair(path: Path, fields: Dict, scalars: Dict[str, Series], filters: Dict[Tuple[int, str], Series]) -> Path:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from studies.ablation.arm_names import canonical_arm
 from studies.ablation.records import RunResult
 from studies.runner import read_json, write_json_atomic
 from studies.tb_reader import Series, seven_digits
@@ -70,10 +71,16 @@ class Reproduction:
 
     @staticmethod
     def from_json(data: Dict) -> "Reproduction":
-        runs = {relpath: None if step is None else int(step) for relpath, step in data["runs"].items()}
+        runs = {_renamed(relpath): None if step is None else int(step) for relpath, step in data["runs"].items()}
         return Reproduction(
             data["cpu"], data["of"], int(data["steps"]), runs, data["date"], list(data["commands"]), data["torch"]
         )
+
+
+def _renamed(relpath: str) -> str:
+    """A run's relpath (``<condition>/<arm>/seed-<s>``) with its arm by its name now (records of old names)."""
+    condition, arm, seed = relpath.split("/")
+    return f"{condition}/{canonical_arm(arm)}/{seed}"
 
 
 def first_difference(original: RunResult, retrained: Dict[str, Series], steps: int) -> Optional[int]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from studies.ablation.arm_names import canonical_arm
 from studies.ablation.markdown import markdown_table
 from studies.ablation.paired import (
     PairedDifference,
@@ -147,7 +148,7 @@ def _check(config: StudyConfig) -> None:
     for c in config.family:
         if not {c.arm, c.baseline} <= arms:
             problems.append(f"family comparison {c.name}: an arm without seeds")
-    reasons = config.raw["landscape"]["arms"]
+    reasons = landscape_reasons(config)
     for c in config.landscape_family:
         if c.arm not in reasons:
             problems.append(
@@ -165,9 +166,19 @@ def landscape_rule(config: StudyConfig, arm: str) -> Tuple[str, str, str]:
     """A landscape rule's threshold with its reason, its granularity and what it reacts to: family.json's
     "landscape" text for ``arm``, "<threshold and its reason>; <granularity>, <what it reacts to>" (the
     reason may hold semicolons of its own; the last one ends it)."""
-    threshold, _, kind = config.raw["landscape"]["arms"][arm].rpartition(";")
+    threshold, _, kind = landscape_reasons(config)[arm].rpartition(";")
     granularity, _, reacts = kind.strip().partition(", ")
     return threshold, granularity, reacts
+
+
+def landscape_reasons(config: StudyConfig) -> Dict[str, str]:
+    """family.json's "landscape" reason for each arm's threshold, by the arm's name now."""
+    return {canonical_arm(arm): text for arm, text in config.raw["landscape"]["arms"].items()}
+
+
+def _comparisons(pairs: Sequence[Sequence[str]]) -> Tuple[FamilyComparison, ...]:
+    """family.json's ``[arm, baseline]`` pairs, by the arms' names now (the file keeps the names of its day)."""
+    return tuple(FamilyComparison(canonical_arm(a), canonical_arm(b)) for a, b in pairs)
 
 
 def _pilot(raw: Dict, rule: Dict) -> Pilot:
@@ -203,9 +214,9 @@ def load_config(path: Path = CONFIG_PATH) -> StudyConfig:
         metric=metric,
         alpha=float(test["alpha"]),
         confidence=float(test["confidence"]),
-        family=tuple(FamilyComparison(a, b) for a, b in raw["family"]),
+        family=_comparisons(raw["family"]),
         first_seed=int(seeds["first"]),
-        seeds_per_arm={arm: int(n) for arm, n in seeds["per_arm"].items()},
+        seeds_per_arm={canonical_arm(arm): int(n) for arm, n in seeds["per_arm"].items()},
         planned_effect=float(power["standardised"]),
         power_target=float(seeds["power"]["target"]),
         guard_clip_grad_norm=float(raw["arms"]["guard_clip_grad_norm"]),
@@ -217,10 +228,10 @@ def load_config(path: Path = CONFIG_PATH) -> StudyConfig:
         matched_max_ratio=float(replays["matched_max_ratio"]),
         plateau_loss=float(raw["plateau"]["loss"]),
         plateau_window=int(raw["plateau"]["window"]),
-        landscape_family=tuple(FamilyComparison(a, b) for a, b in raw["landscape"]["family"]),
+        landscape_family=_comparisons(raw["landscape"]["family"]),
         landscape_seeds=int(raw["landscape"]["seeds_per_arm"]),
         depth_condition=raw["depth"]["condition"],
-        depth_family=tuple(FamilyComparison(a, b) for a, b in raw["depth"]["family"]),
+        depth_family=_comparisons(raw["depth"]["family"]),
         depth_seeds=int(raw["depth"]["seeds_per_arm"]),
         depth_learns_at_most=float(raw["depth"]["learns_at_most"]),
         depth_budget=Budget(

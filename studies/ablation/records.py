@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from studies.ablation.arm_names import canonical_arm
 from studies.tb_reader import Series, seven_digits
 
 # The losses of the report are of the transducer objective after warm-up, 0.5 x simple + pruned per frame,
@@ -153,7 +154,8 @@ class RunResult:
         filters: Optional[Dict[Tuple[int, str], Series]] = None,
     ) -> "RunResult":
         """A run from its full form, or from the form without series (``data`` has no ``scalars``) and its
-        series, ``scalars`` and ``filters``, read from their own file."""
+        series, ``scalars`` and ``filters``, read from their own file; its arm by its name now
+        (:mod:`studies.ablation.arm_names`)."""
         wer_at: Dict[int, Dict[Tuple[str, str], float]] = {}
         for step, m, t, v in data.get("wer_at", []):
             wer_at.setdefault(int(step), {})[(m, t)] = v
@@ -162,8 +164,9 @@ class RunResult:
             filters = {
                 (int(layer), stat): [(int(s), float(v)) for s, v in series] for layer, stat, series in data["filters"]
             }
+        key = data["key"]
         return RunResult(
-            RunKey(**data["key"]),
+            RunKey(key["condition"], canonical_arm(key["arm"]), key["seed"]),
             {(m, t): v for m, t, v in data["wer"]},
             scalars,
             filters,

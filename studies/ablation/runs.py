@@ -17,6 +17,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from icefall_lite.train.tb_tags import TrainingScalarTags
 from icefall_lite.utils import write_text_atomic
+from studies.ablation.arm_names import canonical_arm, stored_names
 from studies.ablation.compact import read_run_summary, write_run_summary
 from studies.ablation.cpus import computes_as
 from studies.ablation.pairing import cpu_name
@@ -158,14 +159,15 @@ _RUN_SUMMARY = re.compile(r"seed-(\d+)\.json")
 
 
 def stored_runs(summaries_dir: Path, condition: str, arm: str = "*") -> List[RunKey]:
-    """The runs of ``condition`` (of one ``arm``, or of every arm) with a summary kept, by arm then seed; a
+    """The runs of ``condition`` (of one ``arm``, or of every arm: ``*``) with a summary kept, by arm then seed,
+    arms by their names now (a folder of an old name counts as its arm's, :mod:`studies.ablation.arm_names`); a
     replay's summary (``replays/seed-<seed>-from-<step>.json``) is not a run's."""
-    keys = [
-        RunKey(condition, path.parent.name, int(match.group(1)))
-        for path in summaries_dir.glob(f"{condition}/{arm}/seed-*.json")
+    keys = {
+        RunKey(condition, canonical_arm(path.parent.name), int(match.group(1)))
+        for path in summaries_dir.glob(f"{condition}/*/seed-*.json")
         if (match := _RUN_SUMMARY.fullmatch(path.name))
-    ]
-    return sorted(keys, key=lambda k: (k.arm, k.seed))
+    }
+    return sorted((k for k in keys if arm in ("*", k.arm)), key=lambda k: (k.arm, k.seed))
 
 
 def write_summary(summaries_dir: Path, result) -> Path:
@@ -180,10 +182,13 @@ def write_summary(summaries_dir: Path, result) -> Path:
 
 
 def read_summary(summaries_dir: Path, key: RunKey) -> Optional[RunResult]:
-    """The run's summary (either form, :func:`studies.ablation.compact.read_run_summary`), or None when it has
-    none yet; with the CPU its CPU computes as, where ``<summaries_dir>/cpus.json`` records a reproduction."""
-    path = summary_path(summaries_dir, key)
-    if not path.is_file():
+    """The run's summary (either form, :func:`studies.ablation.compact.read_run_summary`; in its arm's folder or
+    in the folder of the arm's old name), or None when it has none yet; with the CPU its CPU computes as, where
+    ``<summaries_dir>/cpus.json`` records a reproduction."""
+    names = stored_names(canonical_arm(key.arm))
+    stored = [summary_path(summaries_dir, RunKey(key.condition, name, key.seed)) for name in names]
+    path = next((p for p in stored if p.is_file()), None)
+    if path is None:
         return None
     result = read_run_summary(path)
     joined = computes_as(summaries_dir, key.condition, result.machine.get("torch", ""))
