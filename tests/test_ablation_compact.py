@@ -7,6 +7,7 @@ import json
 import lzma
 import math
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,16 @@ def test_a_run_written_now_keeps_its_series_at_the_full_forms_7_digits(tmp_path)
     assert back.scalars["simple_loss"] == [(1, 5.194011), (2, 0.3)]
     assert back.filters == {(0, "max_over_median"): [(1, 3.421232)]}
     assert _bits(back) == _bits(RunResult.from_json(raw.to_json()))
+
+
+def test_the_committed_study_outputs_are_compact_and_within_15_mb():
+    """Every committed run summary is the compact pair (its series file beside it), and the ablation's and the
+    depth pilot's outputs (summaries and plots) stay within 15 MB, as issue 60 asks (70 MB of inline per-step
+    JSON before)."""
+    studies = Path(__file__).resolve().parents[1] / "studies"
+    folders = [studies / "ablation" / "summaries", studies / "ablation" / "plots", studies / "depth" / "summaries"]
+    summaries = [p for f in folders[::2] for p in f.rglob("seed-*.json") if p.stem[len("seed-") :].isdigit()]
+    assert len(summaries) >= 161
+    for path in summaries:
+        assert json.loads(path.read_text())["series"] == series_path(path).name and series_path(path).is_file(), path
+    assert sum(p.stat().st_size for f in folders for p in f.rglob("*") if p.is_file()) <= 15_000_000
