@@ -124,26 +124,33 @@ def test_the_plots_of_steps_acting_and_of_outliers_by_depth(tmp_path):
     arms = {a.name: a for a in make_arms(Thresholds())}
     shallow = _run({0: [1, 30, 2, 2], 1: [1, 6, 1, 1]})
     deep = replace(_run({0: [1, 2, 2, 2], 1: [1, 3, 40, 1], 2: [1, 1, 1, 90]}), key=RunKey("digits-12", "none", 42))
-    zclip = [replace(_run({0: [1, 1, 1, 1]}, seed=seed), key=RunKey("digits", "zclip", seed)) for seed in (42, 43)]
+    zclip = [
+        replace(_run({0: [1, 1, 1, 1]}, seed=seed), key=RunKey("digits", "zclip-z-threshold", seed))
+        for seed in (42, 43)
+    ]
     zclip[0].scalars["clip_scale"] = [(1, 1.0), (2, 0.5), (3, 1.0), (4, 1.0)]  # 1 of 4 steps
     zclip[1].scalars["clip_scale"] = [(1, 0.9), (2, 0.5), (3, 1.0), (4, 1.0)]  # 2 of 4
     errors = replace(_run({0: [1, 1, 1, 1]}), key=RunKey("digits", "error-clip", 42))  # logged no statistic
-    groups = {"none": [shallow], "zclip": zclip, "error-clip": [errors]}
-    assert acting_by_arm(groups, arms) == {"zclip": [(42, 25.0), (43, 50.0)], "error-clip": []}
+    groups = {"none": [shallow], "zclip-z-threshold": zclip, "error-clip": [errors]}
+    assert acting_by_arm(groups, arms) == {"zclip-z-threshold": [(42, 25.0), (43, 50.0)], "error-clip": []}
 
-    plots = write_plots([shallow, *zclip, errors], arms, tmp_path / "a", [25], landscape=["zclip", "agc"])
+    plots = write_plots(
+        [shallow, *zclip, errors], arms, tmp_path / "a", [25], landscape=["zclip-z-threshold", "agc-clipping"]
+    )
     assert "digits steps-acting" in plots and "depth outliers" not in plots
     assert not _blank(plots["digits steps-acting"])
     assert "digits landscape-wer-per-seed" not in plots  # no landscape condition named
     plots = write_plots(
-        [shallow, *zclip], arms, tmp_path / "e", [25], landscape=["zclip"], landscape_condition="digits"
+        [shallow, *zclip], arms, tmp_path / "e", [25], landscape=["zclip-z-threshold"], landscape_condition="digits"
     )
     assert not _blank(plots["digits landscape-wer-per-seed"]) and not _blank(plots["digits wer-per-seed"])
     assert "digits steps-acting" not in write_plots([shallow, *zclip], arms, tmp_path / "b", [25])
 
     stress = replace(shallow, key=RunKey("stress", "none", 42))  # another corpus and model: not a depth
     assert "depth outliers" not in write_plots([shallow, stress], arms, tmp_path / "d", [25], depths=["digits"])
-    plots = write_plots([shallow, deep, stress], arms, tmp_path / "c", [25], landscape=["zclip"], depths=DEPTHS)
+    plots = write_plots(
+        [shallow, deep, stress], arms, tmp_path / "c", [25], landscape=["zclip-z-threshold"], depths=DEPTHS
+    )
     assert plots["depth outliers"].name == "ablation-depth-outliers.png" and not _blank(plots["depth outliers"])
     assert not any(kind.endswith("steps-acting") for kind in plots)
 

@@ -25,10 +25,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from icefall_lite.decoding.metrics import load_wer_summary
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.utils import atomic_output, script_parser, write_text_atomic
+from studies.learning_speed.arms import RECIPE_DIR
 
 HERE = Path(__file__).resolve().parent
-# The recipe whose decode.py decodes the runs' checkpoints.
-DECODE_PY = HERE.parents[1] / "egs" / "librispeech" / "ASR" / "lstm_transducer_stateless" / "decode.py"
+# The recipe's decode.py, which decodes the runs' checkpoints.
+DECODE_PY = RECIPE_DIR / "lstm_transducer_stateless" / "decode.py"
 
 # (minutes of training, WER %) points of one run
 Curve = List[Tuple[float, float]]

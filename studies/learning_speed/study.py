@@ -29,13 +29,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from icefall_lite.utils import script_parser
-from studies.learning_speed.arms import ARMS
+from studies.learning_speed.arms import ARMS, RECIPE_DIR
 from studies.learning_speed.report import README, SECTION, render_section
 from studies.learning_speed.run import done_file, finished_results, run_arm
 from studies.runner import Progress, StudyError
 
-# The recipe whose train.py and decode.py the arms run (the commands are relative to it).
-RECIPE_DIR = Path(__file__).resolve().parents[2] / "egs" / "librispeech" / "ASR"
 # Before the first arm is timed: its budget plus about 1.5 minutes of validation and decoding.
 SETUP_MINUTES = 1.5
 
