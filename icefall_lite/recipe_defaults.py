@@ -4,7 +4,7 @@ train.py trains :data:`NUM_EPOCHS` epochs into :data:`EXP_DIR`; decode.py,
 streaming_decode.py, export_onnx.py, sherpa_onnx_decode.py, demo.sh and
 benchmarks/bench_decode.py then use ``--epoch NUM_EPOCHS --avg AVG`` of it.
 5 epochs of the 10.7-h default corpus, averaged over the last 2, was chosen by
-the learning-speed study (RESULTS.md, "Learning speed").
+the learning-speed study (studies/learning_speed/README.md).
 
 ``--max-duration`` (seconds of audio per batch) has one default for training
 and one for decoding: small training batches give a 2-core CPU more updates
