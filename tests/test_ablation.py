@@ -113,11 +113,11 @@ from studies.ablation.verify import verify_cpu
 from studies.runner import StudyError, cpu_flags_digest, cpu_model, machine_record
 
 ABLATION = RECIPE / "lstm_transducer_stateless" / "ablation.py"
-ARMS = ["none", "filter", "value"]  # the tiny run's arms, in table order
+ARMS = ["none", "grad-filter-threshold", "clip-grad-value"]  # the tiny run's arms, in table order
 SEEDS = [42, 43]
 STEPS = 6
 WARM = 1  # --model-warm-step of the tiny runs: full loss weights from step 2
-CUT_OFF = RunKey("digits", "filter", 43)
+CUT_OFF = RunKey("digits", "grad-filter-threshold", 43)
 SUMMARIES = cli.get_parser().get_default("summaries")  # the run summaries' folder in --results-dir
 POINTS = (4, 6)  # a third of 6 steps (2) has fewer than --avg 2 checkpoints before it: dropped
 
@@ -231,7 +231,7 @@ def test_outlier_rows_per_layer_top_first():
 
 def test_steps_filtered_counts_steps_where_any_layer_filtered():
     r = _run(
-        "filter",
+        "grad-filter-threshold",
         1,
         50.0,
         {0: [1, 1, 1, 1], 1: [1, 1, 1, 1]},
@@ -245,21 +245,21 @@ def test_paired_comparisons_are_per_seed_and_on_one_cpu_model():
     flat = {0: [1.0] * 4}
     runs = (
         [_run("none", s, w, flat) for s, w in ((1, 60.0), (2, 62.0), (3, 61.0))]
-        + [_run("filter", s, w, flat) for s, w in ((1, 50.0), (2, 52.0), (3, 51.5))]
-        + [_run("clip", s, w, flat) for s, w in ((1, 59.0), (2, 63.0), (3, 61.5))]
+        + [_run("grad-filter-threshold", s, w, flat) for s, w in ((1, 50.0), (2, 52.0), (3, 51.5))]
+        + [_run("clip-grad-norm", s, w, flat) for s, w in ((1, 59.0), (2, 63.0), (3, 61.5))]
     )
     for r in runs:
         r.machine = {"cpu_model": "Intel Xeon", "torch": "2.13.0"}
     runs[-1].machine = {"cpu_model": "AMD EPYC", "torch": "2.13.0"}  # clip / seed 3: not paired with none's
     cs = {(c.arm, c.metric.header): c for c in paired_comparisons(runs, ["greedy_search"])}
-    f = cs[("filter", "greedy test-clean")]
+    f = cs[("grad-filter-threshold", "greedy test-clean")]
     assert f.per_seed == {1: -10.0, 2: -10.0, 3: -9.5}
     diffs = [-10.0, -10.0, -9.5]
     sem = statistics.stdev(diffs) / math.sqrt(3)
     assert f.difference.mean == pytest.approx(statistics.mean(diffs), abs=1e-12)
     # t(0.975, df 2) = 4.302652729696 (tables)
     assert f.difference.high - f.difference.mean == pytest.approx(4.302652729696 * sem, rel=1e-9)
-    c = cs[("clip", "greedy test-other")]
+    c = cs[("clip-grad-norm", "greedy test-other")]
     assert c.per_seed == {1: -1.0, 2: 1.0} and c.pairing.straddling == [3]
     table = format_comparisons(list(cs.values()), arms)
     assert "| stress | clip_grad_norm 5 | greedy test-other | 2 | -1.00, +1.00 | +0.00 |" in table
@@ -269,7 +269,7 @@ def test_paired_comparisons_are_per_seed_and_on_one_cpu_model():
 def test_pairs_need_one_instruction_set_and_one_thread_count():
     # A virtual machine may name two CPU generations "AMD EPYC"; their flags (and a run's threads) tell them apart.
     none = [_run("none", s, 60.0 + s, {0: [1.0] * 4}) for s in (1, 2, 3)]
-    guard = [_run("guard", s, 59.0 + s, {0: [1.0] * 4}) for s in (1, 2, 3)]
+    guard = [_run("clip-grad-norm-1000", s, 59.0 + s, {0: [1.0] * 4}) for s in (1, 2, 3)]
     same = {"cpu_model": "AMD EPYC", "cpu_flags": "0123456789ab", "threads": "2", "torch": "2.13.0"}
     for r in none + guard:
         r.machine = dict(same)
@@ -570,22 +570,22 @@ def test_arms_set_every_control_and_switch_the_others_off():
     arms = {a.name: a for a in make_arms(t)}
     assert list(arms) == [
         "none",
-        "clip",
-        "guard",
-        "filter",
-        "filter-clip",
-        "clip-relative",
-        "clip-relative-5",
-        "filter-10",
-        "filter-5",
-        "agc",
-        "value",
+        "clip-grad-norm",
+        "clip-grad-norm-1000",
+        "grad-filter-threshold",
+        "grad-filter-threshold+clip-grad-norm",
+        "clip-grad-norm-relative",
+        "clip-grad-norm-relative-5",
+        "grad-filter-threshold-10",
+        "grad-filter-threshold-5",
+        "agc-clipping",
+        "clip-grad-value",
         "error-clip",
-        "filter-hard",
-        "zclip",
-        "autoclip",
-        "scaled-adam",
-        "recurrent-clip",
+        "grad-filter-mode-hard-mask",
+        "zclip-z-threshold",
+        "autoclip-percentile",
+        "scaled-adam-clipping-scale",
+        "recurrent-grad-clip",
     ]
 
     def flags(name):
@@ -596,33 +596,51 @@ def test_arms_set_every_control_and_switch_the_others_off():
     off = {flag_of(c): ("inf" if c == "grad_filter_threshold" else "0") for c in CONTROLS}
     assert len(off) == 1 + len(GRADIENT_CONTROL_FLAGS) >= 6
     assert flags("none") == off
-    assert flags("filter-clip") == {**off, "--grad-filter-threshold": "25", "--clip-grad-norm": "5"}
-    assert flags("guard") == {**off, "--clip-grad-norm": "1000"}
-    assert flags("filter-5") == {**off, "--grad-filter-threshold": "5"}
-    assert flags("clip-relative") == {**off, "--clip-grad-norm-relative": "2"}
-    assert flags("clip-relative-5") == {**off, "--clip-grad-norm-relative": "5"}
-    assert flags("agc") == {**off, "--agc-clipping": "0.08"}
-    assert flags("value") == {**off, "--clip-grad-value": "0.1"}
+    assert flags("grad-filter-threshold+clip-grad-norm") == {
+        **off,
+        "--grad-filter-threshold": "25",
+        "--clip-grad-norm": "5",
+    }
+    assert flags("clip-grad-norm-1000") == {**off, "--clip-grad-norm": "1000"}
+    assert flags("grad-filter-threshold-5") == {**off, "--grad-filter-threshold": "5"}
+    assert flags("clip-grad-norm-relative") == {**off, "--clip-grad-norm-relative": "2"}
+    assert flags("clip-grad-norm-relative-5") == {**off, "--clip-grad-norm-relative": "5"}
+    assert flags("agc-clipping") == {**off, "--agc-clipping": "0.08"}
+    assert flags("clip-grad-value") == {**off, "--clip-grad-value": "0.1"}
     assert flags("error-clip") == {**off, "--error-clip": "0.0001"}
-    assert flags("filter-hard") == {**off, "--grad-filter-threshold": "25", "--grad-filter-mode": "hard-mask"}
-    assert flags("zclip") == {**off, "--zclip-z-threshold": "2.5"}
-    assert flags("autoclip") == {**off, "--autoclip-percentile": "10"}
-    assert flags("scaled-adam") == {**off, "--scaled-adam-clipping-scale": "2"}
-    assert flags("recurrent-clip") == {**off, "--recurrent-grad-clip": "30"}
-    filtering = ["filter", "filter-clip", "filter-10", "filter-5", "filter-hard"]
+    assert flags("grad-filter-mode-hard-mask") == {
+        **off,
+        "--grad-filter-threshold": "25",
+        "--grad-filter-mode": "hard-mask",
+    }
+    assert flags("zclip-z-threshold") == {**off, "--zclip-z-threshold": "2.5"}
+    assert flags("autoclip-percentile") == {**off, "--autoclip-percentile": "10"}
+    assert flags("scaled-adam-clipping-scale") == {**off, "--scaled-adam-clipping-scale": "2"}
+    assert flags("recurrent-grad-clip") == {**off, "--recurrent-grad-clip": "30"}
+    filtering = [
+        "grad-filter-threshold",
+        "grad-filter-threshold+clip-grad-norm",
+        "grad-filter-threshold-10",
+        "grad-filter-threshold-5",
+        "grad-filter-mode-hard-mask",
+    ]
     assert [a.name for a in arms.values() if a.filter_on] == filtering
     with pytest.raises(ValueError, match="unknown control"):
         Arm("x", "x", (("clip_norm", 1.0),))
     # Flags recorded before a control existed mean it off; a different value is a different arm.
     old = ["--grad-filter-threshold", "inf", "--clip-grad-norm", "5"]
-    assert same_controls(old, arms["clip"].train_flags())
-    assert not same_controls(old, arms["guard"].train_flags())
-    plan = Plan(["stress", "default"], [arms["none"], arms["filter"]], {"none": [42, 43], "filter": [42]})
+    assert same_controls(old, arms["clip-grad-norm"].train_flags())
+    assert not same_controls(old, arms["clip-grad-norm-1000"].train_flags())
+    plan = Plan(
+        ["stress", "default"],
+        [arms["none"], arms["grad-filter-threshold"]],
+        {"none": [42, 43], "grad-filter-threshold": [42]},
+    )
     assert [k.relpath for k in plan.runs] == [
         "stress/none/seed-42",
-        "stress/filter/seed-42",
+        "stress/grad-filter-threshold/seed-42",
         "default/none/seed-42",
-        "default/filter/seed-42",
+        "default/grad-filter-threshold/seed-42",
         "stress/none/seed-43",
         "default/none/seed-43",
     ], "seed-major; an arm with fewer seeds drops out after its last"
@@ -819,7 +837,7 @@ def ablation(tiny_data, tmp_path_factory):
             "0",
             "--average-period",
             "1",
-            *new_arm("filter", "", grad_filter_threshold=25).train_flags(),
+            *new_arm("GradientFilter 25", Thresholds(), grad_filter_threshold=25).train_flags(),
             *("--model-warm-step", str(WARM), *CONDITIONS["digits"].train_flags),
             *TINY_MODEL,
         ],
@@ -890,7 +908,11 @@ def test_table_rows_are_mean_and_spread_of_their_sources(ablation):
 
 def test_arms_train_what_they_say_and_the_observer_never_filters(ablation):
     out = ablation["out"]
-    expected = {"none": ("inf", "0.0", "0.0"), "filter": ("25.0", "0.0", "0.0"), "value": ("inf", "0.01", "0.0")}
+    expected = {
+        "none": ("inf", "0.0", "0.0"),
+        "grad-filter-threshold": ("25.0", "0.0", "0.0"),
+        "clip-grad-value": ("inf", "0.01", "0.0"),
+    }
     for arm, (threshold, value, clip) in expected.items():
         for seed in SEEDS:
             run_dir = out / "exp" / "digits" / arm / f"seed-{seed}"
@@ -914,7 +936,7 @@ def test_arms_train_what_they_say_and_the_observer_never_filters(ablation):
         for arm in ARMS
         for s in SEEDS
     }
-    assert first_loss[("none", 42)] == first_loss[("filter", 42)] == first_loss[("value", 42)]
+    assert first_loss[("none", 42)] == first_loss[("grad-filter-threshold", 42)] == first_loss[("clip-grad-value", 42)]
     assert first_loss[("none", 42)] != first_loss[("none", 43)]
 
 
@@ -934,8 +956,8 @@ def test_the_reports_sections_commands_and_plots(ablation):
     assert "| no filter | 3.79 | 9.71 |" in text and "| GradientFilter 25 − no filter | -0.13 | -0.20 |" in text
     assert "pull/558" in text
     # The family: filter - none has its 2 pairs, the arms that did not run none.
-    assert re.search(r"^\| `filter` − `none` \| 2 \| [+-]\d", text, re.M)
-    assert "| `guard` − `none` | 0 | - | - | - | - | - | not tested: 0 pair(s) |" in text
+    assert re.search(r"^\| `grad-filter-threshold` − `none` \| 2 \| [+-]\d", text, re.M)
+    assert "| `clip-grad-norm-1000` − `none` | 0 | - | - | - | - | - | not tested: 0 pair(s) |" in text
     assert "## WER at each decoding point" in text
     assert "greedy test-other at 4 | greedy test-clean at 6" in text
     commands = text.split("<summary>Every command")[1]
@@ -955,10 +977,10 @@ def test_the_reports_sections_commands_and_plots(ablation):
             "filter-fraction",
             "train-loss",
             "wer-per-seed",
-            "landscape-wer-per-seed",  # value's own figure, beside none
+            "landscape-wer-per-seed",  # clip-grad-value's own figure, beside none
             "wer-curve-test-clean",
             "wer-curve-test-other",
-            "steps-acting",  # value is a landscape arm
+            "steps-acting",  # clip-grad-value is a landscape arm
         )
     ]
     for name in images:
@@ -1005,9 +1027,9 @@ def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
         ]
     )
     s = cli.resolve_settings(parser, args)
-    assert [k.relpath for k in s.plan.runs[:2]] == ["stress/none/seed-42", "stress/clip/seed-42"]
+    assert [k.relpath for k in s.plan.runs[:2]] == ["stress/none/seed-42", "stress/clip-grad-norm/seed-42"]
     assert len(s.plan.runs) == 9 * 2
-    key = RunKey("stress", "agc", 43)
+    key = RunKey("stress", "agc-clipping", 43)
     train = train_command(s, key)
     # A third of 300 steps (100) has 2 checkpoints before it (50, 100), fewer than --avg 2 + 1: dropped.
     assert s.decode_points(300) == [200, 300]
@@ -1031,11 +1053,19 @@ def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
     assert "--model-warm-step 100" in joined_train and "--keep-last-k 0" in joined_train
     # The primary set: family.json's arms, seeds per arm and replays.
     primary = cli.resolve_settings(parser, parser.parse_args(["--work-dir", str(tiny_data)]))
-    names = ["none", "clip", "guard", "filter", "filter-clip", "clip-relative", "clip-relative-5"]
+    names = [
+        "none",
+        "clip-grad-norm",
+        "clip-grad-norm-1000",
+        "grad-filter-threshold",
+        "grad-filter-threshold+clip-grad-norm",
+        "clip-grad-norm-relative",
+        "clip-grad-norm-relative-5",
+    ]
     assert [a.name for a in primary.plan.arms] == names
     assert {a: len(primary.plan.seeds[a]) for a in names} == STUDY.seeds_per_arm
     assert primary.plan.all_seeds == list(range(42, 59)) and len(primary.plan.runs) == 59
-    assert [k.arm for k in primary.plan.runs if k.seed == 47] == ["none", "filter"]
+    assert [k.arm for k in primary.plan.runs if k.seed == 47] == ["none", "grad-filter-threshold"]
     assert (primary.replay_events, primary.replays_per_seed, primary.args.replay_steps) == (10, 2, 100)
     assert primary.decode_points(1800) == [600, 1200, 1800]
     none = shlex.join(train_command(primary, RunKey("digits", "none", 42)))
@@ -1044,7 +1074,7 @@ def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
     assert "--iter 600 --avg 2 --use-averaged-model true" in shlex.join(
         decode_command(primary, "digits", primary.run_dir(key), "greedy_search", primary.decoding_of(600))
     )
-    assert "--clip-grad-norm 1000" in shlex.join(train_command(primary, RunKey("digits", "guard", 42)))
+    assert "--clip-grad-norm 1000" in shlex.join(train_command(primary, RunKey("digits", "clip-grad-norm-1000", 42)))
     assert kept_checkpoints(primary, 1800) == [1700, 1800]
     # Averaging between checkpoints needs the budget and the window on multiples of the average period.
     with pytest.raises(SystemExit):
@@ -1089,8 +1119,10 @@ def test_rerun_with_other_settings_is_refused_and_list_shows_the_plan(ablation, 
     args[args.index("--clip-grad-value") + 1] = "0.5"
     assert cli.main(args) == 1
     err = capsys.readouterr().err
-    assert re.search(r"value/seed-42 was trained with --grad-filter-threshold inf [^,]*--clip-grad-value 0\.01 ", err)
-    assert re.search(r"but arm value is now --grad-filter-threshold inf [^;]*--clip-grad-value 0\.5 ", err)
+    assert re.search(
+        r"clip-grad-value/seed-42 was trained with --grad-filter-threshold inf [^,]*--clip-grad-value 0\.01 ", err
+    )
+    assert re.search(r"but arm clip-grad-value is now --grad-filter-threshold inf [^;]*--clip-grad-value 0\.5 ", err)
     assert len(list((out / "exp").rglob("checkpoint-6.pt"))) == len(ARMS) * len(SEEDS)
     listing = subprocess.run(
         ablation_args(tiny_data, out, "--num-seeds", "3", "--list"),
@@ -1103,7 +1135,7 @@ def test_rerun_with_other_settings_is_refused_and_list_shows_the_plan(ablation, 
     lines = listing.stdout.splitlines()
     assert len(lines) == 3 * len(ARMS)
     assert sum("done" in line.split()[1] for line in lines) == 2 * len(ARMS)
-    assert lines[-1].split()[:2] == ["digits/value/seed-44", "to"]
+    assert lines[-1].split()[:2] == ["digits/clip-grad-value/seed-44", "to"]
 
 
 def test_bad_thresholds_and_arms_are_refused(tiny_data, tmp_path):
@@ -1322,22 +1354,26 @@ def test_a_run_whose_seed_ran_on_another_cpu_is_skipped(ablation, tiny_data, tmp
     parser = cli.get_parser()
     args = ablation_args(tiny_data, tmp_path)[2:]
     s = cli.resolve_settings(parser, parser.parse_args(args))
-    assert runs_on_other_cpus(s, RunKey("digits", "filter", 43)) == []  # every run made here
+    assert runs_on_other_cpus(s, RunKey("digits", "grad-filter-threshold", 43)) == []  # every run made here
     other = {**machine_record(), "threads": "64"}
     none_43 = summaries / "digits" / "none" / "seed-43.json"
     data = json.loads(none_43.read_text())
     none_43.write_text(json.dumps({**data, "machine": other}))
-    for arm in ("filter", "value"):
+    for arm in ("grad-filter-threshold", "clip-grad-value"):
         (summaries / "digits" / arm / "seed-43.json").unlink()
-    (summaries / "digits" / "filter" / "seed-42.json").unlink()
-    assert runs_on_other_cpus(s, RunKey("digits", "filter", 43)) == [f"none / seed-43 ({cpu_name(other)})"]
-    assert runs_on_other_cpus(s, RunKey("digits", "filter", 42)) == []
-    assert runs_on_other_cpus(s, RunKey("digits", "filter", 44)) == []  # no run of seed 44 yet
+    (summaries / "digits" / "grad-filter-threshold" / "seed-42.json").unlink()
+    assert runs_on_other_cpus(s, RunKey("digits", "grad-filter-threshold", 43)) == [
+        f"none / seed-43 ({cpu_name(other)})"
+    ]
+    assert runs_on_other_cpus(s, RunKey("digits", "grad-filter-threshold", 42)) == []
+    assert runs_on_other_cpus(s, RunKey("digits", "grad-filter-threshold", 44)) == []  # no run of seed 44 yet
     made = []
     monkeypatch.setattr(plan, "run_one", lambda s, key: made.append(key))
     monkeypatch.setattr(plan, "write_report", lambda s, command: None)
     assert run_plan(s, "test") == 1
-    assert made == [RunKey("digits", "filter", 42)], "filter and value of seed 43 would pair with none of its runs"
+    assert made == [RunKey("digits", "grad-filter-threshold", 42)], (
+        "grad-filter-threshold and clip-grad-value of seed 43 would pair with none of its runs"
+    )
 
 
 def _series_run(**series) -> RunResult:
@@ -1372,7 +1408,7 @@ def _cpu(flags: str) -> Dict[str, str]:
 
 
 def _record(cpu: str, of: str, parted=None, condition="digits", torch="2.13.0+cpu") -> Reproduction:
-    runs = {f"{condition}/none/seed-42": parted, f"{condition}/filter/seed-42": None}
+    runs = {f"{condition}/none/seed-42": parted, f"{condition}/grad-filter-threshold/seed-42": None}
     return Reproduction(cpu_name(_cpu(cpu)), cpu_name(_cpu(of)), 200, runs, "d", ["cmd"], torch)
 
 
@@ -1383,13 +1419,13 @@ def test_a_cpu_recorded_as_reproducing_anothers_runs_pairs_with_them(tmp_path):
     none = _series_run(grad_norm=[(1, 1.0)])
     none.machine, none.wer = _cpu("aaa"), {("greedy_search", "test-other"): 8.0}
     filt = _series_run(grad_norm=[(1, 1.0)])
-    filt.key, filt.machine = RunKey("digits", "filter", 42), _cpu("bbb")
+    filt.key, filt.machine = RunKey("digits", "grad-filter-threshold", 42), _cpu("bbb")
     filt.wer = {("greedy_search", "test-other"): 7.0}
     for run in (none, filt):
         write_summary(tmp_path, run)
 
     def pairing():
-        runs = [read_summary(tmp_path, RunKey("digits", arm, 42)) for arm in ("filter", "none")]
+        runs = [read_summary(tmp_path, RunKey("digits", arm, 42)) for arm in ("grad-filter-threshold", "none")]
         return pair_runs([runs[0]], [runs[1]], lambda r: r.wer[("greedy_search", "test-other")])
 
     assert pairing().straddling == [42] and not pairing().differences
@@ -1405,7 +1441,7 @@ def test_a_cpu_recorded_as_reproducing_anothers_runs_pairs_with_them(tmp_path):
     assert computes_as(tmp_path, "digits", "2.13.0+cpu") == {a: a, b: a}
     assert read_summary(tmp_path, filt.key).computes_as == a and read_summary(tmp_path, none.key).computes_as == a
     assert pairing().differences == {42: -1.0} and not pairing().straddling
-    assert "computes_as" not in json.loads((tmp_path / "digits" / "filter" / "seed-42.json").read_text())
+    assert "computes_as" not in json.loads((tmp_path / "digits" / "grad-filter-threshold" / "seed-42.json").read_text())
     # ccc reproduced bbb, and aaa reproduced bbb too (the other way round): all three count as one.
     write_reproduction(tmp_path, _record("ccc", "bbb"))
     write_reproduction(tmp_path, _record("aaa", "bbb"))
@@ -1429,7 +1465,9 @@ def test_verify_cpu_retrains_another_cpus_runs_and_records_whether_they_reproduc
     parser = cli.get_parser()
     s = cli.resolve_settings(parser, parser.parse_args(ablation_args(tiny_data, tmp_path)[2:]))
     none_42 = read_summary(summaries, RunKey("digits", "none", 42))
-    assert runs_on_other_cpus(s, RunKey("digits", "filter", 42)) == [f"none / seed-42 ({cpu_name(other)})"]
+    assert runs_on_other_cpus(s, RunKey("digits", "grad-filter-threshold", 42)) == [
+        f"none / seed-42 ({cpu_name(other)})"
+    ]
     assert not pairs_here(s, none_42), "its replays would be skipped"
     results_md = tmp_path / "results" / "README.md"
     write_report(s, "test")
@@ -1443,21 +1481,21 @@ def test_verify_cpu_retrains_another_cpus_runs_and_records_whether_they_reproduc
     assert reproduction.torch == torch.__version__
     assert len(reproduction.commands) == 1 and "--max-batches 3 " in reproduction.commands[0]
     assert not (tmp_path / "exp" / VERIFY_DIR).exists(), "the retrainings are removed"
-    assert runs_on_other_cpus(s, RunKey("digits", "filter", 42)) == []
+    assert runs_on_other_cpus(s, RunKey("digits", "grad-filter-threshold", 42)) == []
     assert pairs_here(s, read_summary(summaries, RunKey("digits", "none", 42)))
     write_report(s, "test")
     text = results_md.read_text()
     assert int(left_out.search(text)[1]) == 0
     assert f"{cpu_name(machine_record())} with torch {torch.__version__} reproduced every one of the first 3" in text
 
-    changed = summaries / "digits" / "none" / "seed-43.json"
-    data = json.loads(changed.read_text())
-    data["scalars"]["simple_loss"][1][1] *= 1.001
-    changed.write_text(json.dumps(data))
+    changed = read_summary(summaries, RunKey("digits", "none", 43))
+    step, loss = changed.scalars["simple_loss"][1]
+    changed.scalars["simple_loss"][1] = (step, loss * 1.001)  # the summary's loss at step 2 no longer the run's
+    write_summary(summaries, changed)
     (reproduction,) = verify_cpu(s, 3)
     assert reproduction.runs == {"digits/none/seed-43": 2} and not reproduction.reproduced
     assert read_reproductions(summaries) == [reproduction]
-    assert runs_on_other_cpus(s, RunKey("digits", "filter", 42)) != []
+    assert runs_on_other_cpus(s, RunKey("digits", "grad-filter-threshold", 42)) != []
     write_report(s, "test")
     assert int(left_out.search(results_md.read_text())[1]) > 0
 

@@ -34,7 +34,7 @@ RECIPE_DIR = STUDY_DIR.parents[1] / "egs" / "librispeech" / "ASR"  # the recipe'
 DEFAULT_THRESHOLDS = Thresholds()
 # The arms' thresholds: train.py's gradient controls (the registry), under train.py's names (ablation.py's flag ->
 # Thresholds field). The relative clip takes several values (its sweep: the first is the arm of the plain name,
-# clip-relative: 2x), so it is parsed apart.
+# clip-grad-norm-relative: 2x), so it is parsed apart.
 THRESHOLD_FLAGS = tuple(dest for dest in DESTS if dest != "clip_grad_norm_relative")
 
 
@@ -81,32 +81,24 @@ def get_parser() -> argparse.ArgumentParser:
         help="the run summaries' folder in --results-dir (default: the round's, summaries/round-<n>)",
     )
     add_threshold = parser.add_argument_group("thresholds of the arms (train.py's flags of those names)").add_argument
-    add_threshold("--grad-filter-threshold", type=float, default=t.grad_filter_threshold, help="filter, filter-clip")
-    add_threshold("--filter-sweep", type=float, nargs="*", default=list(t.filter_sweep), help="arms filter-<t>")
-    add_threshold("--clip-grad-norm", type=float, default=t.clip_grad_norm, help="max norm of clip, filter-clip")
-    add_threshold("--guard-clip-grad-norm", type=float, default=t.guard, help="max norm of the guard arm")
+    for dest in THRESHOLD_FLAGS:  # each train.py rule's threshold, under its flag (the arm of that name)
+        name = dest.replace("_", "-")
+        add_threshold(
+            f"--{name}", type=float, default=getattr(t, dest), help=f"arm {name}, and the arms joining it with +"
+        )
+    add_threshold(
+        "--filter-sweep", type=float, nargs="*", default=list(t.filter_sweep), help="arms grad-filter-threshold-<t>"
+    )
+    add_threshold(
+        "--guard-clip-grad-norm", type=float, default=t.guard, help="max norm of the guard, arm clip-grad-norm-<it>"
+    )
     add_threshold(
         "--clip-grad-norm-relative",
         type=float,
         nargs="+",
         default=[t.clip_grad_norm_relative, *t.relative_sweep],
-        help="multiples of the running median norm: clip-relative (the first), clip-relative-<x> (the others)",
-    )
-    add_threshold("--agc-clipping", type=float, default=t.agc_clipping, help="lambda of the agc arm")
-    add_threshold("--clip-grad-value", type=float, default=t.clip_grad_value, help="max |gradient| of the value arm")
-    add_threshold("--error-clip", type=float, default=t.error_clip, help="max |layer-output grad| of arm error-clip")
-    add_threshold("--zclip-z-threshold", type=float, default=t.zclip_z_threshold, help="z-score of the zclip arm")
-    add_threshold(
-        "--autoclip-percentile", type=float, default=t.autoclip_percentile, help="percentile of the autoclip arm"
-    )
-    add_threshold(
-        "--scaled-adam-clipping-scale",
-        type=float,
-        default=t.scaled_adam_clipping_scale,
-        help="clipping_scale of the scaled-adam arm",
-    )
-    add_threshold(
-        "--recurrent-grad-clip", type=float, default=t.recurrent_grad_clip, help="per-frame cap of recurrent-clip"
+        help="multiples of the running median norm: arm clip-grad-norm-relative (the first), "
+        "clip-grad-norm-relative-<x> (the others)",
     )
     add("--model-args", type=str, default="", help="model flags after the condition's (e.g. a tiny model to try)")
     add("--decoding-methods", nargs="+", choices=DECODING_METHODS, default=["greedy_search"], help="decoding")

@@ -40,7 +40,7 @@ MACHINE_FILE = "ablation-machine.json"  # in every run dir: the machine of every
 OBSERVING_ARM = "none"
 
 
-FILTER_ARM = "filter"
+FILTER_ARM = "grad-filter-threshold"
 
 
 PILOT = "pilot"  # <exp-root>/pilot/..., <summaries>/pilot/...

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from studies.ablation.runs import RunResult
+from studies.ablation.settings import FILTER_ARM, OBSERVING_ARM
 
 NO_CONTROL = "none"
 
@@ -30,9 +31,9 @@ MATCHED_REFERENCE = "matched-none"  # the run itself over the matched window (de
 # The branches trained from the event's start: the control of the event step, then of the rest of the window.
 # A control is an arm name, or UNIFORM (the filter arm's threshold with train.py's --grad-filter-mode uniform).
 FROM_EVENT: Dict[str, Tuple[str, str]] = {
-    NO_CONTROL: ("none", "none"),
-    EVENT_ONLY: ("filter", "none"),
-    FILTER: ("filter", "filter"),
+    NO_CONTROL: (OBSERVING_ARM, OBSERVING_ARM),
+    EVENT_ONLY: (FILTER_ARM, OBSERVING_ARM),
+    FILTER: (FILTER_ARM, FILTER_ARM),
     UNIFORM: (UNIFORM, UNIFORM),
 }
 

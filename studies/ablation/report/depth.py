@@ -85,7 +85,8 @@ def interaction_sentence(results: Sequence[RunResult], config: StudyConfig) -> s
     a, b = over_seeds(deep), over_seeds(shallow)
     return (
         f"{text} ({', '.join(str(k) for k in seeds)}): {d.mean:+.2f}, {ci} interval {d.interval(2)} (Student's t "
-        f"over the seeds; outside the families). `filter` − `none` over those seeds, with {ci} intervals: "
+        f"over the seeds; outside the families). `{config.family[0].arm}` − `{config.family[0].baseline}` over those "
+        f"seeds, with {ci} intervals: "
         f"{a.mean:+.2f} {a.interval(2)} at `{config.depth_condition}`, {b.mean:+.2f} {b.interval(2)} at "
         f"`{config.condition}`."
     )

@@ -40,11 +40,13 @@ def same_batches(rows: Sequence[FamilyRow], results: Sequence[RunResult], condit
 
 
 def filter_effects(results: Sequence[RunResult], config: StudyConfig, condition: str) -> Dict[int, float]:
-    """``{seed: filter - none}`` on the metric at ``condition``, per seed with both runs on one CPU."""
+    """``{seed: filter - none}`` (the round's first comparison, family.json's) on the metric at ``condition``,
+    per seed with both runs on one CPU."""
+    first = config.family[0]
     runs = [r for r in results if r.key.condition == condition]
     pairing = pair_runs(
-        [r for r in runs if r.key.arm == "filter"],
-        [r for r in runs if r.key.arm == "none"],
+        [r for r in runs if r.key.arm == first.arm],
+        [r for r in runs if r.key.arm == first.baseline],
         lambda r: r.wer.get(config.metric, math.nan),
     )
     return pairing.differences

@@ -14,6 +14,12 @@ decoded with greedy search on test-clean and test-other at a third, two
 thirds and the whole budget, with icefall's averaging (--iter N --avg K
 --use-averaged-model true).
 
+An arm is named by train.py's flag (without --) of each rule it switches
+on, + between rules, -<value> after a threshold that is not the study's
+default for it; `none` switches every rule off (its filter only observes).
+The names the runs were made under (filter, clip, guard, value, ...) are
+read as aliases (studies/ablation/arm_names.py).
+
 The round's configuration is fixed before its runs in
 studies/ablation/family.json: the budget (and the pilot that confirms it),
 the family of comparisons and its test (paired t with Holm, the exact
@@ -24,27 +30,34 @@ Sets (--set; flags below override its conditions, arms, seeds and replays):
 
   primary    the round of family.json on the learnable condition `digits`
              (connected digits, the default model, --base-lr 0.003): arms
-             none (the filter only observes), filter (GradientFilter 25),
-             clip (clip_grad_norm 5: normalisation at these norms), guard
-             (clip_grad_norm at about 4x none's median norm), filter-clip,
-             clip-relative (2x the running median) and clip-relative-5;
-             17 seeds of none and filter, 5 of the others; 10 replayed
-             outlier events with controls (below).
-  secondary  the other thresholds and designs (filter-10, filter-5, agc,
-             value, error-clip) with 2 seeds on `digits`, and every arm on
-             the from-scratch instability `stress` (8 narrow projection
-             layers at 6.7x the working learning rate, in which nothing learns).
+             none, grad-filter-threshold (GradientFilter 25),
+             clip-grad-norm (clip_grad_norm 5: normalisation at these
+             norms), clip-grad-norm-1000 (the guard: clip_grad_norm at about
+             4x none's median norm), grad-filter-threshold+clip-grad-norm,
+             clip-grad-norm-relative (2x the running median) and
+             clip-grad-norm-relative-5; 17 seeds of none and
+             grad-filter-threshold, 5 of the others; 10 replayed outlier
+             events with controls (below).
+  secondary  the other thresholds and designs (grad-filter-threshold-10,
+             grad-filter-threshold-5, agc-clipping, clip-grad-value,
+             error-clip) with 2 seeds on `digits`, and every arm on the
+             from-scratch instability `stress` (8 narrow projection layers
+             at 6.7x the working learning rate, in which nothing learns).
   landscape  every other rule against `none` on the primary condition, its
              budget and seeds (5 each; the `none` runs are the primary set's):
-             value, agc, error-clip, filter-10, filter-5, filter-hard (hard
-             mask), zclip, autoclip, scaled-adam (ScaledAdam's rule) and
-             recurrent-clip (Kaldi's per-frame cap); family.json's
+             clip-grad-value, agc-clipping, error-clip,
+             grad-filter-threshold-10, grad-filter-threshold-5,
+             grad-filter-mode-hard-mask (the filter's hard mask),
+             zclip-z-threshold, autoclip-percentile,
+             scaled-adam-clipping-scale (ScaledAdam's rule) and
+             recurrent-grad-clip (Kaldi's per-frame cap); family.json's
              "landscape" fixes their thresholds and their family (Holm over
              its 10 comparisons, apart from the primary family).
   depth      the 12-layer condition `digits-12` (12 x 128 LSTM layers, the
-             primary budget and learning rate): none, filter, guard and
-             scaled-adam with 5 seeds; family.json's "depth" fixes its family
-             and the filter's interaction with depth (12 layers minus 4).
+             primary budget and learning rate): none, grad-filter-threshold,
+             clip-grad-norm-1000 (the guard) and scaled-adam-clipping-scale
+             with 5 seeds; family.json's "depth" fixes its family and the
+             filter's interaction with depth (12 layers minus 4).
 
 Replays: in the `none` runs of the first seeds, the largest outlier events
 (a layer's largest per-sequence gradient over the filter threshold x the
@@ -73,7 +86,8 @@ repository root, `python -m studies.ablation` takes the same flags):
   ./lstm_transducer_stateless/ablation.py --set secondary        # (stress needs: bash prepare.sh)
   ./lstm_transducer_stateless/ablation.py --set landscape        # after the primary set
   ./lstm_transducer_stateless/ablation.py --set depth            # its pilot on digits-12, then (if it stands) its runs
-  ./lstm_transducer_stateless/ablation.py --arms none filter --num-seeds 2 --list
+  ./lstm_transducer_stateless/ablation.py --arms none grad-filter-threshold --num-seeds 2 --list
+  ./lstm_transducer_stateless/ablation.py --report-only          # this report again from the summaries, no run
 
 Resuming: a run with a summary is skipped; a run cut off part-way resumes
 from its newest checkpoint in <exp-root>; a replay whose checkpoints are

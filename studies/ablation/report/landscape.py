@@ -216,7 +216,8 @@ def sensitivity_sentence(results: Sequence[RunResult], config: StudyConfig, pair
     if sd == 0:
         return text + "."
     return (
-        f"{text}: at the spread of `filter` − `none` on `{config.condition}` (standard deviation {sd:.2f} points "
+        f"{text}: at the spread of `{config.family[0].arm}` − `{config.family[0].baseline}` on `{config.condition}` "
+        f"(standard deviation {sd:.2f} points "
         f"over its {len(reference)} pairs), about {effect * sd:.1f} points of WER. A smaller difference can sit "
         "inside a null here."
     )
