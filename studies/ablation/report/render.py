@@ -41,6 +41,9 @@ def head_section(results: Sequence[RunResult], replays: Sequence[ReplayResult], 
             if setup.waiting
             else []
         ),
+        "The study's design (conditions, the round fixed before its runs, arms, pairing, replays): "
+        "[PROTOCOL.md](PROTOCOL.md).",
+        "",
         f"Command (from `egs/librispeech/ASR`, once its corpus is prepared: `make ablation` from the repository "
         f"root prepares it and runs this; the runs' summaries are in `{setup.summaries}/`):",
         "",
