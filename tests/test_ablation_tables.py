@@ -178,8 +178,8 @@ def test_a_full_rounds_section_has_well_formed_tables():
     # The answer: the plan's 7 arms x 3 seeds of its 59 runs (17 + 17 + 5 x 5), the landscape's not counted.
     assert "21 of the 59 runs planned for round 2 and 2 of the 10 planned replays are in." in text
     # clip-grad-norm: WER base + 10 - step / 4 with base 11.4, 13.8, 16.2 (seeds 42-44: 10 + seed % 3 + 0.1 x 14
-    # letters x (seed - 41)): 22.8 / 21.8 / 20.8 at 4 / 8 / 12, sd 2.4; the objective 1 / step leaves the plateau at step 6 ((1/2 + ... + 1/6) / 5 = 0.29); every step
-    # clipped to 0.02; guard (its name has no "clip-grad-norm") never clipped.
+    # letters x (seed - 41)): 22.8 / 21.8 / 20.8 at 4 / 8 / 12, sd 2.4; the objective 1 / step leaves the plateau
+    # at step 6 ((1/2 + ... + 1/6) / 5 = 0.29); every step clipped to 0.02; the guard (not in CLIPPING) never clipped.
     assert (
         "| clip_grad_norm 5 | 3 (42-44) | 22.80 ± 2.40 | 21.80 ± 2.40 | 20.80 ± 2.40 | 6 ± 0 | - | 100.0 ± 0.0 | "
         "normalisation (at least 90% of steps) | 0.020 |"
