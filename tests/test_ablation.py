@@ -127,6 +127,18 @@ POINTS = (4, 6)  # a third of 6 steps (2) has fewer than --avg 2 checkpoints bef
 # --------------------------------------------------------------------------
 
 
+# The primary set's arms, in table order (family.json's, under their flag names).
+PRIMARY_ARMS = (
+    "none",
+    "clip-grad-norm",
+    "clip-grad-norm-1000",
+    "grad-filter-threshold",
+    "grad-filter-threshold+clip-grad-norm",
+    "clip-grad-norm-relative",
+    "clip-grad-norm-relative-5",
+)
+
+
 def test_loss_spikes_count_after_warm_up_against_the_median_before():
     steady = [(i, 1.0 + 0.01 * (i % 3)) for i in range(1, 81)]
     assert loss_spikes(steady, start=20) == 0
@@ -569,13 +581,7 @@ def test_arms_set_every_control_and_switch_the_others_off():
     )
     arms = {a.name: a for a in make_arms(t)}
     assert list(arms) == [
-        "none",
-        "clip-grad-norm",
-        "clip-grad-norm-1000",
-        "grad-filter-threshold",
-        "grad-filter-threshold+clip-grad-norm",
-        "clip-grad-norm-relative",
-        "clip-grad-norm-relative-5",
+        *PRIMARY_ARMS,
         "grad-filter-threshold-10",
         "grad-filter-threshold-5",
         "agc-clipping",
@@ -601,22 +607,22 @@ def test_arms_set_every_control_and_switch_the_others_off():
         "--grad-filter-threshold": "25",
         "--clip-grad-norm": "5",
     }
-    assert flags("clip-grad-norm-1000") == {**off, "--clip-grad-norm": "1000"}
-    assert flags("grad-filter-threshold-5") == {**off, "--grad-filter-threshold": "5"}
-    assert flags("clip-grad-norm-relative") == {**off, "--clip-grad-norm-relative": "2"}
-    assert flags("clip-grad-norm-relative-5") == {**off, "--clip-grad-norm-relative": "5"}
-    assert flags("agc-clipping") == {**off, "--agc-clipping": "0.08"}
-    assert flags("clip-grad-value") == {**off, "--clip-grad-value": "0.1"}
-    assert flags("error-clip") == {**off, "--error-clip": "0.0001"}
-    assert flags("grad-filter-mode-hard-mask") == {
-        **off,
-        "--grad-filter-threshold": "25",
-        "--grad-filter-mode": "hard-mask",
+    # Each single-rule arm: its rule's flag at the arm's threshold, every other control off.
+    single = {
+        "clip-grad-norm-1000": {"--clip-grad-norm": "1000"},
+        "grad-filter-threshold-5": {"--grad-filter-threshold": "5"},
+        "clip-grad-norm-relative": {"--clip-grad-norm-relative": "2"},
+        "clip-grad-norm-relative-5": {"--clip-grad-norm-relative": "5"},
+        "agc-clipping": {"--agc-clipping": "0.08"},
+        "clip-grad-value": {"--clip-grad-value": "0.1"},
+        "error-clip": {"--error-clip": "0.0001"},
+        "grad-filter-mode-hard-mask": {"--grad-filter-threshold": "25", "--grad-filter-mode": "hard-mask"},
+        "zclip-z-threshold": {"--zclip-z-threshold": "2.5"},
+        "autoclip-percentile": {"--autoclip-percentile": "10"},
+        "scaled-adam-clipping-scale": {"--scaled-adam-clipping-scale": "2"},
+        "recurrent-grad-clip": {"--recurrent-grad-clip": "30"},
     }
-    assert flags("zclip-z-threshold") == {**off, "--zclip-z-threshold": "2.5"}
-    assert flags("autoclip-percentile") == {**off, "--autoclip-percentile": "10"}
-    assert flags("scaled-adam-clipping-scale") == {**off, "--scaled-adam-clipping-scale": "2"}
-    assert flags("recurrent-grad-clip") == {**off, "--recurrent-grad-clip": "30"}
+    assert {name: flags(name) for name in single} == {name: {**off, **on} for name, on in single.items()}
     filtering = [
         "grad-filter-threshold",
         "grad-filter-threshold+clip-grad-norm",
@@ -1053,15 +1059,7 @@ def test_commands_carry_the_condition_and_arm_flags(tiny_data, tmp_path):
     assert "--model-warm-step 100" in joined_train and "--keep-last-k 0" in joined_train
     # The primary set: family.json's arms, seeds per arm and replays.
     primary = cli.resolve_settings(parser, parser.parse_args(["--work-dir", str(tiny_data)]))
-    names = [
-        "none",
-        "clip-grad-norm",
-        "clip-grad-norm-1000",
-        "grad-filter-threshold",
-        "grad-filter-threshold+clip-grad-norm",
-        "clip-grad-norm-relative",
-        "clip-grad-norm-relative-5",
-    ]
+    names = list(PRIMARY_ARMS)
     assert [a.name for a in primary.plan.arms] == names
     assert {a: len(primary.plan.seeds[a]) for a in names} == STUDY.seeds_per_arm
     assert primary.plan.all_seeds == list(range(42, 59)) and len(primary.plan.runs) == 59

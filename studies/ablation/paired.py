@@ -51,6 +51,15 @@ def _bound(x: float, digits: int) -> str:
     return text
 
 
+def seed_differences(arm: Dict[int, float], baseline: Dict[int, float]) -> List[float]:
+    """``arm[seed] - baseline[seed]`` over the seeds both have with finite values, in seed order."""
+    return [
+        arm[s] - baseline[s]
+        for s in sorted(set(arm) & set(baseline))
+        if math.isfinite(arm[s]) and math.isfinite(baseline[s])
+    ]
+
+
 def paired_difference(
     arm: Dict[int, float], baseline: Dict[int, float], confidence: float = CONFIDENCE
 ) -> PairedDifference:
@@ -60,11 +69,7 @@ def paired_difference(
     With fewer than 2 pairs, the interval and p-value are nan; with differences that are all equal, the
     interval is that value and p is 0 (if it is not 0) or 1 (the t statistic is undefined there).
     """
-    diffs = [
-        arm[s] - baseline[s]
-        for s in sorted(set(arm) & set(baseline))
-        if math.isfinite(arm[s]) and math.isfinite(baseline[s])
-    ]
+    diffs = seed_differences(arm, baseline)
     n = len(diffs)
     if n == 0:
         return PairedDifference(math.nan, math.nan, math.nan, math.nan, 0)
