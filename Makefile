@@ -26,7 +26,7 @@ demo: setup
 # Gradient-control ablation, round 2 as studies/ablation/family.json fixed it before its runs: first the pilot
 # (none / seed 42 to 2,700 steps: the 1,800-step budget stands if greedy test-other moves by at most 1 point
 # from 1,800 to 2,700 and stays at 1% or more; else it stops and says so), then 7 arms on connected digits
-# (17 seeds of none and filter, 5 of clip, guard, filter-clip, clip-relative 2x and 5x), each run decoded with
+# (17 seeds of none and grad-filter-threshold, 5 of each other arm: studies/ablation/PROTOCOL.md), each run decoded with
 # icefall's averaging at 600 / 1,200 / 1,800 steps, and 10 replayed outlier events with their controls ->
 # studies/ablation/README.md, its run summaries (studies/ablation/summaries/round-2/) and PNG plots
 # (studies/ablation/plots/); the statistics need the [studies] extra (SciPy, statsmodels), installed first.
