@@ -740,14 +740,12 @@ def test_each_rule_acts_by_its_own_statistic_and_the_landscape_table_says_so():
         "exponential moving mean and "
         "variance of the global norm"
     ) in lines
-    # The effect 5 pairs see, and its size in points at the spread of filter - none (+1, +2, +3, +4: all pairs).
+    # What the pairs see, each comparison from its own spread: a rule with 3 pairs whose differences have sd 1
+    # detects at power 0.8 (alpha 0.05 / 10) a mean of 1 times the standardised effect at 3 pairs.
     assert "Holm's first step) reaches power 0.8 only at a standardised effect" in table
-    effect = effect_for_power(5, 0.05 / 10, 0.8)
-    assert (
-        f"differences) of at least {effect:.2f}: at the spread of `grad-filter-threshold` − `none` on `digits` "
-        in table
-    )
-    assert f"(standard deviation {statistics.stdev([1, 2, 3, 4]):.2f} points over its 4 pairs)" in table
+    effect = effect_for_power(3, 0.05 / 10, 0.8)
+    assert f"of {effect:.2f} at 3 pairs;" in table
+    assert f" {effect:.1f} points (sd 1.00, 3 pairs)" in table
     for _, rows in tables(table):
         assert len({cell_count(line) for _, line in rows}) == 1
     assert landscape_section([r for r in runs if r.key.arm == "none"], arms, SimpleNamespace(config=STUDY)) == []
@@ -965,14 +963,13 @@ def test_the_depth_set_its_family_and_the_filters_interaction_with_depth():
     ]
     assert '"depth"): yes; per arm' in "\n".join(depth_text(every_arm, config))
     assert "| grad-filter-threshold − none | 4 |" in text and "| clip-grad-norm-1000 − none | 0 |" in text
-    # The round's filter - none on digits (-1, -2, -1.5: standard deviation 0.5) sizes what 4 pairs at 0.05 / 3 see.
+    # What 4 pairs at 0.05 / 3 see, from the comparison's own spread: filter - none at 12 layers is -3, -3, -4.5,
+    # -10 (filter 17, 17, 15.5, 10 against none 20 each); its minimum detectable effect is its sd times the effect.
     effect = effect_for_power(4, 0.05 / 3, 0.8)
-    assert "What 4 pairs can see: the paired t at 0.05 / 3" in text
-    assert (
-        f"of at least {effect:.2f}: at the spread of `grad-filter-threshold` − `none` on `digits` (standard "
-        "deviation 0.50 " in text
-    )
-    assert f"points over its 3 pairs), about {effect * 0.5:.1f} points of WER." in text
+    sd = statistics.stdev([-3.0, -3.0, -4.5, -10.0])
+    assert "the paired t at 0.05 / 3 (Holm's first step) reaches power 0.8" in text
+    assert f"of {effect:.2f} at 4 pairs;" in text
+    assert f"`grad-filter-threshold` − `none` {effect * sd:.1f} points (sd {sd:.2f}, 4 pairs)" in text
     # An arm over the bar, and a run without a WER (it does not learn; the highest is of the finite ones).
     worse = [
         *runs,

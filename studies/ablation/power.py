@@ -58,3 +58,10 @@ def effect_for_power(n: int, alpha: float, target: float) -> float:
     while paired_t_power(high, n, alpha) < target:
         high *= 2.0
     return float(optimize.brentq(lambda e: paired_t_power(e, n, alpha) - target, 0.0, high, xtol=1e-12))
+
+
+def minimum_detectable_effect(sd: float, n: int, alpha: float, target: float) -> float:
+    """The smallest true mean difference, in the differences' own units, that the two-sided paired t-test with
+    ``n`` pairs at level ``alpha`` detects with ``target`` power when the per-seed differences have standard
+    deviation ``sd``: ``sd`` times :func:`effect_for_power`."""
+    return sd * effect_for_power(n, alpha, target)

@@ -137,7 +137,7 @@ def depth_section(
         "",
         *time_lines([r for r in results if r.key.condition == c.depth_condition]),
         *([at_round_budget_sentence(results, c), ""] if c.depth_budget.steps != c.steps else []),
-        sensitivity_sentence(results, c, c.depth_seeds, len(rows)),
+        sensitivity_sentence(rows, c, len(rows)),
         "",
         interaction_sentence(results, c),
         "",

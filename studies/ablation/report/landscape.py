@@ -24,7 +24,7 @@ from studies.ablation.metrics import (
     median_clip_scale,
     steps_acting,
 )
-from studies.ablation.power import effect_for_power
+from studies.ablation.power import effect_for_power, minimum_detectable_effect
 from studies.ablation.report.common import (
     ReportSetup,
     plural,
@@ -33,7 +33,6 @@ from studies.ablation.report.common import (
     wer_name,
 )
 from studies.ablation.report.figures import (
-    filter_effects,
     same_batches,
 )
 from studies.ablation.runs import RunResult
@@ -62,6 +61,8 @@ def family_section(
         f"model is not recorded (not checked): {unchecked}. Pairs whose two runs logged the same batch digest at "
         "every step (the same utterances in the same order; the digest hashes the cut ids, not the noise mixed "
         f"in): {agree} of {pairs}.",
+        "",
+        sensitivity_sentence(rows, c, len(c.family)),
         "",
     ]
 
@@ -164,7 +165,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "",
         *(f"- `{row.comparison.arm}`: {landscape_rule(c, row.comparison.arm)[0]}" for row in rows),
         "",
-        sensitivity_sentence(results, c, c.landscape_seeds, len(rows)),
+        sensitivity_sentence(rows, c, len(rows)),
         "",
     ]
 
@@ -201,23 +202,38 @@ def idle_lines(runs: Sequence[RunResult], arms: Dict[str, Arm], rows: Sequence[F
     return lines
 
 
-def sensitivity_sentence(results: Sequence[RunResult], config: StudyConfig, pairs: int, m: int) -> str:
-    """What a family of ``m`` comparisons at ``pairs`` pairs each can see: the standardised effect at which
-    Holm's first step (alpha / m) reaches the planned power, and that effect in WER points at the spread of the
-    round's ``filter`` − ``none`` on its condition (the most pairs this study has)."""
-    effect = effect_for_power(pairs, config.alpha / m, config.power_target)
-    text = (
-        f"What {pairs} pairs can see: the paired t at {config.alpha:g} / {m} (Holm's first step) reaches power "
-        f"{config.power_target:g} only at a standardised effect (mean over the standard deviation of the per-seed "
-        f"differences) of at least {effect:.2f}"
-    )
-    reference = filter_effects(results, config, config.condition)
-    sd = statistics.stdev(reference.values()) if len(reference) >= 2 else 0.0
-    if sd == 0:
-        return text + "."
+def detectable_parts(rows: Sequence[FamilyRow], alpha: float, target: float) -> List[Tuple[str, int, float, float]]:
+    """Per comparison with at least 2 pairs: ``(name, pairs, sd of its per-seed differences, its minimum
+    detectable effect in points)`` at level ``alpha`` and power ``target``, from its own spread."""
+    parts = []
+    for row in rows:
+        diffs = [v for v in row.per_seed.values() if math.isfinite(v)]
+        if len(diffs) < 2:
+            continue
+        sd = statistics.stdev(diffs)
+        name = f"`{row.comparison.arm}` − `{row.comparison.baseline}`"
+        parts.append((name, len(diffs), sd, minimum_detectable_effect(sd, len(diffs), alpha, target)))
+    return parts
+
+
+def sensitivity_sentence(rows: Sequence[FamilyRow], config: StudyConfig, m: int) -> str:
+    """What a family of ``m`` comparisons can see, each comparison from its own spread: the mean difference at
+    which Holm's first step (alpha / m) reaches the planned power with its pairs, at the standard deviation of
+    its per-seed differences (its minimum detectable effect)."""
+    alpha = config.alpha / m
+    parts = detectable_parts(rows, alpha, config.power_target)
+    if not parts:
+        return ""
+    sds = [p[2] for p in parts]
+    mdes = [p[3] for p in parts]
+    counts = sorted({p[1] for p in parts})
+    effects = ", ".join(f"{effect_for_power(n, alpha, config.power_target):.2f} at {n} pairs" for n in counts)
     return (
-        f"{text}: at the spread of `{config.family[0].arm}` − `{config.family[0].baseline}` on `{config.condition}` "
-        f"(standard deviation {sd:.2f} points "
-        f"over its {len(reference)} pairs), about {effect * sd:.1f} points of WER. A smaller difference can sit "
-        "inside a null here."
+        f"What these pairs can see, each comparison from its own spread: the paired t at {config.alpha:g} / {m} "
+        f"(Holm's first step) reaches power {config.power_target:g} only at a standardised effect (mean over the "
+        f"standard deviation of the per-seed differences) of {effects}; times each comparison's standard "
+        f"deviation, its minimum detectable effect at power {config.power_target:g} (alpha {config.alpha:g} / {m}): "
+        + "; ".join(f"{name} {mde:.1f} points (sd {sd:.2f}, {n} pairs)" for name, n, sd, mde in parts)
+        + f" (sd {min(sds):.2f}-{max(sds):.2f}: about {min(mdes):.1f}-{max(mdes):.1f} points). A smaller "
+        "difference can sit inside a null here."
     )
