@@ -27,3 +27,18 @@ def test_minimum_detectable_effect_by_hand_at_many_pairs():
     n, sd = 400, 1.5
     by_hand = sd * (stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) / math.sqrt(n)
     assert minimum_detectable_effect(sd, n, 0.05, 0.8) == pytest.approx(by_hand, rel=0.01)
+
+
+def test_icefall_gain_as_a_share_of_its_baseline_scaled_to_the_baseline_here():
+    from studies.ablation.report.answer import relative_gain_here
+
+    # -0.2 of 10 is -2%; -2% of 5 is -0.1.
+    relative, here = relative_gain_here(-0.2, 10.0, 5.0)
+    assert relative == pytest.approx(-0.02) and here == pytest.approx(-0.1)
+
+
+def test_pairs_needed_at_a_textbook_effect():
+    from studies.ablation.power import pairs_for_power
+
+    # The paired t at d = 0.5, alpha 0.05 two-sided, power 0.8 needs 34 pairs (Cohen's tables; G*Power).
+    assert pairs_for_power(0.5, 0.05, 0.8) == 34

@@ -33,6 +33,7 @@ from studies.ablation.metrics import (
 )
 from studies.ablation.paired import PairedDifference, paired_difference
 from studies.ablation.pairing import NOT_RECORDED, cpu_name, pair_runs
+from studies.ablation.power import minimum_detectable_effect, pairs_for_power
 from studies.ablation.replay.events import MATCHED_REFERENCE, NO_CONTROL
 from studies.ablation.replay.result import ReplayResult
 from studies.ablation.replay.tables import format_controls_table, per_seed_means
@@ -204,6 +205,7 @@ def lead(
     now = power_now(rows, c)
     if now is not None:
         first = c.family[0]
+        text += bound_sentence(rows[0], runs_of.get(first.baseline, []), c)
         text += (
             f" `{first.arm}` − `{first.baseline}` has {now[0]} of its {c.seeds_per_arm.get(first.arm, 0)} planned "
             f"pairs: its power is {now[1]:.3f} at the effect the seeds were planned for (standardised "
@@ -213,6 +215,53 @@ def lead(
         )
         text += planned_effect_sentence(rows[0], c, runs_of)
     return text
+
+
+def relative_gain_here(published_change: float, published_base: float, base_here: float) -> Tuple[float, float]:
+    """A published change as a share of its own baseline, and that share of the baseline here: ``(relative,
+    points here)``."""
+    relative = published_change / published_base
+    return relative, relative * base_here
+
+
+def bound_sentence(row: FamilyRow, baseline_runs: Sequence[RunResult], c: StudyConfig) -> str:
+    """The first comparison as a bound: its interval (what the filter changes at most on this setup), its
+    minimum detectable effect at the planned power and the family's alpha / m, and the pairs icefall's own
+    published gain (relative to its no-filter WER, scaled to the baseline's mean here) would need at this
+    comparison's spread. Empty with fewer than 2 pairs."""
+    d = row.difference
+    diffs = [v for v in row.per_seed.values() if math.isfinite(v)]
+    if d.n < 2 or len(diffs) < 2:
+        return ""
+    sd = statistics.stdev(diffs)
+    alpha = c.alpha / len(c.family)
+    mde = minimum_detectable_effect(sd, len(diffs), alpha, c.power_target)
+    text = (
+        f" On this setup the filter (`{row.comparison.arm}` − `{row.comparison.baseline}`) changes "
+        f"{wer_name(*c.metric)} WER by no more than {d.interval(2)} points (its {100 * c.confidence:g}% interval, "
+        f"{d.n} pairs); the study resolves about {mde:.1f} points (its minimum detectable effect at power "
+        f"{c.power_target:g}, alpha {c.alpha:g} / {len(c.family)}, at the standard deviation {sd:.2f} of its per-seed "
+        "differences)"
+    )
+    greedy = icefall_greedy()
+    (_, without), (_, filtered) = list(greedy.items())[:2]
+    test = TEST_SETS.index(c.metric[1]) if c.metric[1] in TEST_SETS else 1
+    base_wers = [r.wer.get(c.metric, math.nan) for r in baseline_runs]
+    base_wers = [w for w in base_wers if math.isfinite(w)]
+    if not base_wers or sd == 0:
+        return text + "."
+    base = statistics.mean(base_wers)
+    relative, here = relative_gain_here(filtered[test] - without[test], without[test], base)
+    try:
+        needed = f"about {pairs_for_power(abs(here) / sd, alpha, c.power_target, most=100_000)} pairs"
+    except ValueError:
+        needed = "more than 100,000 pairs"
+    return text + (
+        f", and icefall's own gain (its published {filtered[test] - without[test]:+.2f} on {c.metric[1]}, "
+        f"{100 * relative:+.1f}% relative; here {100 * relative:+.1f}% of `{row.comparison.baseline}`'s mean "
+        f"{base:.2f} over its {plural(len(base_wers), 'run', 'runs')}, about {here:+.2f} points) would need "
+        f"{needed} at that spread (power {c.power_target:g}, alpha {c.alpha:g} / {len(c.family)})."
+    )
 
 
 def missing_sentence(runs_of: Dict[str, List[RunResult]], c: StudyConfig) -> str:
