@@ -42,3 +42,37 @@ def test_pairs_needed_at_a_textbook_effect():
 
     # The paired t at d = 0.5, alpha 0.05 two-sided, power 0.8 needs 34 pairs (Cohen's tables; G*Power).
     assert pairs_for_power(0.5, 0.05, 0.8) == 34
+
+
+def _run(arm: str, seed: int, wer: float, flags: str, computes_as=None):
+    from studies.ablation.records import RunKey, RunResult
+
+    machine = {"cpu_model": "EPYC", "cpu_flags": flags, "threads": "2"}
+    return RunResult(RunKey("digits", arm, seed), {("g", "o"): wer}, {}, machine=machine, computes_as=computes_as)
+
+
+def test_pairs_joining_two_flag_digests_linked_by_the_check_are_kept_and_counted():
+    from studies.ablation.pairing import pair_runs
+
+    linked_as = "EPYC (flags aaa, 2 threads)"
+    arm = [_run("f", 1, 10.0, "aaa"), _run("f", 2, 11.0, "bbb", linked_as), _run("f", 3, 12.0, "ccc")]
+    base = [_run("n", 1, 9.0, "aaa"), _run("n", 2, 9.5, "aaa"), _run("n", 3, 10.0, "aaa")]
+    pairing = pair_runs(arm, base, lambda r: r.wer[("g", "o")])
+    # Seed 1: one digest; seed 2: two digests the check links (kept, counted); seed 3: two digests unlinked (out).
+    assert pairing.differences == {1: 1.0, 2: 1.5}
+    assert pairing.linked == [2] and pairing.straddling == [3]
+
+
+def test_a_difference_without_the_linked_seeds():
+    from studies.ablation.family import FamilyComparison, FamilyRow
+    from studies.ablation.paired import SignedRank
+    from studies.ablation.pairing import Pairing
+    from studies.ablation.report.landscape import without_seeds
+
+    # Differences 1, 2, 3 and (seed 4, linked) 10: without seed 4, mean 2, sd 1, half-width t(0.975, 2) / sqrt(3).
+    pairing = Pairing({1: 1.0, 2: 2.0, 3: 3.0, 4: 10.0}, {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}, linked=[4])
+    row = FamilyRow(FamilyComparison("f", "n"), pairing, None, SignedRank(0, 0.0, math.nan))
+    d = without_seeds(row, [4], 0.95)
+    half = 4.302652729911275 / math.sqrt(3)
+    assert d.n == 3 and d.mean == pytest.approx(2.0)
+    assert (d.low, d.high) == (pytest.approx(2.0 - half), pytest.approx(2.0 + half))

@@ -44,6 +44,7 @@ class Pairing:
     baseline_values: Dict[int, float] = field(default_factory=dict)
     straddling: List[int] = field(default_factory=list)
     unchecked: List[int] = field(default_factory=list)
+    linked: List[int] = field(default_factory=list)  # kept: two recorded CPUs shown to compute alike (cpus.json)
 
     @property
     def differences(self) -> Dict[int, float]:
@@ -68,6 +69,8 @@ def pair_runs(arm: Sequence[RunResult], baseline: Sequence[RunResult], value: Ca
         elif cpus[0] != cpus[1]:
             out.straddling.append(r.key.seed)
             continue
+        elif cpu_name(r.machine) != cpu_name(other.machine):
+            out.linked.append(r.key.seed)
         out.arm_values[r.key.seed] = a
         out.baseline_values[r.key.seed] = b
     return out

@@ -24,6 +24,7 @@ from studies.ablation.metrics import (
     median_clip_scale,
     steps_acting,
 )
+from studies.ablation.paired import PairedDifference, paired_difference
 from studies.ablation.power import effect_for_power, minimum_detectable_effect
 from studies.ablation.report.common import (
     ReportSetup,
@@ -57,7 +58,9 @@ def family_section(
         f"{c.alpha:g}), and beside it the exact Wilcoxon signed-rank test's p (unadjusted); the table is in the "
         "answer above.",
         "",
-        f"Pairs left out because their two runs ran on different CPU models: {straddling}. Pairs kept whose CPU "
+        f"Pairs left out because their two runs ran on different CPU models: {straddling}. "
+        + linked_sentence(rows, setup)
+        + f" Pairs kept whose CPU "
         f"model is not recorded (not checked): {unchecked}. Pairs whose two runs logged the same batch digest at "
         "every step (the same utterances in the same order; the digest hashes the cut ids, not the noise mixed "
         f"in): {agree} of {pairs}.",
@@ -65,6 +68,68 @@ def family_section(
         sensitivity_sentence(rows, c, len(c.family)),
         "",
     ]
+
+
+# The day the plan's rule (pairs made on two CPU models are left out) was amended to keep the pairs whose two
+# CPUs cpus.json's check showed to compute alike.
+LINKED_AMENDED = "2026-11-28"
+
+
+def without_seeds(row: FamilyRow, seeds: Sequence[int], confidence: float) -> PairedDifference:
+    """``row``'s paired difference over its pairs other than ``seeds``."""
+    keep = [s for s in row.pairing.arm_values if s not in set(seeds)]
+    return paired_difference(
+        {s: row.pairing.arm_values[s] for s in keep}, {s: row.pairing.baseline_values[s] for s in keep}, confidence
+    )
+
+
+def linked_sentence(rows: Sequence[FamilyRow], setup: ReportSetup) -> str:
+    """How many pairs of each comparison join runs of two recorded CPUs (flag digests) that cpus.json's check
+    showed to compute alike, marked as the dated amendment to the plan that it is, and the first comparison
+    without those pairs."""
+    c = setup.config
+    total = sum(len(r.pairing.linked) for r in rows)
+    checked = [r for r in getattr(setup, "reproductions", ()) if r.reproduced]
+    how = (
+        f"cpus.json's check (its {checked[0].steps}-step retraining of one seed per arm)"
+        if checked
+        else "cpus.json's check"
+    )
+    text = (
+        f"Pairs joining two CPU flag digests, linked by {how}: {total}"
+        + (
+            " ("
+            + ", ".join(
+                f"`{r.comparison.arm}` − `{r.comparison.baseline}` {len(r.pairing.linked)}"
+                + (f" (seed {', '.join(str(s) for s in r.pairing.linked)})" if 0 < len(r.pairing.linked) <= 3 else "")
+                for r in rows
+            )
+            + ")"
+            if total
+            else ""
+        )
+        + "."
+    )
+    if not total:
+        return text
+    text += (
+        f" Amended on {LINKED_AMENDED}: the plan left out pairs whose runs ran on different CPU models; these are "
+        "kept on that check."
+    )
+    first = rows[0]
+    if first.pairing.linked:
+        d = without_seeds(first, first.pairing.linked, c.confidence)
+        if d.n < 2:
+            return text + (
+                f" Without them, `{first.comparison.arm}` − `{first.comparison.baseline}` keeps "
+                f"{plural(d.n, 'pair', 'pairs')}: every comparison here rests on that check."
+            )
+        text += (
+            f" Without them, `{first.comparison.arm}` − `{first.comparison.baseline}` is {d.mean:+.2f} "
+            f"{d.interval(2)} ({d.n} pairs, unadjusted {100 * c.confidence:g}%), against {first.difference.mean:+.2f} "
+            f"{first.difference.interval(2)} ({first.difference.n} pairs) with them."
+        )
+    return text
 
 
 def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup: ReportSetup) -> List[str]:
@@ -158,6 +223,8 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "unadjusted interval, a description in neither family; below 0: the filter's WER lower).",
         "",
         markdown_table(header, cells),
+        "",
+        linked_sentence(rows, setup),
         "",
         *idle_lines(landscape_runs, arms, rows),
         *time_lines(landscape_runs),
