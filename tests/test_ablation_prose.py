@@ -76,3 +76,17 @@ def test_a_difference_without_the_linked_seeds():
     half = 4.302652729911275 / math.sqrt(3)
     assert d.n == 3 and d.mean == pytest.approx(2.0)
     assert (d.low, d.high) == (pytest.approx(2.0 - half), pytest.approx(2.0 + half))
+
+
+def test_welch_difference_by_hand():
+    from studies.ablation.paired import welch_difference
+
+    # a = 1, 2, 3 (var 1), b = 4, 5, 6, 7 (var 5/3): difference -3.5, standard error sqrt(1/3 + 5/12) = sqrt(0.75),
+    # Welch's df 0.75^2 / ((1/3)^2 / 2 + (5/12)^2 / 3).
+    se = math.sqrt(0.75)
+    df = 0.75**2 / ((1 / 3) ** 2 / 2 + (5 / 12) ** 2 / 3)
+    half = stats.t.ppf(0.975, df) * se
+    d = welch_difference([1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0])
+    assert d.mean == pytest.approx(-3.5) and d.n == 3
+    assert (d.low, d.high) == (pytest.approx(-3.5 - half), pytest.approx(-3.5 + half))
+    assert d.p == pytest.approx(2 * stats.t.cdf(-3.5 / se, df))

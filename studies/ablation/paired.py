@@ -146,3 +146,21 @@ def smallest_signed_rank_p(n: int) -> float:
 def mid_ranks(xs: Sequence[float]) -> List[float]:
     """Ranks 1..n of ``xs`` (ascending), ties at the mean of the ranks they span (SciPy's ``rankdata``)."""
     return [float(r) for r in stats.rankdata(xs, method="average")]
+
+
+def welch_difference(
+    arm: Sequence[float], baseline: Sequence[float], confidence: float = CONFIDENCE
+) -> PairedDifference:
+    """``mean(arm) - mean(baseline)`` of two unpaired samples (finite values), with Welch's t interval at
+    ``confidence`` and its two-sided p (SciPy's ``ttest_ind`` with ``equal_var=False``); ``n`` the runs of
+    ``arm``. nan interval and p with fewer than 2 values on a side."""
+    a = [x for x in arm if math.isfinite(x)]
+    b = [x for x in baseline if math.isfinite(x)]
+    if not a or not b:
+        return PairedDifference(math.nan, math.nan, math.nan, math.nan, len(a))
+    mean = statistics.mean(a) - statistics.mean(b)
+    if len(a) < 2 or len(b) < 2:
+        return PairedDifference(mean, math.nan, math.nan, math.nan, len(a))
+    test = stats.ttest_ind(a, b, equal_var=False)
+    interval = test.confidence_interval(confidence)
+    return PairedDifference(mean, float(interval.low), float(interval.high), float(test.pvalue), len(a))

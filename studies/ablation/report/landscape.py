@@ -24,7 +24,7 @@ from studies.ablation.metrics import (
     median_clip_scale,
     steps_acting,
 )
-from studies.ablation.paired import PairedDifference, paired_difference
+from studies.ablation.paired import PairedDifference, holm_adjust, paired_difference, welch_difference
 from studies.ablation.power import effect_for_power, minimum_detectable_effect
 from studies.ablation.report.common import (
     ReportSetup,
@@ -226,6 +226,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "",
         linked_sentence(rows, setup),
         "",
+        *against_all_lines(results, rows, c),
         *idle_lines(landscape_runs, arms, rows),
         *time_lines(landscape_runs),
         'The thresholds, as fixed before the runs (`studies/ablation/family.json`, "landscape"):',
@@ -233,6 +234,81 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         *(f"- `{row.comparison.arm}`: {landscape_rule(c, row.comparison.arm)[0]}" for row in rows),
         "",
         sensitivity_sentence(rows, c, len(rows)),
+        "",
+    ]
+
+
+def against_all_lines(results: Sequence[RunResult], rows: Sequence[FamilyRow], c: StudyConfig) -> List[str]:
+    """Every landscape rule's mean minus the mean of every `none` run on the condition (unpaired: Welch's t
+    interval, Holm over the rules), beside the paired row over the landscape's seeds, and which verdicts differ
+    (an unadjusted interval that leaves out 0 in one and not the other; Holm at alpha). Empty when `none` has no
+    more runs than the landscape's seeds."""
+    on = [r for r in results if r.key.condition == c.condition]
+    baseline = rows[0].comparison.baseline if rows else "none"
+    base = [r.wer.get(c.metric, math.nan) for r in on if r.key.arm == baseline]
+    base = [w for w in base if math.isfinite(w)]
+    seeds = seeds_of(c.first_seed, c.landscape_seeds)
+    if len(base) <= len(seeds) or not rows:
+        return []
+    shared = [r.wer.get(c.metric, math.nan) for r in on if r.key.arm == baseline and r.key.seed in seeds]
+    others = [r.wer.get(c.metric, math.nan) for r in on if r.key.arm == baseline and r.key.seed not in seeds]
+    diffs = [
+        welch_difference(
+            [r.wer.get(c.metric, math.nan) for r in on if r.key.arm == row.comparison.arm and r.key.seed in seeds],
+            base,
+            c.confidence,
+        )
+        for row in rows
+    ]
+    holm = holm_adjust([d.p for d in diffs])
+    ci = f"{100 * c.confidence:g}%"
+
+    def excludes(low: float, high: float) -> bool:
+        return low > 0 or high < 0
+
+    cells, changed = [], []
+    for row, d, h in zip(rows, diffs, holm):
+        p = row.difference
+        paired_out, welch_out = excludes(p.low, p.high), excludes(d.low, d.high)
+        paired_holds, welch_holds = row.holm_p <= c.alpha, h <= c.alpha
+        notes = []
+        if paired_out != welch_out:
+            notes.append(f"unadjusted interval {'now leaves out' if welch_out else 'no longer leaves out'} 0")
+        if paired_holds != welch_holds:
+            notes.append(f"{'now holds' if welch_holds else 'no longer holds'} after Holm")
+        if notes:
+            changed.append(f"`{row.comparison.arm}` ({', '.join(notes)})")
+        cells.append(
+            [
+                f"`{row.comparison.arm}`",
+                str(d.n),
+                f"{d.mean:+.2f}",
+                d.interval(2),
+                format_p(h),
+                f"{p.mean:+.2f} {p.interval(2)}",
+                "; ".join(notes) if notes else "same",
+            ]
+        )
+    header = [
+        "rule",
+        "runs",
+        f"mean − mean of all {len(base)} `{baseline}` runs",
+        f"{ci} interval (Welch, unadjusted)",
+        "Holm p (Welch)",
+        f"paired over seeds {seeds[0]}-{seeds[-1]} (above)",
+        "verdict against the paired row",
+    ]
+    return [
+        f"The landscape's shared `{baseline}` seeds {seeds[0]}-{seeds[-1]} have a mean of "
+        f"{statistics.mean([w for w in shared if math.isfinite(w)]):.2f}, and its other "
+        f"{plural(len([w for w in others if math.isfinite(w)]), 'seed', 'seeds')} a mean of "
+        f"{statistics.mean([w for w in others if math.isfinite(w)]):.2f}. Each rule against all {len(base)} "
+        f"`{baseline}` runs on `{c.condition}` ({wer_name(*c.metric)} WER (%) at the end of the budget), unpaired: "
+        f"the difference of the means, Welch's t {ci} interval, Holm over these {len(rows)}:",
+        "",
+        markdown_table(header, cells),
+        "",
+        "Verdicts that change against all runs: " + ("; ".join(changed) if changed else "none") + ".",
         "",
     ]
 
