@@ -90,3 +90,21 @@ def test_welch_difference_by_hand():
     assert d.mean == pytest.approx(-3.5) and d.n == 3
     assert (d.low, d.high) == (pytest.approx(-3.5 - half), pytest.approx(-3.5 + half))
     assert d.p == pytest.approx(2 * stats.t.cdf(-3.5 / se, df))
+
+
+def test_spread_and_pairing_by_hand():
+    from studies.ablation.family import FamilyComparison, FamilyRow
+    from studies.ablation.paired import SignedRank
+    from studies.ablation.pairing import Pairing
+    from studies.ablation.report.landscape import spread_and_pairing
+
+    # arm 1, 2, 3 against baseline 0, 0, 1: differences 1, 2, 2 (sd sqrt(1/3)); Pearson: the cross-deviation sum
+    # 1 over sqrt(2/3) x sqrt(2) = sqrt(3) / 2.
+    row = FamilyRow(
+        FamilyComparison("f", "n"),
+        Pairing({1: 1.0, 2: 2.0, 3: 3.0}, {1: 0.0, 2: 0.0, 3: 1.0}),
+        None,
+        SignedRank(0, 0, 0),
+    )
+    sd, r, n = spread_and_pairing(row)
+    assert n == 3 and sd == pytest.approx(math.sqrt(1 / 3)) and r == pytest.approx(math.sqrt(3) / 2)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from scipy import stats
 
 from studies.ablation.arms import Arm, seeds_of
 from studies.ablation.family import (
@@ -227,7 +229,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         linked_sentence(rows, setup),
         "",
         *against_all_lines(results, rows, c),
-        *idle_lines(landscape_runs, arms, rows),
+        *idle_lines(landscape_runs, arms, rows, family_rows(results, c, c.condition, [first])[0], results, c),
         *time_lines(landscape_runs),
         'The thresholds, as fixed before the runs (`studies/ablation/family.json`, "landscape"):',
         "",
@@ -313,7 +315,27 @@ def against_all_lines(results: Sequence[RunResult], rows: Sequence[FamilyRow], c
     ]
 
 
-def idle_lines(runs: Sequence[RunResult], arms: Dict[str, Arm], rows: Sequence[FamilyRow]) -> List[str]:
+def spread_and_pairing(reference: FamilyRow) -> Tuple[float, float, int]:
+    """``(standard deviation of the per-seed differences, Pearson's correlation of the baseline's and the
+    arm's values over the seeds, seeds)`` of ``reference``: how much pairing by seed removes (nan with fewer
+    than 3 seeds or a constant side)."""
+    seeds = sorted(reference.pairing.arm_values)
+    a = [reference.pairing.arm_values[s] for s in seeds]
+    b = [reference.pairing.baseline_values[s] for s in seeds]
+    sd = statistics.stdev([x - y for x, y in zip(a, b)]) if len(seeds) >= 2 else math.nan
+    if len(seeds) < 3 or statistics.pstdev(a) == 0 or statistics.pstdev(b) == 0:
+        return sd, math.nan, len(seeds)
+    return sd, float(stats.pearsonr(b, a).statistic), len(seeds)
+
+
+def idle_lines(
+    runs: Sequence[RunResult],
+    arms: Dict[str, Arm],
+    rows: Sequence[FamilyRow],
+    reference: Optional[FamilyRow] = None,
+    results: Sequence[RunResult] = (),
+    config: Optional[StudyConfig] = None,
+) -> List[str]:
     """For each rule whose every run logged that it changed no gradient at any step (% steps acting 0, by a
     statistic that counts what was applied): a sentence that its row is no effect of the rule at its
     threshold. Such a run does ``none``'s arithmetic; where the rule's presence changes the computation's path
@@ -336,9 +358,30 @@ def idle_lines(runs: Sequence[RunResult], arms: Dict[str, Arm], rows: Sequence[F
         if arm.value("recurrent_grad_clip") > 0:
             tail = (
                 "Its runs do `none`'s arithmetic in another order (with the cap in place the LSTM runs frame by "
-                f"frame, not in PyTorch's fused kernel), so its difference from `none` ({said}) is what rounding "
-                "alone did to the WER: a placebo."
+                "frame, not in PyTorch's fused kernel): a placebo, whose difference from `none` is what rounding "
+                "alone did to the WER."
             )
+            if reference is not None and d.n >= 2 and reference.difference.n >= 3:
+                own, _, _ = spread_and_pairing(row)
+                sd, r, n = spread_and_pairing(reference)
+                name = f"`{reference.comparison.arm}` − `{reference.comparison.baseline}`"
+                tail += (
+                    f" Its lesson is the spread: the standard deviation of its per-seed differences from `none` is "
+                    f"{own:.3f} ({plural(d.n, 'pair', 'pairs')}), that of {name} {sd:.3f} ({n} pairs), so the "
+                    f"filter's differences are as wide as a rule that changed nothing; and pairing by seed carries "
+                    f"almost nothing: Pearson's correlation of `{reference.comparison.baseline}`'s and "
+                    f"`{reference.comparison.arm}`'s WER over their {n} shared seeds is {r:.2f}."
+                )
+            if config is not None:
+                on = [x for x in results if x.key.condition == config.condition]
+                base = [x.wer.get(config.metric, math.nan) for x in on if x.key.arm == row.comparison.baseline]
+                mine = [x.wer.get(config.metric, math.nan) for x in runs if x.key.arm == arm.name]
+                w = welch_difference(mine, base, config.confidence)
+                if w.n >= 2 and math.isfinite(w.low) and w.high > w.low:
+                    tail += (
+                        f" Against all {len([x for x in base if math.isfinite(x)])} `{row.comparison.baseline}` "
+                        f"runs (unpaired, above) it is {w.mean:+.2f} {w.interval(2)}."
+                    )
         else:
             tail = f"Its runs do `none`'s arithmetic, so its difference from `none` ({said}) measures no rule."
         lines += [head + tail, ""]
