@@ -108,3 +108,15 @@ def test_spread_and_pairing_by_hand():
     )
     sd, r, n = spread_and_pairing(row)
     assert n == 3 and sd == pytest.approx(math.sqrt(1 / 3)) and r == pytest.approx(math.sqrt(3) / 2)
+
+
+def test_acting_percent_is_the_mean_over_runs_of_the_steps_it_acted_on():
+    from studies.ablation.arms import Thresholds, make_arms
+    from studies.ablation.report.landscape import acting_percent
+
+    zclip = {a.name: a for a in make_arms(Thresholds())}["zclip-z-threshold"]
+    # Clip scale below 1 at 1 of 2 steps (50%) and at 2 of 2 (100%): 75%.
+    a, b = _run("zclip-z-threshold", 1, 0.0, "x"), _run("zclip-z-threshold", 2, 0.0, "x")
+    a.scalars = {"clip_scale": [(1, 1.0), (2, 0.5)]}
+    b.scalars = {"clip_scale": [(1, 0.5), (2, 0.5)]}
+    assert acting_percent([a, b], zclip) == pytest.approx(75.0)

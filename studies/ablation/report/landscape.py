@@ -4,6 +4,7 @@ rule against ``none``, a family of its own), with what a family of that many pai
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -228,6 +229,7 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         "",
         linked_sentence(rows, setup),
         "",
+        *holding_lines(rows, within, arms, c),
         *against_all_lines(results, rows, c),
         *idle_lines(landscape_runs, arms, rows, family_rows(results, c, c.condition, [first])[0], results, c),
         *time_lines(landscape_runs),
@@ -238,6 +240,35 @@ def landscape_section(results: Sequence[RunResult], arms: Dict[str, Arm], setup:
         sensitivity_sentence(rows, c, len(rows)),
         "",
     ]
+
+
+def acting_percent(runs: Sequence[RunResult], arm: Arm) -> float:
+    """Mean over ``runs`` of the % of steps at which ``arm``'s own statistic says it acted (nan: none logged)."""
+    acting = [100 * steps_acting(r, arm) for r in runs]
+    acting = [x for x in acting if math.isfinite(x)]
+    return statistics.mean(acting) if acting else math.nan
+
+
+def holding_lines(
+    rows: Sequence[FamilyRow], runs: Sequence[RunResult], arms: Dict[str, Arm], c: StudyConfig
+) -> List[str]:
+    """For each rule whose difference holds after Holm: that it holds for its threshold, at the % of steps it
+    acted on there, with where the threshold came from (family.json's reason), not for the rule at others."""
+    lines = []
+    for row in rows:
+        if not row.holm_p <= c.alpha:
+            continue
+        arm = arms[row.comparison.arm]
+        acting = acting_percent([r for r in runs if r.key.arm == arm.name], arm)
+        reason = re.search(r"\(the threshold from ([^),]*)", landscape_rule(c, arm.name)[0])
+        where = f", a threshold taken from {reason.group(1)}" if reason else ""
+        lines += [
+            f"`{arm.name}` − `{row.comparison.baseline}` {row.difference.mean:+.2f} (Holm p {format_p(row.holm_p)}) "
+            f"holds for this threshold ({arm.label}{where}), at which it acted on {acting:.1f}% of steps; not shown "
+            "for the rule as normally used.",
+            "",
+        ]
+    return lines
 
 
 def against_all_lines(results: Sequence[RunResult], rows: Sequence[FamilyRow], c: StudyConfig) -> List[str]:
