@@ -120,3 +120,18 @@ def test_acting_percent_is_the_mean_over_runs_of_the_steps_it_acted_on():
     a.scalars = {"clip_scale": [(1, 1.0), (2, 0.5)]}
     b.scalars = {"clip_scale": [(1, 0.5), (2, 0.5)]}
     assert acting_percent([a, b], zclip) == pytest.approx(75.0)
+
+
+def test_still_improving_counts_by_hand():
+    from studies.ablation.report.depth import still_improving
+
+    m = ("g", "o")
+    a, b, c = _run("n", 1, 0.0, "x"), _run("n", 2, 0.0, "x"), _run("n", 3, 0.0, "x")
+    # a: WER 10 -> 9 (improved), loss 0.5 (step 1000) -> 0.4 (1800): fell. b: WER 9 -> 9.5, loss 0.3 -> 0.35.
+    # c: decoded at 1800 only, left out.
+    a.wer_at = {1200: {m: 10.0}, 1800: {m: 9.0}}
+    b.wer_at = {1200: {m: 9.0}, 1800: {m: 9.5}}
+    c.wer_at = {1800: {m: 5.0}}
+    a.scalars = {"valid_loss": [(1000, 0.5), (1500, 0.45), (1800, 0.4)]}
+    b.scalars = {"valid_loss": [(1000, 0.3), (1800, 0.35)]}
+    assert still_improving([a, b, c], m, 1200, 1800) == (2, 1, 1)

@@ -220,7 +220,48 @@ def pilot_points(pilot: RunResult, config: StudyConfig) -> str:
     )
 
 
-def pilot_section(pilot: Optional[RunResult], config: StudyConfig) -> List[str]:
+def last_at_or_before(series: Sequence[Tuple[int, float]], step: int) -> float:
+    """The last value of ``series`` at a step at or before ``step`` (nan when there is none)."""
+    values = [v for s, v in series if s <= step]
+    return values[-1] if values else math.nan
+
+
+def still_improving(runs: Sequence[RunResult], metric: Tuple[str, str], early: int, late: int) -> Tuple[int, int, int]:
+    """``(runs decoded at both steps, those whose metric fell from early to late, those whose validation loss
+    at the last validation at or before late is below that at the last at or before early)``."""
+    both = [r for r in runs if early in r.wer_at and late in r.wer_at]
+    wer = sum(1 for r in both if r.wer_at[late].get(metric, math.nan) < r.wer_at[early].get(metric, math.nan))
+    loss = sum(
+        1
+        for r in both
+        if last_at_or_before(r.series("valid_loss"), late) < last_at_or_before(r.series("valid_loss"), early)
+    )
+    return len(both), wer, loss
+
+
+def convergence_sentence(pilot: RunResult, results: Sequence[RunResult], config: StudyConfig) -> str:
+    """What the budget's 'stands' rests on: the pilot's one seed, beside how many of the condition's runs still
+    improved over the last decoding interval before the budget; empty without such runs."""
+    steps = config.budget_of(pilot.key.condition).steps
+    runs = [r for r in results if r.key.condition == pilot.key.condition]
+    points = sorted({s for r in runs for s in r.wer_at if s < steps})
+    if not points or steps not in pilot.wer_at:
+        return ""
+    early = points[-1]
+    n, wer, loss = still_improving(runs, config.metric, early, steps)
+    if not n:
+        return ""
+    end = max(pilot.wer_at)
+    late = pilot.wer_at[end][config.metric] - pilot.wer_at[steps][config.metric]
+    return (
+        f" The budget stands on one seed's {late:+.2f} (the pilot, {steps} to {end} steps). Of the "
+        f"{plural(n, 'run', 'runs')} of `{pilot.key.condition}` decoded at {early} and {steps} steps, {wer} still "
+        f"improved {wer_name(*config.metric)} from {early} to {steps}, and the validation loss still fell in {loss} "
+        f"(its last validation at or before {steps} below its last at or before {early})."
+    )
+
+
+def pilot_section(pilot: Optional[RunResult], config: StudyConfig, results: Sequence[RunResult] = ()) -> List[str]:
     if pilot is None:
         return []
     method, other = config.metric
@@ -231,6 +272,7 @@ def pilot_section(pilot: Optional[RunResult], config: StudyConfig) -> List[str]:
         f"`none` / seed {pilot.key.seed} trained to {pilot.steps} steps and decoded as every run, "
         f"{wer_name(method, 'test-clean')} / {wer_name(method, other)} WER: "
         + pilot_points(pilot, config)
-        + f"; {verdict_text}",
+        + f"; {verdict_text}"
+        + convergence_sentence(pilot, results, config),
         "",
     ]

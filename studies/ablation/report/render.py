@@ -136,7 +136,7 @@ def render_report(
         *outliers_sections(results, setup, observing_arm),
         *paired_section(f.comparisons, arms),
         *replay_section(replays, f.measures, setup, f.originals),
-        *pilot_section(f.pilot_of.get(setup.config.condition), setup.config),
+        *pilot_section(f.pilot_of.get(setup.config.condition), setup.config, results),
         *closing_sections([c for r in [*pilots, *results, *replays] for c in r.commands], plots, provenance),
     ]
     return "\n".join(lines) + "\n"
