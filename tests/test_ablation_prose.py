@@ -135,3 +135,38 @@ def test_still_improving_counts_by_hand():
     a.scalars = {"valid_loss": [(1000, 0.5), (1500, 0.45), (1800, 0.4)]}
     b.scalars = {"valid_loss": [(1000, 0.3), (1800, 0.35)]}
     assert still_improving([a, b, c], m, 1200, 1800) == (2, 1, 1)
+
+
+def test_interaction_caveats_by_hand():
+    from types import SimpleNamespace
+
+    from studies.ablation.family import FamilyComparison
+    from studies.ablation.report.depth import interaction_caveats
+
+    m = ("g", "o")
+    config = SimpleNamespace(
+        confidence=0.95,
+        family=[FamilyComparison("f", "n")],
+        condition="d4",
+        steps=1800,
+        depth_condition="d12",
+        depth_budget=SimpleNamespace(steps=2700),
+        metric=m,
+    )
+    # Deep effects -1, -3 (seeds 1, 2); shallow effects 0, 1, 2 (seeds 1-3): all three shallow pairs have mean
+    # 1 [1 -/+ t(0.975, 2) / sqrt(3)]; unpaired, -2 - 1 = -3.
+    deep, shallow = {1: -1.0, 2: -3.0}, {1: 0.0, 2: 1.0, 3: 2.0}
+    # At 1,800 the deep runs: filter - none +1 at seed 1, +3 at seed 2: minus shallow 0, 1 -> 1, 2: mean 1.5.
+    runs = []
+    for seed, (f, n) in {1: (11.0, 10.0), 2: (13.0, 10.0)}.items():
+        for arm, wer in (("f", f), ("n", n)):
+            r = _run(arm, seed, 0.0, "x")
+            r.key = type(r.key)("d12", arm, seed)
+            r.wer_at = {1800: {m: wer}}
+            runs.append(r)
+    text = interaction_caveats(runs, config, deep, shallow, [1, 2])
+    half = stats.t.ppf(0.975, 2) / math.sqrt(3)
+    assert f"over all its 3 pairs `f` − `n` is +1.00 [{1 - half:+.2f}, {1 + half:+.2f}]" in text
+    assert "Welch's t): -3.00 95% interval" in text
+    half2 = stats.t.ppf(0.975, 1) * statistics.stdev([1.0, 2.0]) / math.sqrt(2)
+    assert f"over the 2 seeds both have: +1.50 95% interval [{1.5 - half2:+.2f}, {1.5 + half2:+.2f}]" in text

@@ -4,6 +4,7 @@ filter's interaction with depth) and the pilot that checks each condition's budg
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -15,7 +16,7 @@ from studies.ablation.family import (
 from studies.ablation.metrics import (
     decoded,
 )
-from studies.ablation.paired import PairedDifference, paired_difference
+from studies.ablation.paired import PairedDifference, paired_difference, welch_difference
 from studies.ablation.pairing import pair_runs
 from studies.ablation.report.common import (
     ReportSetup,
@@ -88,7 +89,73 @@ def interaction_sentence(results: Sequence[RunResult], config: StudyConfig) -> s
         f"over the seeds; outside the families). `{config.family[0].arm}` − `{config.family[0].baseline}` over those "
         f"seeds, with {ci} intervals: "
         f"{a.mean:+.2f} {a.interval(2)} at `{config.depth_condition}`, {b.mean:+.2f} {b.interval(2)} at "
-        f"`{config.condition}`."
+        f"`{config.condition}`." + interaction_caveats(results, config, deep, shallow, seeds)
+    )
+
+
+def interaction_caveats(
+    results: Sequence[RunResult],
+    config: StudyConfig,
+    deep: Dict[int, float],
+    shallow: Dict[int, float],
+    seeds: Sequence[int],
+) -> str:
+    """What the interaction's shallow figure is (the shared seeds only, at the round's budget, against the
+    deep one's at its own), the same with every shallow pair (unpaired: Welch), and both effects at the
+    round's budget where the deep runs were decoded there."""
+    ci = f"{100 * config.confidence:g}%"
+    first = config.family[0]
+    every = paired_difference(shallow, {k: 0.0 for k in shallow}, config.confidence)
+    text = (
+        f" The `{config.condition}` figure is the subset of {plural(len(seeds), 'seed', 'seeds')} at {config.steps} "
+        f"steps; over all its {every.n} pairs `{first.arm}` − `{first.baseline}` is {every.mean:+.2f} "
+        f"{every.interval(2)}, and the two effects are at different budgets ({config.depth_budget.steps} steps at "
+        f"`{config.depth_condition}`)."
+    )
+    if len(deep) >= 2 and every.n >= 2:
+        w = welch_difference(list(deep.values()), list(shallow.values()), config.confidence)
+        text += (
+            f" The interaction with all {every.n} `{config.condition}` pairs (unpaired: the mean of the "
+            f"{len(deep)} deep effects minus the mean of the {every.n}, Welch's t): {w.mean:+.2f} {ci} interval "
+            f"{w.interval(2)}."
+        )
+    at = {}
+    for r in results:
+        if r.key.condition == config.depth_condition and config.steps in r.wer_at:
+            at[(r.key.arm, r.key.seed)] = r.wer_at[config.steps].get(config.metric, math.nan)
+    deep_early = {
+        s: at[(first.arm, s)] - at[(first.baseline, s)]
+        for s in sorted(deep)
+        if (first.arm, s) in at and (first.baseline, s) in at
+    }
+    same = sorted(set(deep_early) & set(shallow))
+    if len(same) >= 2:
+        d = paired_difference({k: deep_early[k] for k in same}, {k: shallow[k] for k in same}, config.confidence)
+        text += (
+            f" At one budget, {config.steps} steps for both, over the {plural(len(same), 'seed', 'seeds')} both "
+            f"have: {d.mean:+.2f} {ci} interval {d.interval(2)} (Student's t over the seeds)."
+        )
+    return text
+
+
+def budget_deviation_sentence(pilot: Optional[RunResult], config: StudyConfig) -> str:
+    """The deep condition's budget as a deviation from the plan: moved after runs at the old budget were made
+    (family.json's depth.budget.why names how many), and kept though its check failed; empty otherwise."""
+    if pilot is None:
+        return ""
+    stands, _ = pilot_verdict(pilot, config)
+    budget = config.depth_budget
+    p = budget.pilot
+    if stands is not False or not budget.kept:
+        return ""
+    late = pilot.wer_at[p.steps][config.metric] - pilot.wer_at[budget.steps][config.metric]
+    why = config.raw.get("depth", {}).get("budget", {}).get("why", "")
+    made = re.search(r"The (\d+) runs finished at ([\d,]+) steps", why)
+    before = f" after {made.group(1)} depth runs had been trained and decoded at {made.group(2)} steps" if made else ""
+    return (
+        f"Deviations from the plan: the budget of `{config.depth_condition}` moved from {config.steps} to "
+        f"{budget.steps} steps{before} (depth.budget.changed), and was then checked and kept although its rule "
+        f"failed ({late:+.2f} against {p.max_late_change:g} allowed; depth.budget.kept)."
     )
 
 
@@ -120,6 +187,7 @@ def depth_section(
         "",
         depth_pilot_sentence(pilot, c),
         "",
+        *([budget_deviation_sentence(pilot, c), ""] if budget_deviation_sentence(pilot, c) else []),
         *(
             [f"Waiting to train on (above): {plural(len(waiting), 'run', 'runs')} of `{c.depth_condition}`.", ""]
             if waiting
