@@ -524,26 +524,6 @@ def test_an_interval_bound_that_rounds_to_zero_keeps_its_sign_and_a_digit():
     assert PairedDifference(1.0, 0.5, 1.5, 0.01, 1).interval(2) == "-"
 
 
-def test_the_described_intervals_are_counted_against_chance():
-    from studies.ablation.compare import paired_comparisons
-    from studies.ablation.report.tables import unadjusted_sentence
-
-    runs = []
-    # filter - none on test-other: -2, -3, -4 (sd 1, half-width t(0.975, 2) / sqrt(3) = 2.48: [-5.48, -0.52]);
-    # test-clean a third of it ([-1.83, -0.17]): both leave out 0; clip - none: -1, +1, 0 holds 0 on both.
-    for seed, (d_filter, d_clip) in zip((42, 43, 44), ((-2, -1), (-3, 1), (-4, 0))):
-        runs += [
-            _run("none", seed, 20),
-            _run("grad-filter-threshold", seed, 20 + d_filter),
-            _run("clip-grad-norm", seed, 20 + d_clip),
-        ]
-    comparisons = [c for c in paired_comparisons(runs, ["greedy_search"]) if c.metric.header != "valid loss"]
-    assert len(comparisons) == 4
-    assert unadjusted_sentence(comparisons).startswith(
-        "2 of these 4 unadjusted 95% intervals leave out 0, where about 0.2 would by chance alone"
-    )
-
-
 def test_pairs_without_a_recorded_cpu_model_are_kept_and_counted():
     runs = [
         _run("none", 42, 20, cpu=None),

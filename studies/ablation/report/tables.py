@@ -144,17 +144,6 @@ def column_notes(threshold: float, warm_ends: Sequence[int]) -> str:
     )
 
 
-def unadjusted_sentence(comparisons: Sequence[Comparison]) -> str:
-    """How many of the described intervals leave out 0, beside how many would by chance if no arm differed."""
-    intervals = [c.difference for c in comparisons if c.difference.n >= 2]
-    outside = sum(1 for d in intervals if d.low > 0 or d.high < 0)
-    return (
-        f"{outside} of these {len(intervals)} unadjusted 95% intervals leave out 0, where about "
-        f"{0.05 * len(intervals):.1f} would by chance alone if no arm differed from `none` (the intervals share "
-        "runs, so they are not independent)."
-    )
-
-
 def replay_section(
     replays: Sequence[ReplayResult],
     measures,
@@ -228,13 +217,12 @@ def outliers_sections(results: Sequence[RunResult], setup: ReportSetup, observin
 
 
 def paired_section(comparisons: Sequence[Comparison], arms: Dict[str, Arm]) -> List[str]:
-    """Every arm minus ``none``, described (not tested), with how many intervals leave out 0."""
+    """Every arm minus ``none``, described (not tested)."""
     return [
         "## Paired differences from `none`, described",
         "",
         "Every arm minus `none`, seed by seed (runs on two CPU models not paired): mean and 95% interval, for every "
-        "WER and the validation loss. Descriptions, not tests (the tests are the family's): "
-        + unadjusted_sentence(comparisons),
+        "WER and the validation loss. Descriptions, not tests (the tests are the family's).",
         "",
         format_comparisons(comparisons, arms),
         "",
