@@ -170,3 +170,21 @@ def test_interaction_caveats_by_hand():
     assert "Welch's t): -3.00 95% interval" in text
     half2 = stats.t.ppf(0.975, 1) * statistics.stdev([1.0, 2.0]) / math.sqrt(2)
     assert f"over the 2 seeds both have: +1.50 95% interval [{1.5 - half2:+.2f}, {1.5 + half2:+.2f}]" in text
+
+
+def test_the_headline_without_its_linked_pairs_by_hand():
+    from types import SimpleNamespace
+
+    from studies.ablation.family import FamilyComparison, FamilyRow
+    from studies.ablation.paired import SignedRank
+    from studies.ablation.pairing import Pairing
+    from studies.ablation.report.answer import without_linked
+
+    # Differences 1, 2, 3 and (seed 4, linked) 10: without it mean 2, half-width t(0.975, 2) / sqrt(3).
+    pairing = Pairing({1: 1.0, 2: 2.0, 3: 3.0, 4: 10.0}, {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}, linked=[4])
+    row = FamilyRow(FamilyComparison("f", "n"), pairing, None, SignedRank(0, 0.0, math.nan))
+    half = stats.t.ppf(0.975, 2) / math.sqrt(3)
+    assert without_linked(row, SimpleNamespace(confidence=0.95)) == (
+        f"; without the 1 pair joining two CPU flag digests (seed 4, the family section), +2.00 "
+        f"[{2 - half:+.2f}, {2 + half:+.2f}], 3 pairs"
+    )

@@ -224,6 +224,23 @@ def relative_gain_here(published_change: float, published_base: float, base_here
     return relative, relative * base_here
 
 
+def without_linked(row: FamilyRow, c: StudyConfig) -> str:
+    """The comparison without its pairs that join two CPU flag digests linked by cpus.json's check (the
+    family section), as a clause; empty when it has none."""
+    linked = row.pairing.linked
+    if not linked:
+        return ""
+    keep = [s for s in row.pairing.arm_values if s not in set(linked)]
+    d = paired_difference(
+        {s: row.pairing.arm_values[s] for s in keep}, {s: row.pairing.baseline_values[s] for s in keep}, c.confidence
+    )
+    seeds = ", ".join(str(s) for s in linked)
+    return (
+        f"; without the {plural(len(linked), 'pair', 'pairs')} joining two CPU flag digests (seed {seeds}, the "
+        f"family section), {d.mean:+.2f} {d.interval(2)}, {d.n} pairs"
+    )
+
+
 def bound_sentence(row: FamilyRow, baseline_runs: Sequence[RunResult], c: StudyConfig) -> str:
     """The first comparison as a bound: its interval (what the filter changes at most on this setup), its
     minimum detectable effect at the planned power and the family's alpha / m, and the pairs icefall's own
@@ -239,7 +256,8 @@ def bound_sentence(row: FamilyRow, baseline_runs: Sequence[RunResult], c: StudyC
     text = (
         f" On this setup the filter (`{row.comparison.arm}` − `{row.comparison.baseline}`) changes "
         f"{wer_name(*c.metric)} WER by no more than {d.interval(2)} points (its {100 * c.confidence:g}% interval, "
-        f"{d.n} pairs); the study resolves about {mde:.1f} points (its minimum detectable effect at power "
+        f"{d.n} pairs{without_linked(row, c)}); the study resolves about {mde:.1f} points (its minimum detectable "
+        f"effect at power "
         f"{c.power_target:g}, alpha {c.alpha:g} / {len(c.family)}, at the standard deviation {sd:.2f} of its per-seed "
         "differences)"
     )
