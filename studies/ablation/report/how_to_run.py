@@ -9,7 +9,8 @@ Every arm (studies/ablation/arms.py) trains the same model from scratch
 on the same data for the same number of steps, with the same seeds: a seed
 fixes the initialisation and the batch order in every arm, so arms are
 compared seed by seed (paired), and only between runs made on one CPU model
-(each summary records the CPU model and the torch version). Each run is
+or on CPUs that --verify-cpu showed to compute alike (cpus.json; each
+summary records the CPU model, flags digest, threads and torch). Each run is
 decoded with greedy search on test-clean and test-other at a third, two
 thirds and the whole budget, with icefall's averaging (--iter N --avg K
 --use-averaged-model true).
