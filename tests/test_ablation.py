@@ -30,7 +30,7 @@ from tensorboard.backend.event_processing.event_file_loader import LegacyEventFi
 from conftest import RECIPE, REPO, TINY_MODEL, recipe_env
 from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import load_checkpoint_file
-from icefall_lite.train.grad_control import FLAGS as GRADIENT_CONTROL_FLAGS
+from icefall_lite.train.rules import DESTS
 from icefall_lite.train.tb_tags import TB_TAGS
 from studies.ablation import cli, execute, plan
 from studies.ablation.arms import (
@@ -600,7 +600,7 @@ def test_arms_set_every_control_and_switch_the_others_off():
 
     # Every control train.py has, the filter observing and every other off (0), whatever controls are added.
     off = {flag_of(c): ("inf" if c == "grad_filter_threshold" else "0") for c in CONTROLS}
-    assert len(off) == 1 + len(GRADIENT_CONTROL_FLAGS) >= 6
+    assert len(off) == len(DESTS) >= 6
     assert flags("none") == off
     assert flags("grad-filter-threshold+clip-grad-norm") == {
         **off,
@@ -660,7 +660,7 @@ def test_one_name_per_gradient_control():
     control group (its --help lists them in one section, icefall's --grad-norm-threshold alias included), and
     ablation.py's threshold flags for the controls its arms use have train.py's names, with the Thresholds'
     defaults."""
-    assert CONTROLS == ("grad_filter_threshold", *GRADIENT_CONTROL_FLAGS)
+    assert CONTROLS == DESTS and DESTS[0] == "grad_filter_threshold"
     t = Thresholds()
     parser = cli.get_parser()
     args = parser.parse_args([])

@@ -60,8 +60,6 @@ MODEL_RULES = ("grad-filter-threshold", "recurrent-grad-clip")
 # The rules whose threshold is absolute and acts in backward, where --use-fp16's loss scale multiplies the
 # gradient (the filter's threshold is relative to the batch's median, so a common scale does not move it).
 ABSOLUTE_IN_BACKWARD = ("error-clip", "recurrent-grad-clip")
-# train.py's controls other than the filter's threshold, by argparse dest.
-FLAGS = tuple(rule.dest for rule in RULES if rule.name != "grad-filter-threshold")
 # The rules GradientControl applies: its fields.
 APPLIED_RULES = tuple(rule for rule in RULES if rule.name not in MODEL_RULES)
 GRAD_FILTER_MODE_HELP = (
