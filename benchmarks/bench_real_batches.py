@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from benchmarks.common import Section, add_common_arguments, fmt_ms, markdown_table, median, setup_threads
+from benchmarks.common import RECIPE, Section, add_common_arguments, fmt_ms, markdown_table, median, setup_threads
 from icefall_lite.data.bpe import load_bpe_model
 from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.train import cli as train_cli
@@ -45,7 +45,6 @@ from icefall_lite.train.optim import Eden
 from icefall_lite.train.setup import build_models, load_training_data, make_optimizer
 from icefall_lite.utils import script_parser
 
-RECIPE_DIR = Path(__file__).resolve().parents[1] / "egs" / "librispeech" / "ASR"
 ARMS: Dict[str, List[str]] = {"float32": [], "bf16": ["--use-bf16", "true"], "bf16, padded": ["--use-bf16", "true"]}
 
 
@@ -54,7 +53,7 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--work-dir",
         type=Path,
-        default=RECIPE_DIR,
+        default=RECIPE,
         help="A folder prepared by prepare.sh (its data/). (default: the recipe's, where make demo prepares)",
     )
     parser.add_argument("--num-batches", type=int, default=300, help="Batches per arm. (default: 300)")

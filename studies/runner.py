@@ -32,6 +32,9 @@ from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.decoding.metrics import load_wer_summary
 from icefall_lite.utils import replace_marked_section, section_markers, write_text_atomic
 
+# The recipe whose scripts every study runs (train.py, decode.py) and whose folders hold the corpora.
+RECIPE_DIR = Path(__file__).resolve().parents[1] / "egs" / "librispeech" / "ASR"
+
 
 class StudyError(RuntimeError):
     """A step of a study failed; the message says which and where its log is."""

@@ -27,10 +27,9 @@ from studies.ablation.report.write import REPORT, held_date_and_machine, write_r
 from studies.ablation.runs import round_summaries
 from studies.ablation.settings import Settings, check_config, find_bpe_model, stored_bpe_model, with_budget
 from studies.ablation.verify import verify_cpu
-from studies.runner import StudyError
+from studies.runner import RECIPE_DIR, StudyError
 
 STUDY_DIR = Path(__file__).resolve().parent  # studies/ablation: the report, its plots and the runs' summaries
-RECIPE_DIR = STUDY_DIR.parents[1] / "egs" / "librispeech" / "ASR"  # the recipe's scripts and data folders
 DEFAULT_THRESHOLDS = Thresholds()
 # The arms' thresholds: train.py's gradient controls (the registry), under train.py's names (ablation.py's flag ->
 # Thresholds field). The relative clip takes several values (its sweep: the first is the arm of the plain name,

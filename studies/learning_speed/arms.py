@@ -15,9 +15,6 @@ from typing import List, Optional, Tuple
 
 from studies.runner import decode_flags
 
-# The recipe folder (egs/librispeech/ASR) whose scripts the commands below run; they are relative to it.
-RECIPE_DIR = Path(__file__).resolve().parents[2] / "egs" / "librispeech" / "ASR"
-
 
 @dataclass(frozen=True)
 class StudyArm:

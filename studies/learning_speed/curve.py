@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from icefall_lite.decoding.metrics import load_wer_summary
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.utils import atomic_output, script_parser, write_text_atomic
-from studies.learning_speed.arms import RECIPE_DIR
+from studies.runner import RECIPE_DIR
 
 HERE = Path(__file__).resolve().parent
 # The recipe's decode.py, which decodes the runs' checkpoints.

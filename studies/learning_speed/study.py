@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from icefall_lite.utils import script_parser
-from studies.learning_speed.arms import ARMS, RECIPE_DIR
+from studies.learning_speed.arms import ARMS
 from studies.learning_speed.report import README, SECTION, render_section
 from studies.learning_speed.run import done_file, finished_results, run_arm
-from studies.runner import Progress, StudyError
+from studies.runner import RECIPE_DIR, Progress, StudyError
 
 # Before the first arm is timed: its budget plus about 1.5 minutes of validation and decoding.
 SETUP_MINUTES = 1.5
