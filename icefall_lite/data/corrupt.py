@@ -1,23 +1,19 @@
-"""Deterministic corruption of a fraction of the training cuts (the ablation's
-"corrupted training set").
+"""Deterministic corruption of a fraction of the training cuts (the studies' "corrupted training set").
 
-Methods (``CORRUPTION_METHODS``):
+Methods (``CORRUPTION_METHODS``): each kind of :mod:`icefall_lite.data.corruptions` alone, or ``mix``,
+which spreads the corrupted cuts evenly over the kinds real corpora hold (``MIX_KINDS``: swapped transcripts,
+truncated audio, long silences, noise bursts, long concatenations), in turn.
 
-* ``random-text``: the transcript of a chosen cut is replaced by random BPE
-  pieces, ``density`` x as many as the cut has encoder frames (so the
-  transducer loss and train.py's token/frame filter still accept it). The
-  features are untouched: the cut keeps its duration, so the sampler puts it
-  in exactly the batch the clean cut would be in. A dense, wrong label
-  sequence raises that sequence's loss and gradient; how far is measured by
-  the ablation of 2026-11-23 (egs/librispeech/ASR/HISTORY.md, part 2: in its run the largest
-  per-sequence gradient stayed below 25 x the batch median).
-* ``scale-features``: the log-mel features of a chosen cut are multiplied by
-  ``scale`` and stored as new arrays. The encoder's front end normalises the
-  scale away (ScaledConv2d + DoubleSwish are homogeneous, BasicNorm divides by
-  the RMS), so this does *not* raise the gradient; it is kept to show that.
+* ``random-text``: a dense, wrong label sequence; how far it raises a sequence's gradient is measured by the
+  ablation of 2026-11-23 (egs/librispeech/ASR/HISTORY.md, part 2: in its run the largest per-sequence
+  gradient stayed below 25 x the batch median).
+* ``scale-features``: the encoder's front end normalises the scale away (ScaledConv2d + DoubleSwish are
+  homogeneous, BasicNorm divides by the RMS), so this does *not* raise the gradient; it is kept to show that.
 
-The cuts are chosen with ``random.Random(seed)`` among those train.py would
-train on; their number is :func:`num_to_corrupt` of the manifest's size.
+The cuts are chosen with ``random.Random(seed)`` among those train.py would train on; their number is
+:func:`num_to_corrupt` of the manifest's size. ``random-text`` and ``scale-features`` corrupt any such cut
+and draw them at once (:func:`choose_cut_ids`, as since their first study); the other kinds try the cuts in
+a seeded order and pass over a cut that, so corrupted, train.py would not train on (counted and logged).
 """
 
 from __future__ import annotations
@@ -30,27 +26,31 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 from lhotse import CutSet, load_manifest
 from lhotse.cut import Cut
 from lhotse.features.io import NumpyFilesWriter
-from lhotse.utils import fastcopy
 
-from icefall_lite.data.datamodule import encoder_frames, rejection_reason
+from icefall_lite.data.corruptions import (
+    FEATURE_KINDS,
+    KINDS,
+    MIX_KINDS,
+    Context,
+    CorruptionError,
+    apply_edit,
+    edit_for,
+    trainable,
+)
+from icefall_lite.data.datamodule import rejection_reason
 from icefall_lite.data.layout import TRAIN_PART, librispeech_cuts_name
 from icefall_lite.utils import atomic_output, progress_bar, remove_path, write_text_atomic
 
-CORRUPTION_METHODS = ("random-text", "scale-features")
+MIX = "mix"
+CORRUPTION_METHODS = KINDS + (MIX,)
+ANY_CUT_METHODS = ("random-text", "scale-features")  # methods that can corrupt every trainable cut
 TRAIN_MANIFEST = librispeech_cuts_name(TRAIN_PART)
-# lhotse's noise mixing sums exp(log-mel) over a cut in float32 (max ~3.4e38).
-MAX_MIXABLE_ENERGY = 1e37
 DONE_MARKER = ".corrupted.done"
 IDS_FILE = "corrupted_cut_ids.txt"
 INFO_FILE = "corruption.json"
-
-
-class CorruptionError(ValueError):
-    """Bad corruption settings or inputs (the message names the fix)."""
 
 
 @dataclass(frozen=True)
@@ -99,87 +99,72 @@ def choose_cut_ids(eligible: Sequence[str], count: int, seed: int) -> List[str]:
     return sorted(random.Random(seed).sample(sorted(eligible), count))
 
 
-def _text_pieces(sp: Any) -> List[int]:
-    """Ids of the ordinary pieces (no control/unknown pieces, not the bare word boundary)."""
-    return [
-        i
-        for i in range(sp.get_piece_size())
-        if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i)) and sp.id_to_piece(i).strip("\u2581")
-    ]
-
-
-def random_text(sp: Any, num_tokens: int, rng: random.Random, pieces: Optional[Sequence[int]] = None) -> str:
-    """Text of random BPE pieces that encodes to at most ``num_tokens`` (>= 1) tokens."""
-    if num_tokens < 1:
-        raise CorruptionError(f"need at least one token, got {num_tokens}")
-    pieces = _text_pieces(sp) if pieces is None else pieces
-    ids = [rng.choice(pieces) for _ in range(num_tokens)]
-    text = sp.decode(ids).strip()
-    while len(ids) > 1 and (not text or len(sp.encode(text)) > num_tokens):
-        ids.pop()
-        text = sp.decode(ids).strip()
-    return text
-
-
-def corrupt_text(
-    cut: Cut, sp: Any, density: float, rng: random.Random, pieces: Sequence[int]
-) -> Tuple[Cut, Dict[str, Any]]:
-    """``cut`` with its transcript replaced by :func:`random_text` of ``density`` x its encoder frames."""
-    frames = encoder_frames(cut.num_frames)
-    target = max(1, int(density * frames))
-    original = cut.supervisions[0].text
-    text = random_text(sp, target, rng, pieces)
-    while text == original:
-        text = random_text(sp, target, rng, pieces)
-    sups = [fastcopy(cut.supervisions[0], text=text)] + list(cut.supervisions[1:])
-    info = {"encoder_frames": frames, "tokens_before": len(sp.encode(original)), "tokens_after": len(sp.encode(text))}
-    return fastcopy(cut, supervisions=sups), info
-
-
-def corrupt_features(cut: Cut, scale: float, writer: NumpyFilesWriter, storage_path: str) -> Tuple[Cut, Dict[str, Any]]:
-    """``cut`` whose features are ``scale`` x the original, written with ``writer``."""
-    feats = cut.load_features().astype(np.float32) * np.float32(scale)
-    energy = float(np.exp(np.float64(feats.max()))) * feats.size
-    if not np.isfinite(energy) or energy > MAX_MIXABLE_ENERGY:
-        raise CorruptionError(
-            f"cut {cut.id}: features x {scale} reach {feats.max():.1f}; lhotse's noise mixing would overflow "
-            f"(exp(feature) summed in float32). Use a smaller scale (e.g. 10)."
-        )
-    key = writer.write(cut.id, feats)
-    features = fastcopy(cut.features, storage_type=writer.name, storage_path=storage_path, storage_key=key)
-    return fastcopy(cut, features=features), {"max_before": float(feats.max() / scale), "max_after": float(feats.max())}
+def kinds_of(method: str) -> Tuple[str, ...]:
+    """The kinds ``method`` uses, in turn."""
+    return MIX_KINDS if method == MIX else (method,)
 
 
 def corrupt_cuts(
-    cuts: CutSet, chosen: Sequence[str], config: CorruptionConfig, sp: Any, feats_dir: Optional[Path] = None
+    cuts: CutSet,
+    config: CorruptionConfig,
+    sp: Any,
+    duration_range: Tuple[float, float],
+    feats_dir: Optional[Path] = None,
 ) -> Tuple[CutSet, Dict[str, Dict[str, Any]]]:
-    """The cut set with the ``chosen`` cuts corrupted (same order), and per-cut details.
+    """The cut set with ``num_to_corrupt`` of its trainable cuts corrupted (same order), and per-cut details
+    (``kind`` and what it did).
 
-    ``feats_dir`` (``scale-features`` only) receives the new feature arrays;
-    the manifest refers to it by the path as given (relative paths are read
-    relative to the directory training runs in, as prepare.sh's).
+    ``feats_dir`` (feature kinds) receives the new feature arrays; the manifest refers to it by the path as
+    given (relative paths are read relative to the directory training runs in, as prepare.sh's).
     """
-    chosen_set = set(chosen)
-    rng = random.Random(config.seed + 1)
-    pieces = _text_pieces(sp)
-    out: List[Cut] = []
-    details: Dict[str, Dict[str, Any]] = {}
+    cuts = list(cuts)
+    count = num_to_corrupt(len(cuts), config.fraction)
+    eligible = eligible_cut_ids(cuts, sp, duration_range)
+    by_id = {c.id: c for c in cuts}
+    kinds = kinds_of(config.method)
     writer = None
-    if config.method == "scale-features":
+    if set(kinds) & set(FEATURE_KINDS):
         if feats_dir is None:
-            raise CorruptionError("scale-features needs a directory for the new feature arrays")
+            raise CorruptionError(f"{config.method} needs a directory for the new feature arrays")
         writer = NumpyFilesWriter(str(feats_dir))
-    for cut in progress_bar(cuts, desc=f"corrupting ({config.method})", unit="cut"):
-        if cut.id in chosen_set:
-            if config.method == "random-text":
-                cut, details[cut.id] = corrupt_text(cut, sp, config.density, rng, pieces)
-            else:
-                cut, details[cut.id] = corrupt_features(cut, config.scale, writer, str(feats_dir))
-        out.append(cut)
-    missing = chosen_set - set(details)
-    if missing:
-        raise CorruptionError(f"chosen cuts not in the manifest: {sorted(missing)[:5]}")
-    return CutSet.from_cuts(out), details
+    ctx = Context(
+        sp=sp,
+        rng=random.Random(config.seed + 1),
+        density=config.density,
+        scale=config.scale,
+        pool={i: by_id[i] for i in eligible},
+        writer=writer,
+        storage_path=str(feats_dir) if feats_dir is not None else "",
+    )
+    if config.method in ANY_CUT_METHODS:  # in manifest order, as their random draws were made first
+        chosen = set(choose_cut_ids(eligible, count, config.seed))
+        order = [c.id for c in cuts if c.id in chosen]
+    else:
+        order = random.Random(config.seed).sample(sorted(eligible), len(eligible))
+    corrupted: Dict[str, Cut] = {}
+    details: Dict[str, Dict[str, Any]] = {}
+    passed = 0
+    with progress_bar(total=count, desc=f"corrupting ({config.method})", unit="cut") as bar:
+        for cut_id in order:
+            if len(corrupted) == count:
+                break
+            kind = kinds[len(corrupted) % len(kinds)]
+            cut = by_id[cut_id]
+            edit = edit_for(kind, duration_range[1])(cut, ctx)
+            if edit is None or not trainable(cut, edit, sp, duration_range):
+                passed += 1
+                continue
+            corrupted[cut_id] = apply_edit(cut, edit, ctx)
+            details[cut_id] = {"kind": kind, **edit.info}
+            bar.update(1)
+    if len(corrupted) < count:
+        raise CorruptionError(
+            f"only {len(corrupted)} of the {count} cuts could be corrupted by {config.method} and still be "
+            f"trained on ({passed} passed over); lower the fraction"
+        )
+    if passed:
+        logging.info(f"passed over {passed} cuts that, so corrupted, train.py would not train on")
+    return CutSet.from_cuts([corrupted.get(c.id, c) for c in cuts]), details
 
 
 def differing_cut_ids(a: CutSet, b: CutSet) -> List[str]:
@@ -239,13 +224,12 @@ def make_corrupted_dir(
     if not src.is_file():
         raise CorruptionError(f"no training manifest {src}: run prepare.sh first")
     cuts = load_manifest(src)
-    count = num_to_corrupt(len(cuts), config.fraction)
-    chosen = choose_cut_ids(eligible_cut_ids(cuts, sp, duration_range), count, config.seed)
     out_dir.mkdir(parents=True, exist_ok=True)
-    feats_dir = out_dir / "feats" if config.method == "scale-features" else None
+    feats_dir = out_dir / "feats" if set(kinds_of(config.method)) & set(FEATURE_KINDS) else None
     if feats_dir is not None:
         remove_path(feats_dir)
-    corrupted, details = corrupt_cuts(cuts, chosen, config, sp, feats_dir)
+    corrupted, details = corrupt_cuts(cuts, config, sp, duration_range, feats_dir)
+    chosen = sorted(details)
     with atomic_output(out_dir / TRAIN_MANIFEST) as tmp:
         corrupted.to_file(tmp)
     linked = link_other_manifests(src_dir, out_dir)

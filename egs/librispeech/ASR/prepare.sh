@@ -31,7 +31,7 @@ set -eou pipefail
 stage=0
 stop_stage=4
 corpus=synthetic        # synthetic | digits | librispeech | mini_librispeech
-size=default            # default | small | tiny (synthetic); default | tiny (digits)
+size=default            # default | small | tiny (synthetic); default | tiny | regime (digits)
 work_dir=""             # where data/ and download/ go (default: this folder)
 dl_dir=""               # default: $work_dir/download
 vocab_size=""           # default: 100 for the synthetic corpus (2,000 words), 30 for digits (11 words), 500 for (mini) LibriSpeech
@@ -83,7 +83,7 @@ if [ "$full_libri" = true ] && [ "$corpus" != librispeech ]; then
   echo "prepare.sh: --full-libri true needs --corpus librispeech" >&2; exit 2
 fi
 if [ "$corpus" = digits ]; then
-  case "$size" in default|tiny) ;; *) echo "prepare.sh: --size must be default or tiny with --corpus digits" >&2; exit 2 ;; esac
+  case "$size" in default|tiny|regime) ;; *) echo "prepare.sh: --size must be default, tiny or regime with --corpus digits" >&2; exit 2 ;; esac
 else
   case "$size" in default|small|tiny) ;; *) echo "prepare.sh: --size must be default, small or tiny" >&2; exit 2 ;; esac
 fi
@@ -181,7 +181,7 @@ if [ "$musan" = true ]; then
 elif run_stage 3 data/fbank/.noise.done "noise corpus (MUSAN's place) -> $dl_dir/noise, data/fbank/noise_cuts.jsonl.gz"; then
   mkdir -p data/manifests data/fbank
   "$PYTHON" "$local_dir/prepare_noise.py" --dl-dir "$dl_dir" --manifest-dir data/manifests \
-    --fbank-dir data/fbank --size "$size" --seed "$seed" --nj "$nj"
+    --fbank-dir data/fbank --size "${size/regime/default}" --seed "$seed" --nj "$nj"
   "$PYTHON" "$local_dir/validate_manifest.py" --supervised false data/fbank/noise_cuts.jsonl.gz
   touch data/fbank/.noise.done
 fi

@@ -1,0 +1,21 @@
+"""``python -m studies.regime``: the pilot's runs (resumable; the report rewritten after each), or with
+``--report-only`` the report alone from the committed summaries."""
+
+import argparse
+import logging
+
+from studies.regime.pilot import run_pilot
+from studies.regime.report import write_report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--report-only", action="store_true", help="re-render README.md from the summaries")
+    args = parser.parse_args()
+    logging.basicConfig(format="%(asctime)s %(levelname)s [%(module)s] %(message)s", level=logging.INFO)
+    if not args.report_only:
+        run_pilot(after_each=write_report)
+    logging.info(f"wrote {write_report()}")
+
+
+main()

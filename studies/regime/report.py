@@ -1,0 +1,177 @@
+"""The pilot's report (this folder's README.md), rendered from its summaries and ``pilot.json``: the grid's
+table, the rule applied to it (once every run is in) and where the runs were made."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from icefall_lite.utils import write_text_atomic
+from studies.regime.grid import CELLS, CORRUPTIONS, REFERENCE, SETTINGS, Cell
+from studies.regime.pilot import DESIGN, load_summaries
+
+REPORT = Path(__file__).resolve().parent / "README.md"
+COMMAND = "python -m studies.regime"  # from the repository root; --report-only re-renders this file
+DIVERGED_WER = 50.0  # pilot.json's "diverged"
+MAX_SKIPPED = 0.10
+MIN_GAP = 2.0  # pilot.json's "hurt": points of mean test-other WER above the reference
+MIN_DIVERGED = 0.3
+
+
+def diverged(summary: Dict) -> bool:
+    """pilot.json's rule: test-other WER at least 50%, or more than 10% of the steps skipped."""
+    return summary["wer"]["test-other"] >= DIVERGED_WER or summary["skipped_steps"] > MAX_SKIPPED * summary["steps"]
+
+
+def cell_runs(summaries: Dict[Tuple[str, int], Dict], cell: Cell) -> List[Dict]:
+    return [summaries[(cell.name, s)] for s in DESIGN["seeds"] if (cell.name, s) in summaries]
+
+
+def mean_wer(runs: List[Dict], test_set: str = "test-other") -> Optional[float]:
+    return statistics.fmean(r["wer"][test_set] for r in runs) if runs else None
+
+
+def verdicts(summaries: Dict[Tuple[str, int], Dict]) -> Dict[str, Dict]:
+    """Per cell with every seed in: its mean WER, the gap to the reference's, runs diverged, whether it still
+    learns and whether it hurts ``none`` (pilot.json's rules)."""
+    seeds = len(DESIGN["seeds"])
+    reference = cell_runs(summaries, REFERENCE)
+    if len(reference) < seeds:
+        return {}
+    out = {}
+    for cell in CELLS:
+        runs = cell_runs(summaries, cell)
+        if len(runs) < seeds:
+            continue
+        n_div = sum(diverged(r) for r in runs)
+        gap = mean_wer(runs) - mean_wer(reference)
+        out[cell.name] = {
+            "mean": mean_wer(runs),
+            "gap": gap,
+            "diverged": n_div,
+            "learns": n_div <= seeds // 2,
+            "hurts": gap >= MIN_GAP or n_div / seeds >= MIN_DIVERGED,
+        }
+    return out
+
+
+def pick(v: Dict[str, Dict]) -> Optional[str]:
+    """The cell that still learns and hurts ``none`` most (largest gap), None when none qualifies."""
+    qualified = [name for name, x in v.items() if x["learns"] and x["hurts"] and name != REFERENCE.name]
+    return max(qualified, key=lambda name: v[name]["gap"]) if qualified else None
+
+
+def _fmt(x: Optional[float], digits: int = 2) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def grid_table(summaries: Dict[Tuple[str, int], Dict]) -> List[str]:
+    seeds = DESIGN["seeds"]
+    head = ["cell", *(f"test-other seed {s}" for s in seeds), "mean", "vs base.clean", "diverged"]
+    head += ["test-clean mean", "valid loss", "max seq/median", "steps > 25x"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    v = verdicts(summaries)
+    for cell in CELLS:
+        runs = {r["key"]["seed"]: r for r in cell_runs(summaries, cell)}
+        if not runs:
+            continue
+        rs = list(runs.values())
+        ratio = max((r["max_over_median"]["max"] or 0.0) for r in rs)
+        above = sum(r["max_over_median"]["steps_above_25"] for r in rs)
+        steps = sum(r["max_over_median"]["steps"] for r in rs)
+        gap = v.get(cell.name, {}).get("gap")
+        row = [
+            f"`{cell.name}`",
+            *(_fmt(runs[s]["wer"]["test-other"]) if s in runs else "" for s in seeds),
+            _fmt(mean_wer(rs)),
+            "" if gap is None else f"{gap:+.2f}",
+            f"{sum(diverged(r) for r in rs)} of {len(rs)}",
+            _fmt(mean_wer(rs, "test-clean")),
+            " / ".join(_fmt(r["valid_loss"], 3) for r in rs),
+            f"{ratio:.1f}",
+            f"{above} of {steps}",
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def verdict_text(summaries: Dict[Tuple[str, int], Dict]) -> List[str]:
+    total = len(CELLS) * len(DESIGN["seeds"])
+    if len(summaries) < total:
+        return [f"The pilot is under way: {len(summaries)} of {total} runs are in; the rule is applied once all are."]
+    v = verdicts(summaries)
+    chosen = pick(v)
+    hurt = [name for name, x in v.items() if x["hurts"] and name != REFERENCE.name]
+    if chosen is None:
+        return [
+            f"No cell hurt `none` by {MIN_GAP:g} points of test-other WER or made 30% of its runs diverge: "
+            "on this grid, training without any gradient control could not be hurt or made to diverge at "
+            f"{DESIGN['steps']} steps. That is the finding; the study stops here."
+        ]
+    x = v[chosen]
+    return [
+        f"Cells that hurt `none` (pilot.json's rule): {', '.join(f'`{h}`' for h in hurt)}. "
+        f"The pick: `{chosen}`, mean test-other WER {x['mean']:.2f} ({x['gap']:+.2f} against `base.clean`), "
+        f"{x['diverged']} of {len(DESIGN['seeds'])} runs diverged."
+    ]
+
+
+def machines(summaries: Dict[Tuple[str, int], Dict]) -> str:
+    seen: Dict[str, int] = {}
+    for s in summaries.values():
+        m = s["machine"]
+        name = f"{m['cpu_model']} (flags {m['cpu_flags']}), {m['threads']} threads, torch {m['torch']}"
+        seen[name] = seen.get(name, 0) + 1
+    return "; ".join(f"{n} runs on {name}" for name, n in seen.items()) or "no run yet"
+
+
+def render(summaries: Dict[Tuple[str, int], Dict]) -> str:
+    settings = "; ".join(f"`{s.name}`: {s.description}" for s in SETTINGS)
+    corruptions = ", ".join(f"`{c.name}` ({c.fraction:.0%})" for c in CORRUPTIONS)
+    example = next(iter(summaries.values()), None)
+    lines = [
+        "# Where the GradientFilter has work to do: the pilot",
+        "",
+        "Generated by `python -m studies.regime` (`--report-only` re-renders it from the summaries); the design, "
+        "fixed before the runs, is [pilot.json](pilot.json).",
+        "",
+        "**Question.** Is there a setting of the digits task in which training without any gradient control "
+        "(`none`: every rule of the registry off, the filter only observing) is hurt by outlier utterances or "
+        "by unstable training, while it still learns? Only there can the filter's guard be measured.",
+        "",
+        f"**Grid.** Training sets: {corruptions} of the training cuts corrupted by "
+        "`local/make_corrupted_cuts.py --method mix` (in equal shares: another cut's transcript, audio truncated "
+        "to a third, a silence of twice the cut's length, a 1 s noise burst 20 dB above the cut's loudest frame, "
+        "other cuts appended up to 20 s with their transcripts). Settings: "
+        f"{settings}. Corpus: `prepare.sh --corpus digits --size regime` (test-other 1,000 utterances, "
+        "15,234 words: one word is 0.007 points). "
+        f"Each run: {DESIGN['steps']} steps, decoded by greedy search with icefall's model average over the last "
+        f"{DESIGN['decode']['avg'] * DESIGN['decode']['save_every_n']} steps; seeds {DESIGN['seeds']}.",
+        "",
+        "## The grid",
+        "",
+        *grid_table(summaries),
+        "",
+        "Diverged: test-other WER at least 50%, or more than 10% of the steps skipped. *max seq/median*: the "
+        "largest ratio, over the steps and layers, of one sequence's gradient RMS to the batch median as the "
+        "observing filter measured it; *steps > 25x*: steps in which it was above 25, where `--grad-filter-"
+        "threshold 25` would have acted on that sequence.",
+        "",
+        "## The rule applied",
+        "",
+        *verdict_text(summaries),
+        "",
+        "## Provenance",
+        "",
+        f"Runs: {machines(summaries)}.",
+    ]
+    if example is not None:
+        lines += ["", "The commands of one run (from the recipe folder; every run's are in its summary):", ""]
+        lines += [f"    {c}" for c in example["commands"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_report() -> Path:
+    write_text_atomic(REPORT, render(load_summaries()))
+    return REPORT
