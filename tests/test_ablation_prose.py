@@ -188,3 +188,22 @@ def test_the_headline_without_its_linked_pairs_by_hand():
         f"; without the 1 pair joining two CPU flag digests (seed 4, the family section), +2.00 "
         f"[{2 - half:+.2f}, {2 + half:+.2f}], 3 pairs"
     )
+
+
+def test_depth_budget_check_says_how_many_deep_runs_still_improved():
+    # Counted here from the committed summaries' own WER tables (not through the report's code).
+    import json
+    from pathlib import Path
+
+    study = Path(__file__).resolve().parents[1] / "studies" / "ablation"
+    root = study / "summaries" / "round-2" / "digits-12"
+    improved = n = 0
+    for path in root.glob("*/seed-*.json"):
+        at = {(s, t): w for s, _, t, w in json.loads(path.read_text())["wer_at"]}
+        if (1800, "test-other") in at and (2700, "test-other") in at:
+            n += 1
+            improved += at[(2700, "test-other")] < at[(1800, "test-other")]
+    assert n == 20
+    text = (study / "README.md").read_text()
+    assert f"Of the {n} runs of `digits-12` decoded at 1800 and 2700 steps, {improved} still improved" in text
+    assert "The budget was kept on one seed's +2.01 (the pilot, 2700 to 4100 steps)" in text

@@ -9,6 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List
 
+import numpy as np
 import pytest
 from lhotse import load_manifest
 
@@ -23,8 +24,10 @@ from icefall_lite.data.synthetic.digits import (
     LEAD_RANGE,
     MIN_SECONDS,
     DigitUtterance,
+    digits_config,
     part_sizes,
     plan_digits,
+    plan_strings,
 )
 
 RECIPE = Path(__file__).resolve().parents[1] / "egs" / "librispeech" / "ASR"
@@ -252,4 +255,51 @@ def test_rerun_skips_and_another_corpus_is_refused(tiny_digits: Path) -> None:
     assert proc.returncode != 0
     assert "was built with corpus=digits size=tiny seed=42, not size=tiny seed=42" in proc.stdout
     proc = run_prepare("--corpus", "digits", "--size", "small", "--work-dir", str(tiny_digits))
-    assert proc.returncode == 2 and "--size must be default or tiny with --corpus digits" in proc.stdout
+    assert proc.returncode == 2 and "--size must be default, tiny or regime with --corpus digits" in proc.stdout
+
+
+def test_regime_size_has_a_large_test_other_and_strings_of_4_to_7_digits() -> None:
+    plan = plan_digits(DIGITS_SIZES["regime"], 42)
+    parts = _by_part(plan)
+    assert {p: len(u) for p, u in parts.items()} == {
+        TRAIN_PART: 2400,
+        "dev-clean": 150,
+        "dev-other": 150,
+        "test-clean": 300,
+        "test-other": 1000,
+    }
+    # At least 10,000 words, so that one word is under 0.01 WER points.
+    assert sum(len(u.text.split()) for u in parts["test-other"]) >= 10_000
+    assert {len(s.split()) for u in plan.utterances for s in u.strings} == set(range(4, 8))
+    strings = [s for p in EVAL_PARTS for u in parts[p] for s in u.strings]
+    assert len(set(strings)) == len(strings), "no evaluation string twice"
+    assert not set(strings) & {s for u in parts[TRAIN_PART] for s in u.strings}
+
+
+def test_built_default_and_tiny_corpora_keep_their_recorded_settings() -> None:
+    # The settings a default or tiny corpus recorded in SYNTHETIC.json before the regime size (and its
+    # test_other_utts field) existed: such a corpus must still be recognised, not rebuilt.
+    recorded = {
+        "train_utts": 2400,
+        "dev_utts": 150,
+        "test_utts": 300,
+        "train_speakers": 72,
+        "eval_speakers": 12,
+        "babble_segments": 12,
+        "babble_talkers": 5,
+        "babble_seconds": 20.0,
+        "utts_per_chapter": 40,
+        "strings": [1, 6],
+        "digits": [3, 7],
+        "max_digits": 28,
+    }
+    assert digits_config("default", 42) == {"corpus": "digits", "size": "default", "seed": 42, "params": recorded}
+    assert "test_other_utts" not in digits_config("tiny", 42)["params"]
+    assert digits_config("regime", 42)["params"]["test_other_utts"] == 1000
+
+
+def test_evaluation_parts_that_would_take_every_string_are_refused() -> None:
+    # 11 strings of one digit: 12 evaluation utterances of one string each cannot all be new.
+    size = dataclasses.replace(DIGITS_SIZES["tiny"], strings=(1, 1), digits=(1, 1), max_digits=1)
+    with pytest.raises(ValueError, match=r"every string of 1 digits is taken by the evaluation parts"):
+        plan_strings(size, np.random.default_rng(0))

@@ -159,9 +159,9 @@ def budget_deviation_sentence(pilot: Optional[RunResult], config: StudyConfig) -
     )
 
 
-def depth_pilot_sentence(pilot: Optional[RunResult], config: StudyConfig) -> str:
-    """The budget check of the deep condition (family.json's "depth" "pilot": the round's pilot rule), or how
-    to make it."""
+def depth_pilot_sentence(pilot: Optional[RunResult], config: StudyConfig, results: Sequence[RunResult] = ()) -> str:
+    """The budget check of the deep condition (family.json's "depth" "pilot": the round's pilot rule) and how
+    many of its runs still improved before the budget, or how to make it."""
     head = f"Budget check at `{config.depth_condition}` (the round's pilot rule, family.json's \"depth\"): "
     if pilot is None:
         return head + "not made yet (`ablation.py --set depth --pilot only`, or before the set's next runs)."
@@ -169,6 +169,7 @@ def depth_pilot_sentence(pilot: Optional[RunResult], config: StudyConfig) -> str
     return (
         f"{head}`none` / seed {pilot.key.seed} trained to {pilot.steps} steps, {wer_name(method, 'test-clean')} / "
         f"{wer_name(method, other)} WER {pilot_points(pilot, config)}; {pilot_verdict(pilot, config)[1]}"
+        + convergence_sentence(pilot, results, config, "stands" if pilot_verdict(pilot, config)[0] else "was kept")
     )
 
 
@@ -185,7 +186,7 @@ def depth_section(
     return [
         f"## Depth: `{c.depth_condition}`",
         "",
-        depth_pilot_sentence(pilot, c),
+        depth_pilot_sentence(pilot, c, results),
         "",
         *([budget_deviation_sentence(pilot, c), ""] if budget_deviation_sentence(pilot, c) else []),
         *(
@@ -307,9 +308,12 @@ def still_improving(runs: Sequence[RunResult], metric: Tuple[str, str], early: i
     return len(both), wer, loss
 
 
-def convergence_sentence(pilot: RunResult, results: Sequence[RunResult], config: StudyConfig) -> str:
-    """What the budget's 'stands' rests on: the pilot's one seed, beside how many of the condition's runs still
-    improved over the last decoding interval before the budget; empty without such runs."""
+def convergence_sentence(
+    pilot: RunResult, results: Sequence[RunResult], config: StudyConfig, verdict: str = "stands"
+) -> str:
+    """What the budget's verdict (``"stands"``, or ``"was kept"`` where its rule failed) rests on: the pilot's one
+    seed, beside how many of the condition's runs still improved over the last decoding interval before the
+    budget; empty without such runs."""
     steps = config.budget_of(pilot.key.condition).steps
     runs = [r for r in results if r.key.condition == pilot.key.condition]
     points = sorted({s for r in runs for s in r.wer_at if s < steps})
@@ -322,7 +326,7 @@ def convergence_sentence(pilot: RunResult, results: Sequence[RunResult], config:
     end = max(pilot.wer_at)
     late = pilot.wer_at[end][config.metric] - pilot.wer_at[steps][config.metric]
     return (
-        f" The budget stands on one seed's {late:+.2f} (the pilot, {steps} to {end} steps). Of the "
+        f" The budget {verdict} on one seed's {late:+.2f} (the pilot, {steps} to {end} steps). Of the "
         f"{plural(n, 'run', 'runs')} of `{pilot.key.condition}` decoded at {early} and {steps} steps, {wer} still "
         f"improved {wer_name(*config.metric)} from {early} to {steps}, and the validation loss still fell in {loss} "
         f"(its last validation at or before {steps} below its last at or before {early})."

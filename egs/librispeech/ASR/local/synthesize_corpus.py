@@ -35,7 +35,8 @@ def get_parser() -> argparse.ArgumentParser:
         help="synthetic: default: ~10 h of training audio (288 voices); small: its first 3 h "
         "(48 voices, the same dev/test parts); tiny: a few dozen utterances. digits: "
         f"default ({DIGITS_SIZES['default'].train_utts} training utterances, ~3.3 h, "
-        f"{DIGITS_SIZES['default'].train_speakers} voices) or tiny",
+        f"{DIGITS_SIZES['default'].train_speakers} voices), tiny, or regime (strings of 4-7 digits and a "
+        f"{DIGITS_SIZES['regime'].test_other_utts}-utterance test-other, for studies/regime)",
     )
     parser.add_argument("--seed", type=int, default=42, help="the corpus is identical for a given seed")
     add_nj_argument(parser)

@@ -1,0 +1,124 @@
+"""The regime study (studies/regime): its cells are the ablation's condition plus one change each, its
+``none`` arm is the ablation's, the pilot's rules pick as pilot.json says, and its report is the render of
+its committed summaries."""
+
+import json
+import shlex
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from studies.regime import report
+from studies.regime.grid import CELL_BY_NAME, CELLS, REFERENCE, arm_flags
+from studies.regime.pilot import DESIGN, SUMMARIES, decode_command, load_summaries, train_command
+
+ROUND_2 = Path(__file__).resolve().parents[1] / "studies" / "ablation" / "summaries" / "round-2" / "digits"
+
+
+def _pairs(argv: List[str]) -> Dict[str, str]:
+    """``{--flag: value}`` of a command line's flags (each flag followed by one value)."""
+    flags = [i for i, a in enumerate(argv) if a.startswith("--")]
+    return {argv[i]: argv[i + 1] for i in flags}
+
+
+def _ablation_none_train() -> Dict[str, str]:
+    command = json.loads((ROUND_2 / "none" / "seed-42.json").read_text())["commands"][0]
+    inner = command.split("&& ", 1)[1].rstrip(")")
+    return _pairs(shlex.split(inner))
+
+
+def test_none_and_the_base_cell_are_the_ablations_digits_none():
+    ablation = _ablation_none_train()
+    ours = _pairs(train_command(REFERENCE, 42))
+    for flag in ("--exp-dir", "--max-batches"):
+        ablation.pop(flag), ours.pop(flag)
+    assert ours.pop("--manifest-dir") == "data/fbank"
+    assert ours == ablation
+    rules = _pairs(arm_flags("none"))
+    assert rules["--grad-filter-threshold"] == "inf" and all(v == "0" for f, v in rules.items() if "filter" not in f)
+
+
+def test_each_cell_changes_one_thing_and_decoding_builds_its_model():
+    base = _pairs(train_command(REFERENCE, 42))
+    expected = {
+        "lr-x3.clean": {"--base-lr": "0.009"},
+        "lr-x10.clean": {"--base-lr": "0.03"},
+        "no-warm-up.clean": {"--model-warm-step": "1"},
+        "base.mix-10": {"--manifest-dir": "data/fbank-mix-10"},
+        "12-layers.mix-2": {
+            "--manifest-dir": "data/fbank-mix-2",
+            "--num-encoder-layers": "12",
+            "--encoder-dim": "128",
+            "--rnn-hidden-size": "128",
+            "--dim-feedforward": "512",
+        },
+    }
+    for name, change in expected.items():
+        flags = _pairs(train_command(CELL_BY_NAME[name], 42))
+        assert {f: v for f, v in flags.items() if base.get(f) != v and f != "--exp-dir"} == change, name
+    decode = _pairs(decode_command(CELL_BY_NAME["12-layers.mix-2"], 43))
+    assert decode["--num-encoder-layers"] == "12" and decode["--iter"] == "600" and decode["--avg"] == "2"
+    assert len(CELLS) == 15 and len({c.name for c in CELLS}) == 15
+    with pytest.raises(ValueError, match="unknown arm 'filter'"):
+        arm_flags("filter")
+    assert _pairs(arm_flags("grad-filter-threshold=25"))["--grad-filter-threshold"] == "25"
+
+
+def _summary(cell: str, seed: int, test_other: float, skipped: int = 0) -> dict:
+    return {
+        "key": {"cell": cell, "seed": seed},
+        "steps": 600,
+        "wer": {"test-clean": 1.0, "test-other": test_other},
+        "valid_loss": 0.3,
+        "skipped_steps": skipped,
+        "max_over_median": {"max": 3.0, "steps_above_25": 0, "steps": 600},
+        "machine": {"cpu_model": "X", "cpu_flags": "abc", "threads": "2", "torch": "2.13.0"},
+        "commands": ["(cd digits-regime && python train.py)"],
+    }
+
+
+def _all(wers: Dict[str, tuple]) -> dict:
+    """Summaries of every cell: ``wers[cell] = (seed 42's, seed 43's)`` test-other WER, others 10 and 11."""
+    out = {}
+    for cell in CELLS:
+        a, b = wers.get(cell.name, (10.0, 11.0))
+        out[(cell.name, 42)] = _summary(cell.name, 42, a)
+        out[(cell.name, 43)] = _summary(cell.name, 43, b)
+    return out
+
+
+def test_the_pilot_rule_picks_the_cell_hurt_most_that_still_learns():
+    # Reference 10.5. lr-x3: +1.99 (not hurt); base.mix-10: +2.0 (hurt by the gap); lr-x10.mix-10: one run
+    # of two diverged (hurt, still learns, the largest gap: +25.0); 12-layers.mix-10: both diverged (does not
+    # learn); no-warm-up.clean: 61 steps skipped of 600 (diverged) at a low WER.
+    summaries = _all(
+        {
+            "lr-x3.clean": (12.49, 12.49),
+            "base.mix-10": (12.0, 13.0),
+            "lr-x10.mix-10": (50.0, 21.0),
+            "12-layers.mix-10": (90.0, 95.0),
+        }
+    )
+    summaries[("no-warm-up.clean", 43)]["skipped_steps"] = 61
+    v = report.verdicts(summaries)
+    assert v["lr-x3.clean"]["gap"] == pytest.approx(1.99) and not v["lr-x3.clean"]["hurts"]
+    assert v["base.mix-10"]["hurts"] and v["base.mix-10"]["learns"]
+    assert v["lr-x10.mix-10"] == {"mean": 35.5, "gap": 25.0, "diverged": 1, "learns": True, "hurts": True}
+    assert not v["12-layers.mix-10"]["learns"]
+    assert v["no-warm-up.clean"]["diverged"] == 1 and v["no-warm-up.clean"]["hurts"]
+    assert report.pick(v) == "lr-x10.mix-10"
+    assert "The pick: `lr-x10.mix-10`, mean test-other WER 35.50 (+25.00" in report.render(summaries)
+    # No cell hurt: the grid is the finding.
+    assert report.pick(report.verdicts(_all({}))) is None
+    assert "could not be hurt or made to diverge at 600 steps" in report.render(_all({}))
+    # Before every run is in, no verdict.
+    partial = {k: s for k, s in _all({}).items() if k[1] == 42}
+    assert report.verdicts(partial) == {} and "15 of 30 runs are in" in report.render(partial)
+
+
+def test_committed_report_is_the_render_of_the_committed_summaries():
+    assert DESIGN["seeds"] == [42, 43] and DESIGN["arm"] == "none"
+    summaries = load_summaries()
+    assert all(path.parent.name in CELL_BY_NAME for path in SUMMARIES.glob("*/seed-*.json"))
+    assert report.REPORT.read_text() == report.render(summaries)
