@@ -89,6 +89,14 @@ def get_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
     add("--average-period", type=int, default=20, help="Update model_avg every N batches.")
     add("--log-interval", type=int, default=20, help="Log training statistics every N batches.")
     add(
+        "--log-sequence-gradients",
+        type=str2bool,
+        default=False,
+        help="Write exp-dir/sequence-gradients.jsonl: per step, the batch's cut ids and, per encoder layer, each "
+        "sequence's gradient RMS over the batch median as its GradientFilter measured it (needs a filter: "
+        "--grad-filter-threshold > 0; inf observes without acting).",
+    )
+    add(
         "--valid-interval",
         type=int,
         default=0,
@@ -159,6 +167,13 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         )
     if args.start_epoch > args.num_epochs:
         parser.error(f"--start-epoch ({args.start_epoch}) is larger than --num-epochs ({args.num_epochs})")
+    if args.log_sequence_gradients and not args.grad_filter_threshold > 0:
+        parser.error(
+            "--log-sequence-gradients reads the GradientFilter's measurements: set --grad-filter-threshold > 0 "
+            "(inf measures without filtering)"
+        )
+    if args.log_sequence_gradients and not args.return_cuts:
+        parser.error("--log-sequence-gradients names the batch's cuts: it needs --return-cuts true")
     for name in ("start_batch", "valid_interval", "max_minutes"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")

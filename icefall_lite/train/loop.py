@@ -31,6 +31,7 @@ from icefall_lite.train.optim import Eden, ScaledAdam
 from icefall_lite.train.optimizer_state import SecondMomentMonitor
 from icefall_lite.train.resume import Resumption
 from icefall_lite.train.rng import fix_random_seed, get_rng_state, set_rng_state
+from icefall_lite.train.sequence_log import SequenceLog
 from icefall_lite.train.step_log import Scalar, StepLog, read_scalars
 from icefall_lite.train.tb_tags import TB_TAGS
 from icefall_lite.utils import AttributeDict, MetricsTracker, progress_bar
@@ -56,6 +57,7 @@ class Training:
     rank: int = 0
     diagnostics: Optional[ModelDiagnostics] = None
     second_moment: Optional[SecondMomentMonitor] = None
+    sequence_log: Optional[SequenceLog] = None
     step_log: StepLog = field(init=False)
     # The GradScaler's scale of the last backward (--use-fp16), a device tensor.
     loss_scale: Optional[torch.Tensor] = field(init=False, default=None)
@@ -76,11 +78,15 @@ class Training:
                 if moment.recovery_steps:
                     self.step_log.add(TB_TAGS.exp_avg_sq_recovery, max(moment.recovery_steps), step)
         self.step_log.flush()
+        if self.sequence_log is not None:
+            self.sequence_log.flush()
 
     def save(self, filename: Path, train_dl) -> None:
         """Rank 0 saves model, model_avg, optimizer, scheduler, scaler, sampler position and the RNG states of
         every rank (a collective under DDP: every rank calls this)."""
         rng_states = gather_objects(get_rng_state(train_dl))
+        if self.sequence_log is not None:  # every rank's steps up to the checkpoint, for a resumed run
+            self.sequence_log.flush()
         if self.rank != 0:
             return
         self.flush_log()
@@ -179,6 +185,7 @@ class LayerFilterStats:
     max_over_median: torch.Tensor
     fraction_filtered: torch.Tensor
     param_scale: torch.Tensor
+    ratio: torch.Tensor  # (N,): each sequence's gradient RMS over the median (not a TensorBoard scalar)
 
     STATS = ("median_norm", "max_over_median", "fraction_filtered", "param_scale")
 
@@ -196,7 +203,11 @@ def filter_stats(model: nn.Module, loss_scale: Optional[torch.Tensor] = None) ->
         if stats.num_backward == 0:
             continue
         median = stats.median_norm if loss_scale is None else stats.median_norm / loss_scale.to(stats.median_norm)
-        out.append(LayerFilterStats(layer, median, stats.max_over_median, stats.fraction_filtered, stats.param_scale))
+        out.append(
+            LayerFilterStats(
+                layer, median, stats.max_over_median, stats.fraction_filtered, stats.param_scale, stats.ratio
+            )
+        )
     return out
 
 
@@ -333,6 +344,9 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
         info, grad_norm, clip_scale = train_step(t, batch)
         # A loss-scale overflow (--use-fp16) leaves the filters' statistics non-finite: not logged.
         stats = filter_stats(t.model, t.loss_scale) if t.scaler is None or math.isfinite(grad_norm) else []
+        if t.sequence_log is not None and stats:
+            cuts = batch["supervisions"]["cut"]
+            t.sequence_log.add(params.batch_idx_train, [c.id for c in cuts], [s.ratio for s in stats])
         if t.second_moment is not None:
             t.second_moment.record(params.batch_idx_train)
         if t.diagnostics is not None and params.batch_idx_in_epoch >= DIAGNOSTICS_BATCHES:

@@ -134,10 +134,13 @@ class GradientFilterStats:
         self.max_over_median: Optional[Tensor] = None
         self.fraction_filtered: Optional[Tensor] = None
         self.param_scale: Optional[Tensor] = None
+        # Each batch element's gradient RMS over the batch median, shape (N,) (train.py --log-sequence-gradients).
+        self.ratio: Optional[Tensor] = None
         self.num_backward = 0
 
     def update(self, norm: Tensor, median_norm: Tensor, cutoff: Tensor, param_scale: Tensor) -> None:
         self.median_norm = median_norm.detach()
+        self.ratio = (norm.flatten() / median_norm.clamp(min=1e-20)).detach()
         self.max_over_median = (norm.max() / median_norm.clamp(min=1e-20)).detach()
         self.fraction_filtered = ((norm > cutoff) & (cutoff > 0)).float().mean().detach()
         self.param_scale = param_scale.detach()

@@ -50,6 +50,7 @@ from icefall_lite.train.optim import Eden
 from icefall_lite.train.optimizer_state import SecondMomentMonitor
 from icefall_lite.train.resume import Resumption, init_from_weights
 from icefall_lite.train.rng import fix_random_seed
+from icefall_lite.train.sequence_log import SequenceLog, log_path
 from icefall_lite.train.setup import (
     build_models,
     init_distributed,
@@ -119,6 +120,7 @@ def run(placement: Placement, args: argparse.Namespace) -> None:
         rank=rank,
         diagnostics=diagnostics,
         second_moment=SecondMomentMonitor(model, optimizer) if rank == 0 else None,
+        sequence_log=SequenceLog(log_path(params.exp_dir, rank, world_size)) if params.log_sequence_gradients else None,
     )
     start = time.time()
     train_epochs(training, librispeech, train_cuts, resume)
