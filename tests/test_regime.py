@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
+import torch
 
 from studies.regime import report
 from studies.regime.grid import CELL_BY_NAME, CELLS, REFERENCE, arm_flags
@@ -34,6 +35,7 @@ def test_none_and_the_base_cell_are_the_ablations_digits_none():
     for flag in ("--exp-dir", "--max-batches"):
         ablation.pop(flag), ours.pop(flag)
     assert ours.pop("--manifest-dir") == "data/fbank"
+    assert ours.pop("--log-sequence-gradients") == "true"  # observational (tests/test_sequence_log.py)
     assert ours == ablation
     rules = _pairs(arm_flags("none"))
     assert rules["--grad-filter-threshold"] == "inf" and all(v == "0" for f, v in rules.items() if "filter" not in f)
@@ -114,7 +116,7 @@ def test_the_pilot_rule_picks_the_cell_hurt_most_that_still_learns():
     assert "could not be hurt or made to diverge at 600 steps" in report.render(_all({}))
     # Before every run is in, no verdict.
     partial = {k: s for k, s in _all({}).items() if k[1] == 42}
-    assert report.verdicts(partial) == {} and "15 of 30 runs are in" in report.render(partial)
+    assert report.verdicts(partial) == {} and "15 of 30 runs in" in report.render(partial)
 
 
 def test_committed_report_is_the_render_of_the_committed_summaries():
@@ -122,3 +124,34 @@ def test_committed_report_is_the_render_of_the_committed_summaries():
     summaries = load_summaries()
     assert all(path.parent.name in CELL_BY_NAME for path in SUMMARIES.glob("*/seed-*.json"))
     assert report.REPORT.read_text() == report.render(summaries)
+
+
+def test_sequence_counts_and_the_recall_precision_table_by_hand(tmp_path, monkeypatch):
+    from icefall_lite.train.sequence_log import SequenceLog, log_path
+    from studies.regime import pilot
+
+    cell = CELL_BY_NAME["base.mix-10"]
+    monkeypatch.setattr(pilot, "run_dir", lambda c, s: tmp_path)
+    monkeypatch.setattr(pilot, "corrupted_kinds", lambda c: {"t": "truncate", "s": "silence"})
+    log = SequenceLog(log_path(tmp_path))
+    # Step 1: t above 25 in layer 1 only; a clean cut at 30. Step 2: t and s below; step 3 (a resumed run's
+    # second record of step 2 replaces it): s at 26, t at 25 (not above).
+    log.add(1, ["a", "t", "b"], [torch.tensor([1.0, 3.0, 30.0]), torch.tensor([1.0, 40.0, 2.0])])
+    log.add(2, ["t", "s"], [torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0])])
+    log.add(2, ["t", "s", "a"], [torch.tensor([25.0, 26.0, 1.0])])
+    log.flush()
+    counts = pilot.sequence_counts(cell, 42)
+    assert counts == {
+        "flag_at": 25,
+        "by_kind": {
+            "clean": {"occurrences": 3, "flagged": 1},
+            "silence": {"occurrences": 1, "flagged": 1},
+            "truncate": {"occurrences": 2, "flagged": 1},
+        },
+    }
+    runs = {(cell.name, 42): {**_summary(cell.name, 42, 10.0), "sequences": counts}}
+    row = [line for line in report.sequences_table(runs) if line.startswith("| `base.mix-10`")][0]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # recall 2 of 3 corrupted occurrences; truncate 1/2, silence 1/1; precision 2 of 3 flagged; clean 1 of 3.
+    assert cells[1:4] == ["1", "66.7% (2/3)", "-"]  # swap-text never seen
+    assert cells[4:6] == ["50.0% (1/2)", "100.0% (1/1)"] and cells[-2:] == ["66.7% (2/3)", "33.3% (1/3)"]

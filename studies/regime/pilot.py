@@ -12,7 +12,10 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from icefall_lite.data.corrupt import INFO_FILE
 from icefall_lite.decoding.constants import TEST_SETS
+from icefall_lite.train.sequence_log import FILE as SEQUENCE_FILE
+from icefall_lite.train.sequence_log import read_sequence_log
 from icefall_lite.train.tb_tags import TB_TAGS
 from icefall_lite.utils import remove_path
 from studies.regime.grid import BPE_MODEL, CELLS, CORPUS_DIR, CORRUPTIONS, PREPARE, Cell, arm_flags
@@ -77,6 +80,8 @@ def train_command(cell: Cell, seed: int) -> List[str]:
         str(d["average_period"]),
         *arm_flags(DESIGN["arm"]),
         *cell.train_flags(),
+        "--log-sequence-gradients",
+        "true",
     ]
 
 
@@ -119,6 +124,32 @@ def _windows(series: List[Tuple[int, float]]) -> List[Optional[float]]:
     return [float(f"{statistics.fmean(v):.4g}") if v else None for _, v in sorted(out.items())]
 
 
+def corrupted_kinds(cell: Cell) -> Dict[str, str]:
+    """``{cut id: kind}`` of the cell's corrupted training cuts (none for the clean set)."""
+    if cell.corruption.fraction == 0:
+        return {}
+    info = json.loads((CORPUS / cell.corruption.manifest_dir / INFO_FILE).read_text())
+    return {cut_id: d["kind"] for cut_id, d in info["cuts"].items()}
+
+
+def sequence_counts(cell: Cell, seed: int) -> Optional[Dict]:
+    """Per kind of training cut ("clean" or a corruption kind): how often it was in a batch, and how often its
+    gradient RMS was above ``flag_at`` x the batch median in some layer (where the filter at that threshold
+    acts on it); None for a run trained without --log-sequence-gradients."""
+    path = run_dir(cell, seed) / SEQUENCE_FILE
+    if not path.is_file():
+        return None
+    kinds = corrupted_kinds(cell)
+    threshold = DESIGN["flag_at"]
+    counts: Dict[str, Dict[str, int]] = {}
+    for cuts, ratios in read_sequence_log(path).values():
+        for i, cut_id in enumerate(cuts):
+            c = counts.setdefault(kinds.get(cut_id, "clean"), {"occurrences": 0, "flagged": 0})
+            c["occurrences"] += 1
+            c["flagged"] += max(layer[i] for layer in ratios) > threshold
+    return {"flag_at": threshold, "by_kind": dict(sorted(counts.items()))}
+
+
 def summarise(cell: Cell, seed: int, trained: Dict, commands: List[str]) -> Dict:
     """What the report needs from one run: WERs, validation loss, skipped steps, the loss curve, the gradient
     norms and how far the observing filter saw single sequences' gradients above the batch median."""
@@ -149,6 +180,7 @@ def summarise(cell: Cell, seed: int, trained: Dict, commands: List[str]) -> Dict
             "steps_above_25": sum(r > 25 for r in ratios),
             "steps": len(ratios),
         },
+        "sequences": sequence_counts(cell, seed),
         "machine": trained["machine"],
         "wall_s": trained["wall_s"],
         "commands": commands,
@@ -160,6 +192,9 @@ def run_one(cell: Cell, seed: int) -> Dict:
     folder = run_dir(cell, seed)
     train, decode = train_command(cell, seed), decode_command(cell, seed)
     trained = read_json(folder / TRAINED)
+    earlier = read_json(summary_path(cell, seed))  # a run made before the sequence log (pilot.json "sequences")
+    if trained is not None and not (folder / SEQUENCE_FILE).is_file():
+        trained = None
     if trained is None:
         remove_path(folder)  # a training cut short restarts: its partial folder would resume another way
         wall = run_command(train, CORPUS, f"train {cell.name} seed {seed}", shown=shown(train))
@@ -170,6 +205,13 @@ def run_one(cell: Cell, seed: int) -> Dict:
         trained["wall_s"]["decode"] = round(wall, 1)
         write_json_atomic(folder / TRAINED, trained)
     summary = summarise(cell, seed, trained, [shown(train), shown(decode)])
+    if earlier is not None:
+        summary["retrained"] = {"wer_before": earlier["wer"], "machine_before": earlier["machine"]}
+        if earlier["wer"] != summary["wer"]:
+            logging.warning(
+                f"{cell.name} seed {seed}: retrained with the sequence log, WER {summary['wer']} "
+                f"where it was {earlier['wer']}"
+            )
     write_json_atomic(summary_path(cell, seed), summary)
     for checkpoint in folder.glob("*.pt"):
         checkpoint.unlink()
@@ -177,8 +219,13 @@ def run_one(cell: Cell, seed: int) -> Dict:
 
 
 def pending() -> List[Tuple[Cell, int]]:
-    """The runs without a summary, in the pilot's order (seed by seed)."""
-    return [(c, s) for s in DESIGN["seeds"] for c in CELLS if not summary_path(c, s).is_file()]
+    """The runs without a summary, in the pilot's order (seed by seed); then those whose summary has no
+    sequence counts (made before the sequence log, pilot.json "sequences"), retrained."""
+    runs = [(c, s) for s in DESIGN["seeds"] for c in CELLS]
+    missing = [(c, s) for c, s in runs if not summary_path(c, s).is_file()]
+    return missing + [
+        (c, s) for c, s in runs if (c, s) not in missing and read_json(summary_path(c, s)).get("sequences") is None
+    ]
 
 
 def load_summaries() -> Dict[Tuple[str, int], Dict]:

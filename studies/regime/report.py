@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from icefall_lite.data.corruptions import MIX_KINDS
 from icefall_lite.utils import write_text_atomic
 from studies.regime.grid import CELLS, CORRUPTIONS, REFERENCE, SETTINGS, Cell
 from studies.regime.pilot import DESIGN, load_summaries
@@ -96,10 +97,43 @@ def grid_table(summaries: Dict[Tuple[str, int], Dict]) -> List[str]:
     return lines
 
 
+def _share(k: int, n: int) -> str:
+    return f"{100 * k / n:.1f}% ({k}/{n})" if n else "-"
+
+
+def sequences_table(summaries: Dict[Tuple[str, int], Dict]) -> List[str]:
+    """Per cell, over its runs with a sequence log: how often the observing filter saw a corrupted cut above
+    ``flag_at`` x the batch median (recall, per kind) and how many of the sequences it saw there were corrupted
+    (precision), beside the clean cuts' rate."""
+    head = ["cell", "runs", "recall", *(f"recall: {k}" for k in MIX_KINDS), "precision", "clean cuts flagged"]
+    rows = []
+    for cell in CELLS:
+        logged = [r["sequences"] for r in cell_runs(summaries, cell) if r.get("sequences")]
+        if not logged:
+            continue
+        total: Dict[str, Dict[str, int]] = {}
+        for seq in logged:
+            for kind, c in seq["by_kind"].items():
+                t = total.setdefault(kind, {"occurrences": 0, "flagged": 0})
+                t["occurrences"] += c["occurrences"]
+                t["flagged"] += c["flagged"]
+        clean = total.get("clean", {"occurrences": 0, "flagged": 0})
+        bad = [c for k, c in total.items() if k != "clean"]
+        bad_flagged, bad_seen = sum(c["flagged"] for c in bad), sum(c["occurrences"] for c in bad)
+        per_kind = [_share(total[k]["flagged"], total[k]["occurrences"]) if k in total else "-" for k in MIX_KINDS]
+        row = [f"`{cell.name}`", str(len(logged)), _share(bad_flagged, bad_seen), *per_kind]
+        row += [_share(bad_flagged, bad_flagged + clean["flagged"]) if bad_seen else "-"]
+        row += [_share(clean["flagged"], clean["occurrences"])]
+        rows.append("| " + " | ".join(row) + " |")
+    if not rows:
+        return ["No run with a sequence log yet."]
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows]
+
+
 def verdict_text(summaries: Dict[Tuple[str, int], Dict]) -> List[str]:
     total = len(CELLS) * len(DESIGN["seeds"])
     if len(summaries) < total:
-        return [f"The pilot is under way: {len(summaries)} of {total} runs are in; the rule is applied once all are."]
+        return [f"The pilot is under way: {len(summaries)} of {total} runs in; the rule is applied once all are."]
     v = verdicts(summaries)
     chosen = pick(v)
     hurt = [name for name, x in v.items() if x["hurts"] and name != REFERENCE.name]
@@ -123,7 +157,7 @@ def machines(summaries: Dict[Tuple[str, int], Dict]) -> str:
         m = s["machine"]
         name = f"{m['cpu_model']} (flags {m['cpu_flags']}), {m['threads']} threads, torch {m['torch']}"
         seen[name] = seen.get(name, 0) + 1
-    return "; ".join(f"{n} runs on {name}" for name, n in seen.items()) or "no run yet"
+    return "; ".join(f"{n} run{'s' if n > 1 else ''} on {name}" for name, n in seen.items()) or "no run yet"
 
 
 def render(summaries: Dict[Tuple[str, int], Dict]) -> str:
@@ -157,6 +191,16 @@ def render(summaries: Dict[Tuple[str, int], Dict]) -> str:
         "largest ratio, over the steps and layers, of one sequence's gradient RMS to the batch median as the "
         "observing filter measured it; *steps > 25x*: steps in which it was above 25, where `--grad-filter-"
         "threshold 25` would have acted on that sequence.",
+        "",
+        f"## Where the corrupted utterances' gradients go (`none`, the filter observing, flagged above "
+        f"{DESIGN['flag_at']}x the batch median)",
+        "",
+        "Counted over every step in which a cut was in a batch (a cut is counted once per step it is in): "
+        "*recall*, the share of corrupted cuts' occurrences that some layer saw above the threshold (where "
+        f"`--grad-filter-threshold {DESIGN['flag_at']}` would act on them); *precision*, the share of the flagged "
+        "occurrences that were corrupted cuts; *clean cuts flagged*, the same rate for the uncorrupted cuts.",
+        "",
+        *sequences_table(summaries),
         "",
         "## The rule applied",
         "",
