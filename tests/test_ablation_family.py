@@ -26,10 +26,10 @@ from studies.ablation.planning import (
     seconds_per_decoding,
     seconds_per_step,
 )
-from studies.ablation.power import effect_for_power, paired_t_power, pairs_for_power
 from studies.ablation.replay.events import Event, ReplayKey
 from studies.ablation.replay.result import ReplayResult
 from studies.ablation.runs import RunResult, read_summary, round_summaries
+from studies.stats.power import effect_for_power, paired_t_power, pairs_for_power
 
 ROUND_1 = round_summaries("ablation-runs")
 OLD_NAME = {new: old for old, new in ARM_ALIASES.items()}  # family.json's texts name the arms as they were
@@ -516,7 +516,7 @@ def test_the_family_section_checks_each_pairs_batches_by_their_digests():
 
 
 def test_an_interval_bound_that_rounds_to_zero_keeps_its_sign_and_a_digit():
-    from studies.ablation.paired import PairedDifference
+    from studies.stats.paired import PairedDifference
 
     assert PairedDifference(-0.03, -0.0712, -0.0022, 0.01, 5).interval(2) == "[-0.07, -0.002]"
     assert PairedDifference(0.3, 0.0004, 0.6, 0.01, 5).interval(2) == "[+0.0004, +0.60]"

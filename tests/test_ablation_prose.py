@@ -8,7 +8,7 @@ import statistics
 import pytest
 from scipy import stats
 
-from studies.ablation.power import effect_for_power, minimum_detectable_effect, paired_t_power
+from studies.stats.power import effect_for_power, minimum_detectable_effect, paired_t_power
 
 
 def test_minimum_detectable_effect_is_the_spread_times_the_standardised_effect():
@@ -38,7 +38,7 @@ def test_icefall_gain_as_a_share_of_its_baseline_scaled_to_the_baseline_here():
 
 
 def test_pairs_needed_at_a_textbook_effect():
-    from studies.ablation.power import pairs_for_power
+    from studies.stats.power import pairs_for_power
 
     # The paired t at d = 0.5, alpha 0.05 two-sided, power 0.8 needs 34 pairs (Cohen's tables; G*Power).
     assert pairs_for_power(0.5, 0.05, 0.8) == 34
@@ -65,9 +65,9 @@ def test_pairs_joining_two_flag_digests_linked_by_the_check_are_kept_and_counted
 
 def test_a_difference_without_the_linked_seeds():
     from studies.ablation.family import FamilyComparison, FamilyRow
-    from studies.ablation.paired import SignedRank
     from studies.ablation.pairing import Pairing
     from studies.ablation.report.landscape import without_seeds
+    from studies.stats.paired import SignedRank
 
     # Differences 1, 2, 3 and (seed 4, linked) 10: without seed 4, mean 2, sd 1, half-width t(0.975, 2) / sqrt(3).
     pairing = Pairing({1: 1.0, 2: 2.0, 3: 3.0, 4: 10.0}, {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}, linked=[4])
@@ -79,7 +79,7 @@ def test_a_difference_without_the_linked_seeds():
 
 
 def test_welch_difference_by_hand():
-    from studies.ablation.paired import welch_difference
+    from studies.stats.paired import welch_difference
 
     # a = 1, 2, 3 (var 1), b = 4, 5, 6, 7 (var 5/3): difference -3.5, standard error sqrt(1/3 + 5/12) = sqrt(0.75),
     # Welch's df 0.75^2 / ((1/3)^2 / 2 + (5/12)^2 / 3).
@@ -94,9 +94,9 @@ def test_welch_difference_by_hand():
 
 def test_spread_and_pairing_by_hand():
     from studies.ablation.family import FamilyComparison, FamilyRow
-    from studies.ablation.paired import SignedRank
     from studies.ablation.pairing import Pairing
     from studies.ablation.report.landscape import spread_and_pairing
+    from studies.stats.paired import SignedRank
 
     # arm 1, 2, 3 against baseline 0, 0, 1: differences 1, 2, 2 (sd sqrt(1/3)); Pearson: the cross-deviation sum
     # 1 over sqrt(2/3) x sqrt(2) = sqrt(3) / 2.
@@ -176,9 +176,9 @@ def test_the_headline_without_its_linked_pairs_by_hand():
     from types import SimpleNamespace
 
     from studies.ablation.family import FamilyComparison, FamilyRow
-    from studies.ablation.paired import SignedRank
     from studies.ablation.pairing import Pairing
     from studies.ablation.report.answer import without_linked
+    from studies.stats.paired import SignedRank
 
     # Differences 1, 2, 3 and (seed 4, linked) 10: without it mean 2, half-width t(0.975, 2) / sqrt(3).
     pairing = Pairing({1: 1.0, 2: 2.0, 3: 3.0, 4: 10.0}, {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}, linked=[4])

@@ -1,5 +1,5 @@
-"""Paired comparisons (studies/ablation/paired.py: SciPy's t-test and signed-rank test, statsmodels' Holm) and the
-power of the paired t-test (studies/ablation/power.py: statsmodels' TTestPower), each against the hand-written
+"""Paired comparisons (studies/stats/paired.py: SciPy's t-test and signed-rank test, statsmodels' Holm) and the
+power of the paired t-test (studies/stats/power.py: statsmodels' TTestPower), each against the hand-written
 versions the study computed them with before (kept here only as oracles: Student's t by the incomplete beta
 function, Holm by its definition, the signed-rank null counted exactly over doubled mid-ranks, the noncentral t
 by Simpson's rule), and those oracles and the new functions against closed forms, printed tables, hand-worked
@@ -14,7 +14,7 @@ from typing import Dict, List, Sequence
 import pytest
 from statsmodels.stats.power import TTestPower
 
-from studies.ablation.paired import (
+from studies.stats.paired import (
     PairedDifference,
     SignedRank,
     holm_adjust,
@@ -24,7 +24,7 @@ from studies.ablation.paired import (
     signed_rank_test,
     smallest_signed_rank_p,
 )
-from studies.ablation.power import effect_for_power, paired_t_power, pairs_for_power
+from studies.stats.power import effect_for_power, paired_t_power, pairs_for_power
 
 # --------------------------------------------------------------------------
 # The oracles: the study's hand-written statistics, as they were before SciPy and statsmodels replaced them

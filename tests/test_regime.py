@@ -155,3 +155,15 @@ def test_sequence_counts_and_the_recall_precision_table_by_hand(tmp_path, monkey
     # recall 2 of 3 corrupted occurrences; truncate 1/2, silence 1/1; precision 2 of 3 flagged; clean 1 of 3.
     assert cells[1:4] == ["1", "66.7% (2/3)", "-"]  # swap-text never seen
     assert cells[4:6] == ["50.0% (1/2)", "100.0% (1/1)"] and cells[-2:] == ["66.7% (2/3)", "33.3% (1/3)"]
+
+
+def test_every_committed_pilot_run_was_made_with_the_commands_the_study_gives_it_now():
+    from studies.regime.pilot import shown
+
+    summaries = load_summaries()
+    assert summaries, "the pilot's first runs are committed"
+    for (cell, seed), s in summaries.items():
+        train = train_command(CELL_BY_NAME[cell], seed)
+        if "--log-sequence-gradients" not in s["commands"][0]:  # the two runs before the amendment
+            train = train[: train.index("--log-sequence-gradients")]
+        assert s["commands"] == [shown(train), shown(decode_command(CELL_BY_NAME[cell], seed))], (cell, seed)

@@ -15,9 +15,9 @@ from typing import Dict, List, Sequence
 from studies.ablation.arms import Arm
 from studies.ablation.markdown import markdown_table
 from studies.ablation.metrics import Metric, group_runs, valid_loss, wer_metrics
-from studies.ablation.paired import PairedDifference, paired_difference
 from studies.ablation.pairing import Pairing, pair_runs
 from studies.ablation.runs import RunResult
+from studies.stats.paired import PairedDifference, paired_difference
 
 
 @dataclass

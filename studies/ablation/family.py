@@ -19,7 +19,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from studies.ablation.arm_names import canonical_arm
 from studies.ablation.markdown import markdown_table
-from studies.ablation.paired import (
+from studies.ablation.pairing import Pairing, pair_runs
+from studies.ablation.records import RunResult
+from studies.stats.paired import (
     PairedDifference,
     SignedRank,
     holm_adjust,
@@ -27,9 +29,7 @@ from studies.ablation.paired import (
     signed_rank_test,
     smallest_signed_rank_p,
 )
-from studies.ablation.pairing import Pairing, pair_runs
-from studies.ablation.power import paired_t_power
-from studies.ablation.records import RunResult
+from studies.stats.power import paired_t_power
 
 CONFIG_PATH = Path(__file__).with_name("family.json")
 

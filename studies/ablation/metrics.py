@@ -15,8 +15,8 @@ from icefall_lite.decoding.constants import TEST_SETS
 from icefall_lite.train.optimizer_state import EVENT_JUMP
 from studies.ablation.arms import STUDY, Arm
 from studies.ablation.markdown import markdown_table
-from studies.ablation.paired import mid_ranks
 from studies.ablation.runs import ERROR_CLIP, RECURRENT_CLIP, RunResult
+from studies.stats.paired import mid_ranks
 from studies.tb_reader import Series, moving_average, values
 
 # Loss spikes: a step after warm-up whose objective is more than SPIKE_FACTOR times the median of the (up to)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Dict, Sequence, Tuple
 
 from studies.ablation.metrics import group_runs
-from studies.ablation.power import paired_t_power, pairs_for_power
 from studies.ablation.runs import RunResult
+from studies.stats.power import paired_t_power, pairs_for_power
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def observed_effect(results: Sequence[RunResult], arm: str, baseline: str, metri
 
 def power_plan(effect: Effect, comparisons: int, alpha: float, target: float, at: Sequence[int]) -> Dict:
     """Pairs needed for ``target`` power at ``effect`` under Holm over ``comparisons`` (tested at alpha / m,
-    :mod:`studies.ablation.power`), and the power at each number of pairs in ``at``."""
+    :mod:`studies.stats.power`), and the power at each number of pairs in ``at``."""
     level = alpha / comparisons
     return {
         "pairs_needed": pairs_for_power(abs(effect.standardised), level, target),

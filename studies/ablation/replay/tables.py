@@ -11,7 +11,6 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 from icefall_lite.decoding.constants import TEST_SETS
 from studies.ablation.markdown import markdown_table
-from studies.ablation.paired import PairedDifference, paired_difference
 from studies.ablation.replay.events import (
     CONTROLS,
     EARLY_STEPS,
@@ -25,6 +24,7 @@ from studies.ablation.replay.events import (
 )
 from studies.ablation.replay.result import Branch, ReplayResult, layer_ratios, reproduces, reproduction
 from studies.ablation.runs import RunResult
+from studies.stats.paired import PairedDifference, paired_difference
 
 
 def per_seed_means(values: Sequence[Tuple[int, float]]) -> Dict[int, float]:

@@ -31,9 +31,7 @@ from studies.ablation.metrics import (
     steps_filtered,
     within_group_spearman,
 )
-from studies.ablation.paired import PairedDifference, paired_difference
 from studies.ablation.pairing import NOT_RECORDED, cpu_name, pair_runs
-from studies.ablation.power import minimum_detectable_effect, pairs_for_power
 from studies.ablation.replay.events import MATCHED_REFERENCE, NO_CONTROL
 from studies.ablation.replay.result import ReplayResult
 from studies.ablation.replay.tables import format_controls_table, per_seed_means
@@ -50,6 +48,8 @@ from studies.ablation.report.figures import (
     checked_replays,
 )
 from studies.ablation.runs import RunResult
+from studies.stats.paired import PairedDifference, paired_difference
+from studies.stats.power import minimum_detectable_effect, pairs_for_power
 
 # A clip that acts on at least NORMALISES % of the steps rescales (nearly) every step: a normalisation; one that
 # acts on at most GUARDS % catches rare steps: a guard.

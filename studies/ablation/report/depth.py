@@ -16,7 +16,6 @@ from studies.ablation.family import (
 from studies.ablation.metrics import (
     decoded,
 )
-from studies.ablation.paired import PairedDifference, paired_difference, welch_difference
 from studies.ablation.pairing import pair_runs
 from studies.ablation.report.common import (
     ReportSetup,
@@ -30,6 +29,7 @@ from studies.ablation.report.figures import (
 )
 from studies.ablation.report.landscape import sensitivity_sentence
 from studies.ablation.runs import RunResult
+from studies.stats.paired import PairedDifference, paired_difference, welch_difference
 
 
 def learns_sentence(results: Sequence[RunResult], config: StudyConfig) -> str:

@@ -18,11 +18,11 @@ from studies.ablation.family import (
 from studies.ablation.metrics import (
     group_runs,
 )
-from studies.ablation.paired import PairedDifference, paired_difference
 from studies.ablation.pairing import pair_runs
 from studies.ablation.replay.result import ReplayResult, reproduces
 from studies.ablation.replay.tables import ReplayMeasures, control_measures
 from studies.ablation.runs import RunResult
+from studies.stats.paired import PairedDifference, paired_difference
 
 
 def same_batches(rows: Sequence[FamilyRow], results: Sequence[RunResult], condition: str) -> Tuple[int, int]:

@@ -27,8 +27,6 @@ from studies.ablation.metrics import (
     median_clip_scale,
     steps_acting,
 )
-from studies.ablation.paired import PairedDifference, holm_adjust, paired_difference, welch_difference
-from studies.ablation.power import effect_for_power, minimum_detectable_effect
 from studies.ablation.report.common import (
     ReportSetup,
     plural,
@@ -40,6 +38,8 @@ from studies.ablation.report.figures import (
     same_batches,
 )
 from studies.ablation.runs import RunResult
+from studies.stats.paired import PairedDifference, holm_adjust, paired_difference, welch_difference
+from studies.stats.power import effect_for_power, minimum_detectable_effect
 
 
 def family_section(
