@@ -128,19 +128,20 @@ def test_committed_report_is_the_render_of_the_committed_summaries():
 
 def test_sequence_counts_and_the_recall_precision_table_by_hand(tmp_path, monkeypatch):
     from icefall_lite.train.sequence_log import SequenceLog, log_path
-    from studies.regime import pilot
+    from studies.regime import stage
+    from studies.regime.pilot import PILOT, run
 
     cell = CELL_BY_NAME["base.mix-10"]
-    monkeypatch.setattr(pilot, "run_dir", lambda c, s: tmp_path)
-    monkeypatch.setattr(pilot, "corrupted_kinds", lambda c: {"t": "truncate", "s": "silence"})
-    log = SequenceLog(log_path(tmp_path))
+    monkeypatch.setattr(stage, "EXP_ROOT", tmp_path)
+    monkeypatch.setattr(stage, "corrupted_kinds", lambda c: {"t": "truncate", "s": "silence"})
+    log = SequenceLog(log_path(PILOT.run_dir(run(cell, 42))))
     # Step 1: t above 25 in layer 1 only; a clean cut at 30. Step 2: t and s below; step 3 (a resumed run's
     # second record of step 2 replaces it): s at 26, t at 25 (not above).
     log.add(1, ["a", "t", "b"], [torch.tensor([1.0, 3.0, 30.0]), torch.tensor([1.0, 40.0, 2.0])])
     log.add(2, ["t", "s"], [torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0])])
     log.add(2, ["t", "s", "a"], [torch.tensor([25.0, 26.0, 1.0])])
     log.flush()
-    counts = pilot.sequence_counts(cell, 42)
+    counts = PILOT.sequence_counts(run(cell, 42))
     assert counts == {
         "flag_at": 25,
         "by_kind": {
@@ -149,8 +150,8 @@ def test_sequence_counts_and_the_recall_precision_table_by_hand(tmp_path, monkey
             "truncate": {"occurrences": 2, "flagged": 1},
         },
     }
-    runs = {(cell.name, 42): {**_summary(cell.name, 42, 10.0), "sequences": counts}}
-    row = [line for line in report.sequences_table(runs) if line.startswith("| `base.mix-10`")][0]
+    runs = [{**_summary(cell.name, 42, 10.0), "sequences": counts}, _summary(cell.name, 43, 10.0)]
+    row = [line for line in report.sequences_table([("`base.mix-10`", runs)]) if line.startswith("| `base.mix-10`")][0]
     cells = [c.strip() for c in row.strip("|").split("|")]
     # recall 2 of 3 corrupted occurrences; truncate 1/2, silence 1/1; precision 2 of 3 flagged; clean 1 of 3.
     assert cells[1:4] == ["1", "66.7% (2/3)", "-"]  # swap-text never seen
@@ -167,3 +168,67 @@ def test_every_committed_pilot_run_was_made_with_the_commands_the_study_gives_it
         if "--log-sequence-gradients" not in s["commands"][0]:  # the two runs before the amendment
             train = train[: train.index("--log-sequence-gradients")]
         assert s["commands"] == [shown(train), shown(decode_command(CELL_BY_NAME[cell], seed))], (cell, seed)
+
+
+FAMILY = {
+    "fixed": "2026-12-01",
+    "cell": "lr-x10.mix-10",
+    "arms": {"none": "none", "filter-25": "grad-filter-threshold=25", "guard": "clip-grad-norm=1000"},
+    "baseline": "none",
+    "comparisons": [["filter-25", "none"], ["guard", "none"]],
+    "seeds": [42, 43, 44],
+    "steps": 1800,
+    "decode": {
+        "at": [600, 1200, 1800],
+        "avg": 6,
+        "use_averaged_model": True,
+        "save_every_n": 50,
+        "average_period": 20,
+        "method": "greedy_search",
+    },
+    "metric": ["greedy_search", "test-other"],
+    "flag_at": 25,
+}
+
+
+def test_family_stage_runs_each_arm_on_the_picked_cell(tmp_path):
+    from studies.regime.family import family_stage
+    from studies.regime.stage import Run
+
+    (tmp_path / "family.json").write_text(json.dumps(FAMILY))
+    stage = family_stage(tmp_path / "family.json")
+    assert family_stage(tmp_path / "missing.json") is None
+    runs = stage.runs()
+    assert len(runs) == 9 and [r.arm for r in runs[:3]] == ["none", "filter-25", "guard"]
+    cell = CELL_BY_NAME["lr-x10.mix-10"]
+    assert stage.relpath(Run(cell, "guard", 43)) == "lr-x10.mix-10/guard/seed-43"
+    flags = {arm: _pairs(stage.train_command(Run(cell, arm, 42))) for arm in FAMILY["arms"]}
+    assert flags["filter-25"]["--grad-filter-threshold"] == "25" and flags["filter-25"]["--clip-grad-norm"] == "0"
+    assert flags["guard"]["--grad-filter-threshold"] == "inf" and flags["guard"]["--clip-grad-norm"] == "1000"
+    assert flags["none"]["--base-lr"] == "0.03" and flags["none"]["--manifest-dir"] == "data/fbank-mix-10"
+    assert flags["none"]["--max-batches"] == "1800"
+    decode = _pairs(stage.decode_command(Run(cell, "none", 42), 1200))
+    assert (decode["--iter"], decode["--avg"], decode["--use-averaged-model"]) == ("1200", "6", "true")
+
+
+def test_family_comparisons_by_hand(tmp_path):
+    from studies.regime.family import comparison_rows, family_section, family_stage
+
+    (tmp_path / "family.json").write_text(json.dumps(FAMILY))
+    stage = family_stage(tmp_path / "family.json")
+    wers = {"none": [10.0, 11.0, 12.0], "filter-25": [11.0, 13.0, 15.0], "guard": [10.0, 11.0, 80.0]}
+    summaries = {}
+    for arm, ws in wers.items():
+        for seed, w in zip([42, 43, 44], ws):
+            summaries[("lr-x10.mix-10", arm, seed)] = {**_summary("lr-x10.mix-10", seed, w), "steps": 1800}
+    rows = comparison_rows(stage, summaries)
+    # filter - none: differences 1, 2, 3: mean 2, sd 1, 95% t interval 2 -/+ 4.3027 / sqrt(3) = [-0.48, +4.48],
+    # t = 2 / (1 / sqrt(3)) = 3.464 on 2 df: two-sided p 0.0742.
+    assert rows[0][:5] == ["`filter-25` − `none`", "3", "+2.00", "[-0.48, +4.48]", "0.074"]
+    # guard - none: 0, 0, 68: one run diverged (WER 80 >= 50); Fisher's exact p of [[1, 2], [0, 3]] is 1.
+    assert rows[1][7:] == ["1/3 vs 0/3", "1.000"]
+    # Holm over the two: the smaller p doubled.
+    p_guard = float(rows[1][4])
+    assert float(rows[0][5]) == pytest.approx(min(1.0, 2 * min(0.0742, p_guard)), abs=2e-3)
+    text = "\n".join(family_section(stage, summaries))
+    assert "9 of 9 runs in" in text and "| `guard` (clip-grad-norm=1000) | 3 |" in text

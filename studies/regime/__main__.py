@@ -1,10 +1,11 @@
-"""``python -m studies.regime``: the pilot's runs (resumable; the report rewritten after each), or with
-``--report-only`` the report alone from the committed summaries."""
+"""``python -m studies.regime``: the pilot's runs, then (once family.json is written) the family's; resumable,
+the report rewritten after each run. With ``--report-only``: the report alone, from the committed summaries."""
 
 import argparse
 import logging
 
-from studies.regime.pilot import run_pilot
+from studies.regime.family import family_stage
+from studies.regime.pilot import PILOT
 from studies.regime.report import write_report
 
 
@@ -14,7 +15,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(format="%(asctime)s %(levelname)s [%(module)s] %(message)s", level=logging.INFO)
     if not args.report_only:
-        run_pilot(after_each=write_report)
+        PILOT.run_all(after_each=write_report)
+        family = family_stage()
+        if family is not None:
+            family.run_all(after_each=write_report)
     logging.info(f"wrote {write_report()}")
 
 

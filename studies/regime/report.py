@@ -9,8 +9,10 @@ from typing import Dict, List, Optional, Tuple
 
 from icefall_lite.data.corruptions import MIX_KINDS
 from icefall_lite.utils import write_text_atomic
+from studies.regime.family import family_section, family_stage
 from studies.regime.grid import CELLS, CORRUPTIONS, REFERENCE, SETTINGS, Cell
 from studies.regime.pilot import DESIGN, load_summaries
+from studies.regime.stage import Stage
 
 REPORT = Path(__file__).resolve().parent / "README.md"
 COMMAND = "python -m studies.regime"  # from the repository root; --report-only re-renders this file
@@ -101,14 +103,14 @@ def _share(k: int, n: int) -> str:
     return f"{100 * k / n:.1f}% ({k}/{n})" if n else "-"
 
 
-def sequences_table(summaries: Dict[Tuple[str, int], Dict]) -> List[str]:
-    """Per cell, over its runs with a sequence log: how often the observing filter saw a corrupted cut above
-    ``flag_at`` x the batch median (recall, per kind) and how many of the sequences it saw there were corrupted
-    (precision), beside the clean cuts' rate."""
-    head = ["cell", "runs", "recall", *(f"recall: {k}" for k in MIX_KINDS), "precision", "clean cuts flagged"]
+def sequences_table(groups: List[Tuple[str, List[Dict]]]) -> List[str]:
+    """Per group of runs (a label and their summaries), over those with a sequence log: how often some layer saw
+    a corrupted cut above ``flag_at`` x the batch median (recall, per kind) and how many of the occurrences it
+    saw there were corrupted (precision), beside the clean cuts' rate."""
+    head = ["runs of", "runs", "recall", *(f"recall: {k}" for k in MIX_KINDS), "precision", "clean cuts flagged"]
     rows = []
-    for cell in CELLS:
-        logged = [r["sequences"] for r in cell_runs(summaries, cell) if r.get("sequences")]
+    for label, runs in groups:
+        logged = [r["sequences"] for r in runs if r.get("sequences")]
         if not logged:
             continue
         total: Dict[str, Dict[str, int]] = {}
@@ -121,7 +123,7 @@ def sequences_table(summaries: Dict[Tuple[str, int], Dict]) -> List[str]:
         bad = [c for k, c in total.items() if k != "clean"]
         bad_flagged, bad_seen = sum(c["flagged"] for c in bad), sum(c["occurrences"] for c in bad)
         per_kind = [_share(total[k]["flagged"], total[k]["occurrences"]) if k in total else "-" for k in MIX_KINDS]
-        row = [f"`{cell.name}`", str(len(logged)), _share(bad_flagged, bad_seen), *per_kind]
+        row = [label, str(len(logged)), _share(bad_flagged, bad_seen), *per_kind]
         row += [_share(bad_flagged, bad_flagged + clean["flagged"]) if bad_seen else "-"]
         row += [_share(clean["flagged"], clean["occurrences"])]
         rows.append("| " + " | ".join(row) + " |")
@@ -160,10 +162,16 @@ def machines(summaries: Dict[Tuple[str, int], Dict]) -> str:
     return "; ".join(f"{n} run{'s' if n > 1 else ''} on {name}" for name, n in seen.items()) or "no run yet"
 
 
-def render(summaries: Dict[Tuple[str, int], Dict]) -> str:
+def render(summaries: Dict[Tuple[str, int], Dict], family: Optional[Stage] = None, family_runs=None) -> str:
     settings = "; ".join(f"`{s.name}`: {s.description}" for s in SETTINGS)
     corruptions = ", ".join(f"`{c.name}` ({c.fraction:.0%})" for c in CORRUPTIONS)
     example = next(iter(summaries.values()), None)
+    family_runs = family_runs or {}
+    family_lines = family_section(family, family_runs)
+    if family is not None:
+        arms = [(f"`{arm}`", [s for (_, a, _), s in family_runs.items() if a == arm]) for arm, _ in family.arms]
+        family_lines += ["", "Where the corrupted utterances' gradients go, per arm (as in the pilot's table below):"]
+        family_lines += ["", *sequences_table(arms), ""]
     lines = [
         "# Where the GradientFilter has work to do: the pilot",
         "",
@@ -183,7 +191,8 @@ def render(summaries: Dict[Tuple[str, int], Dict]) -> str:
         f"Each run: {DESIGN['steps']} steps, decoded by greedy search with icefall's model average over the last "
         f"{DESIGN['decode']['avg'] * DESIGN['decode']['save_every_n']} steps; seeds {DESIGN['seeds']}.",
         "",
-        "## The grid",
+        *family_lines,
+        "## The pilot's grid",
         "",
         *grid_table(summaries),
         "",
@@ -200,7 +209,7 @@ def render(summaries: Dict[Tuple[str, int], Dict]) -> str:
         f"`--grad-filter-threshold {DESIGN['flag_at']}` would act on them); *precision*, the share of the flagged "
         "occurrences that were corrupted cuts; *clean cuts flagged*, the same rate for the uncorrupted cuts.",
         "",
-        *sequences_table(summaries),
+        *sequences_table([(f"`{c.name}`", cell_runs(summaries, c)) for c in CELLS]),
         "",
         "## The rule applied",
         "",
@@ -217,5 +226,7 @@ def render(summaries: Dict[Tuple[str, int], Dict]) -> str:
 
 
 def write_report() -> Path:
-    write_text_atomic(REPORT, render(load_summaries()))
+    family = family_stage()
+    family_runs = family.load_summaries() if family is not None else {}
+    write_text_atomic(REPORT, render(load_summaries(), family, family_runs))
     return REPORT
