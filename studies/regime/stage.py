@@ -28,6 +28,7 @@ from studies.regime.grid import BPE_MODEL, CORPUS_DIR, CORRUPTIONS, PREPARE, Cel
 from studies.runner import (
     RECIPE_DIR,
     Progress,
+    StudyError,
     decode_flags,
     decoded,
     machine_record,
@@ -260,13 +261,21 @@ class Stage:
         prepare()
         todo = self.pending()
         progress = Progress()
+        failed = []
         for i, run in enumerate(todo):
-            with progress.timing("run"):
-                self.run_one(run)
-            left = (len(todo) - i - 1) * progress.mean("run")
+            try:
+                with progress.timing("run"):
+                    self.run_one(run)
+            except StudyError as e:  # the others still run; this one stays pending, for the next invocation
+                logging.error(f"{self.name}: {e}")
+                failed.append(run)
+            left = (len(todo) - i - 1) * progress.mean("run", default=0.0)
             logging.info(f"{self.name}: {i + 1} of {len(todo)} runs done ({progress.eta(left)})")
             if after_each is not None:
                 after_each()
+        if failed:
+            names = ", ".join(f"{r.cell.name} {r.arm} seed {r.seed}" for r in failed)
+            raise StudyError(f"{self.name}: {len(failed)} runs failed ({names}); their logs are in their folders")
 
 
 def shown(cmd: List[str]) -> str:
