@@ -7,10 +7,14 @@ train.py's --manifest-dir.
     ./local/make_corrupted_cuts.py --src-dir data/fbank --out-dir data/fbank-corrupted \
         --bpe-model data/lang_bpe_500/bpe.model --fraction 0.02 --method random-text
 
-Methods: random-text (the transcript becomes random BPE pieces, --density x
-the cut's encoder frames; features and duration unchanged) or scale-features
-(log-mel features x --scale, written under OUT_DIR/feats). See
-icefall_lite/data/corrupt.py. Outputs: OUT_DIR/librispeech_cuts_train-clean-100.jsonl.gz,
+Methods (icefall_lite/data/corruptions.py): random-text (the transcript becomes
+random BPE pieces, --density x the cut's encoder frames), swap-text (another
+cut's transcript), scale-features (log-mel features x --scale), truncate (the
+first third of the audio), silence (a pause of twice the cut's length),
+noise-burst (1 s, 20 dB above the cut's loudest frame), concat (other cuts
+appended up to 20 s, with their transcripts), or mix (the last five in equal
+shares). New features are written under OUT_DIR/feats; a corrupted cut always
+passes train.py's filter. Outputs: OUT_DIR/librispeech_cuts_train-clean-100.jsonl.gz,
 OUT_DIR/corrupted_cut_ids.txt, OUT_DIR/corruption.json (settings and per-cut
 details) and a marker; a rerun with the same settings does nothing, one with
 other settings is refused. Run it from the work dir (feature paths in the
