@@ -188,6 +188,7 @@ FAMILY = {
     },
     "metric": ["greedy_search", "test-other"],
     "flag_at": 25,
+    "converged": 1.0,
 }
 
 
@@ -230,5 +231,13 @@ def test_family_comparisons_by_hand(tmp_path):
     # Holm over the two: the smaller p doubled.
     p_guard = float(rows[1][4])
     assert float(rows[0][5]) == pytest.approx(min(1.0, 2 * min(0.0742, p_guard)), abs=2e-3)
+    # A seed whose two runs were made on two machines is left out of that pair (counted).
+    summaries[("lr-x10.mix-10", "filter-25", 44)]["machine"] = {**_summary("x", 0, 0)["machine"], "cpu_flags": "d"}
+    again = comparison_rows(stage, summaries)
+    assert again[0][1:3] == ["2 (1 left out: two machines)", "+1.50"]
+    for (_, arm, seed), x in summaries.items():
+        x["wer_at"] = {"1200": {"test-other": x["wer"]["test-other"] + 1.5}, "1800": x["wer"]}
     text = "\n".join(family_section(stage, summaries))
+    # none at 1200: 11.5, 12.5, 13.5 (mean 12.5); at 1800: 11.0 (mean): -1.50, more than the 1 point allowed.
+    assert "`none` (3 runs): mean test-other WER 12.50 at 1200 steps and 11.00 at 1800 (-1.50; not flattened" in text
     assert "9 of 9 runs in" in text and "| `guard` (clip-grad-norm=1000) | 3 |" in text

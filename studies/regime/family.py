@@ -39,31 +39,42 @@ def diverged(summary: Dict) -> bool:
     return summary["wer"]["test-other"] >= DIVERGED_WER or summary["skipped_steps"] > MAX_SKIPPED * summary["steps"]
 
 
-def by_arm(summaries: Dict[Tuple[str, str, int], Dict], metric: str = "test-other") -> Dict[str, Dict[int, float]]:
-    """``{arm: {seed: endpoint WER}}``."""
-    out: Dict[str, Dict[int, float]] = {}
-    for (_, arm, seed), s in summaries.items():
-        out.setdefault(arm, {})[seed] = s["wer"][metric]
-    return out
+def machine(summary: Dict) -> Tuple[str, ...]:
+    """What a run's numbers depend on besides its flags (runs on two CPUs round differently)."""
+    m = summary["machine"]
+    return m["cpu_model"], m["cpu_flags"], m["threads"], m["torch"]
+
+
+def same_machine_pairs(
+    summaries: Dict[Tuple[str, str, int], Dict], arm: str, baseline: str, metric: str = "test-other"
+) -> Tuple[Dict[int, float], Dict[int, float], int]:
+    """``(arm's, baseline's {seed: endpoint WER})`` over the seeds whose two runs were made on one machine,
+    and how many seeds with both runs were left out for being made on two."""
+    runs = {(a, seed): s for (_, a, seed), s in summaries.items()}
+    both = sorted({seed for a, seed in runs if a == arm} & {seed for a, seed in runs if a == baseline})
+    kept = [seed for seed in both if machine(runs[(arm, seed)]) == machine(runs[(baseline, seed)])]
+    wer = {a: {seed: runs[(a, seed)]["wer"][metric] for seed in kept} for a in (arm, baseline)}
+    return wer[arm], wer[baseline], len(both) - len(kept)
 
 
 def comparison_rows(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> List[List[str]]:
-    """One row per comparison: arm − baseline paired over seeds (mean, 95% interval, p, Holm's p over the
-    family, the exact signed-rank p), and the runs diverged in each arm with Fisher's exact p."""
-    wer = by_arm(summaries)
+    """One row per comparison: arm − baseline paired over the seeds whose two runs share a machine (mean, 95%
+    interval, p, Holm's p over the family, the exact signed-rank p), and the runs diverged in each arm with
+    Fisher's exact p."""
     comparisons = [tuple(c) for c in stage.design["comparisons"]]
-    diffs = [paired_difference(wer.get(a, {}), wer.get(b, {})) for a, b in comparisons]
+    pairs = [same_machine_pairs(summaries, a, b) for a, b in comparisons]
+    diffs = [paired_difference(x, y) for x, y, _ in pairs]
     holm = holm_adjust([d.p for d in diffs])
     rows = []
-    for (a, b), d, h in zip(comparisons, diffs, holm):
-        rank = signed_rank_test(seed_differences(wer.get(a, {}), wer.get(b, {})))
+    for (a, b), (x, y, left_out), d, h in zip(comparisons, pairs, diffs, holm):
+        rank = signed_rank_test(seed_differences(x, y))
         div = {arm: [diverged(s) for (_, x, _), s in summaries.items() if x == arm] for arm in (a, b)}
         table = [[sum(div[a]), len(div[a]) - sum(div[a])], [sum(div[b]), len(div[b]) - sum(div[b])]]
         fisher = stats.fisher_exact(table).pvalue if sum(div[a]) + sum(div[b]) > 0 else math.nan
         rows.append(
             [
                 f"`{a}` − `{b}`",
-                str(d.n),
+                str(d.n) + (f" ({left_out} left out: two machines)" if left_out else ""),
                 f"{d.mean:+.2f}" if d.n else "-",
                 d.interval(2),
                 _p(d.p),
@@ -97,6 +108,23 @@ def arm_rows(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> List[
     return rows
 
 
+def convergence_line(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> str:
+    """Whether the baseline learns and has flattened: its mean test-other WER at the last two decoding points
+    (family.json's "converged": at most that many points of change between them)."""
+    base = stage.design["baseline"]
+    runs = [s for (_, a, _), s in summaries.items() if a == base and "wer_at" in s]
+    if len(stage.points) < 2 or not runs:
+        return ""
+    early, late = stage.points[-2], stage.points[-1]
+    mean = {p: statistics.fmean(r["wer_at"][str(p)]["test-other"] for r in runs) for p in (early, late)}
+    change = mean[late] - mean[early]
+    verdict = "flattened" if abs(change) <= stage.design["converged"] else "not flattened"
+    return (
+        f"`{base}` ({len(runs)} runs): mean test-other WER {mean[early]:.2f} at {early} steps and {mean[late]:.2f} "
+        f"at {late} ({change:+.2f}; {verdict} by family.json's rule, at most {stage.design['converged']:g} points)."
+    )
+
+
 def _mean_sd(xs: List[float]) -> str:
     if not xs:
         return "-"
@@ -122,6 +150,8 @@ def family_section(stage: Optional[Stage], summaries: Dict[Tuple[str, str, int],
         f"{stage.seeds[0]}-{stage.seeds[-1]}.",
         "",
         _table(head, arm_rows(stage, summaries)),
+        "",
+        convergence_line(stage, summaries),
         "",
         "Each arm minus the baseline, seed by seed, on greedy test-other WER (%) at the endpoint; Holm over the "
         f"{len(d['comparisons'])} comparisons; the exact signed-rank test beside it, not adjusted; diverged runs "
