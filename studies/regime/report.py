@@ -225,8 +225,13 @@ def render(summaries: Dict[Tuple[str, int], Dict], family: Optional[Stage] = Non
     return "\n".join(lines) + "\n"
 
 
-def write_report() -> Path:
+def current() -> str:
+    """The report of the committed summaries: the pilot's, and the family's once family.json is written."""
     family = family_stage()
     family_runs = family.load_summaries() if family is not None else {}
-    write_text_atomic(REPORT, render(load_summaries(), family, family_runs))
+    return render(load_summaries(), family, family_runs)
+
+
+def write_report() -> Path:
+    write_text_atomic(REPORT, current())
     return REPORT
