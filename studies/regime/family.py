@@ -22,7 +22,7 @@ from studies.regime.stage import HERE, Stage
 from studies.stats.paired import holm_adjust, paired_difference, seed_differences, signed_rank_test
 
 FAMILY_FILE = HERE / "family.json"
-DIVERGED_WER = 50.0  # as the pilot's rule
+DIVERGED_WER = 50.0  # pilot.json's "diverged", the family's too
 MAX_SKIPPED = 0.10
 
 

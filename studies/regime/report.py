@@ -9,22 +9,15 @@ from typing import Dict, List, Optional, Tuple
 
 from icefall_lite.data.corruptions import MIX_KINDS
 from icefall_lite.utils import write_text_atomic
-from studies.regime.family import family_section, family_stage
+from studies.regime.family import diverged, family_section, family_stage
 from studies.regime.grid import CELLS, CORRUPTIONS, REFERENCE, SETTINGS, Cell
 from studies.regime.pilot import DESIGN, load_summaries
 from studies.regime.stage import Stage
 
 REPORT = Path(__file__).resolve().parent / "README.md"
 COMMAND = "python -m studies.regime"  # from the repository root; --report-only re-renders this file
-DIVERGED_WER = 50.0  # pilot.json's "diverged"
-MAX_SKIPPED = 0.10
 MIN_GAP = 2.0  # pilot.json's "hurt": points of mean test-other WER above the reference
 MIN_DIVERGED = 0.3
-
-
-def diverged(summary: Dict) -> bool:
-    """pilot.json's rule: test-other WER at least 50%, or more than 10% of the steps skipped."""
-    return summary["wer"]["test-other"] >= DIVERGED_WER or summary["skipped_steps"] > MAX_SKIPPED * summary["steps"]
 
 
 def cell_runs(summaries: Dict[Tuple[str, int], Dict], cell: Cell) -> List[Dict]:
