@@ -241,3 +241,48 @@ def test_family_comparisons_by_hand(tmp_path):
     # none at 1200: 11.5, 12.5, 13.5 (mean 12.5); at 1800: 11.0 (mean): -1.50, more than the 1 point allowed.
     assert "`none` (3 runs): mean test-other WER 12.50 at 1200 steps and 11.00 at 1800 (-1.50; not flattened" in text
     assert "9 of 9 runs in" in text and "| `guard` (clip-grad-norm=1000) | 3 |" in text
+
+
+def test_family_control_by_hand(tmp_path):
+    import math
+
+    from scipy import stats
+
+    from studies.regime.family import control_line, control_stage, family_section, family_stage
+    from studies.regime.stage import Run
+
+    (tmp_path / "family.json").write_text(json.dumps(FAMILY))
+    assert control_stage(tmp_path / "family.json") is None
+    control = {"amended": "2026-12-02 10:00", "cell": "lr-x10.clean", "arm": "none", "seeds": [42, 43, 44]}
+    (tmp_path / "family.json").write_text(json.dumps({**FAMILY, "control": control}))
+    stage, ctrl = family_stage(tmp_path / "family.json"), control_stage(tmp_path / "family.json")
+    # The control is the baseline on the clean cell, with the family's budget and decoding, its own seeds.
+    assert [(r.cell.name, r.arm, r.seed) for r in ctrl.runs()] == [("lr-x10.clean", "none", s) for s in (42, 43, 44)]
+    assert ctrl.relpath(Run(CELL_BY_NAME["lr-x10.clean"], "none", 43)) == "lr-x10.clean/seed-43"
+    flags = _pairs(ctrl.train_command(ctrl.runs()[0]))
+    assert flags["--max-batches"] == "1800" and flags["--manifest-dir"] == "data/fbank"
+    assert flags["--grad-filter-threshold"] == "inf" and flags["--base-lr"] == "0.03"
+    assert "0 of 3 control runs in" in control_line(stage, {}, ctrl, {})
+
+    ours = {("lr-x10.mix-10", "none", s): _summary("lr-x10.mix-10", s, w) for s, w in zip((42, 43, 44), (20, 22, 24))}
+    ours[("lr-x10.mix-10", "filter-25", 42)] = _summary("lr-x10.mix-10", 42, 90.0)  # another arm: not counted
+    theirs = {("lr-x10.clean", "none", s): _summary("lr-x10.clean", s, w) for s, w in zip((42, 43, 44), (10, 14, 60))}
+    theirs[("lr-x10.clean", "none", 44)]["machine"] = {**_summary("x", 0, 0)["machine"], "cpu_flags": "d"}
+    # Kept: 20, 22, 24 (mean 22, variance 4) against 10, 14 (mean 12, variance 8); the run at 60 was made on
+    # another machine. Welch by the textbook: se^2 = 4/3 + 8/2, df = se^4 / ((4/3)^2 / 2 + (8/2)^2 / 1).
+    se2 = 4 / 3 + 4
+    df = se2**2 / ((4 / 3) ** 2 / 2 + 16)
+    half = stats.t.ppf(0.975, df) * math.sqrt(se2)
+    p = 2 * stats.t.sf(10 / math.sqrt(se2), df)
+    line = control_line(stage, ours, ctrl, theirs)
+    welch = f"+10.00 [{10 - half:+.2f}, {10 + half:+.2f}] (Welch, 3 against 2 runs, p {p:.3f}; "
+    assert f": {welch}runs made on another machine, left out: 1)" in line
+    assert line.endswith("diverged 0 of 3 against 0 of 2.")
+    assert "`none` on `lr-x10.mix-10` minus `none` on `lr-x10.clean`" in line
+    # The runs of the other machine kept instead when most of the baseline's runs were made there.
+    for x in ours.values():
+        x["machine"] = theirs[("lr-x10.clean", "none", 44)]["machine"]
+    line = control_line(stage, ours, ctrl, theirs)
+    assert "-38.00 - (Welch, 3 against 1 runs, p -; runs made on another machine, left out: 2)" in line
+    assert line.endswith("diverged 0 of 3 against 1 of 1.")
+    assert line in family_section(stage, ours, ctrl, theirs)

@@ -1,10 +1,11 @@
-"""``python -m studies.regime``: the pilot's runs, then (once family.json is written) the family's; resumable,
-the report rewritten after each run. With ``--report-only``: the report alone, from the committed summaries."""
+"""``python -m studies.regime``: the pilot's runs, then (once family.json is written) the family's and its
+control's; resumable, the report rewritten after each run. With ``--report-only``: the report alone, from the
+committed summaries."""
 
 import argparse
 import logging
 
-from studies.regime.family import family_stage
+from studies.regime.family import control_stage, family_stage
 from studies.regime.pilot import PILOT
 from studies.regime.report import write_report
 
@@ -16,9 +17,9 @@ def main() -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s [%(module)s] %(message)s", level=logging.INFO)
     if not args.report_only:
         PILOT.run_all(after_each=write_report)
-        family = family_stage()
-        if family is not None:
-            family.run_all(after_each=write_report)
+        for stage in (family_stage(), control_stage()):
+            if stage is not None:
+                stage.run_all(after_each=write_report)
     logging.info(f"wrote {write_report()}")
 
 

@@ -4,11 +4,14 @@ each against the baseline seed by seed, and its report section. Without family.j
 family.json holds: ``fixed`` (date), ``cell`` (the pilot's pick), ``arms`` ({name: train.py's rule as
 ``none`` or ``<rule>=<value>``}), ``baseline``, ``comparisons`` ([[arm, baseline], ...], Holm over them),
 ``seeds``, ``steps``, ``decode`` (as pilot.json's; ``at``: a list, the last the endpoint), ``metric``,
-``flag_at`` and the reasons for each.
+``flag_at`` and the reasons for each; ``control`` (a dated amendment): the baseline arm on another ``cell``
+with its own ``seeds``, the family's budget and decoding otherwise, to say whether the picked cell still
+hurts the baseline at the endpoint.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import statistics
@@ -19,7 +22,13 @@ from scipy import stats
 
 from studies.regime.grid import CELL_BY_NAME
 from studies.regime.stage import HERE, Stage
-from studies.stats.paired import holm_adjust, paired_difference, seed_differences, signed_rank_test
+from studies.stats.paired import (
+    holm_adjust,
+    paired_difference,
+    seed_differences,
+    signed_rank_test,
+    welch_difference,
+)
 
 FAMILY_FILE = HERE / "family.json"
 DIVERGED_WER = 50.0  # pilot.json's "diverged", the family's too
@@ -32,6 +41,18 @@ def family_stage(path: Path = FAMILY_FILE) -> Optional[Stage]:
         return None
     design = json.loads(path.read_text())
     return Stage("family", design, (CELL_BY_NAME[design["cell"]],), tuple(design["arms"].items()))
+
+
+def control_stage(path: Path = FAMILY_FILE) -> Optional[Stage]:
+    """The control's stage (family.json's ``control``), None before it is written."""
+    if not path.is_file():
+        return None
+    design = json.loads(path.read_text())
+    control = design.get("control")
+    if control is None:
+        return None
+    arm = control["arm"]
+    return Stage("control", {**design, "seeds": control["seeds"]}, (CELL_BY_NAME[control["cell"]],), ((arm, arm),))
 
 
 def diverged(summary: Dict) -> bool:
@@ -125,6 +146,40 @@ def convergence_line(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) 
     )
 
 
+def control_line(
+    stage: Stage,
+    summaries: Dict[Tuple[str, str, int], Dict],
+    control: Optional[Stage],
+    control_runs: Dict[Tuple[str, str, int], Dict],
+) -> str:
+    """The baseline on the picked cell against the baseline on the control's cell (endpoint test-other WER,
+    Welch, unpaired), over the runs made on the machine of most of the family's baseline runs."""
+    if control is None:
+        return ""
+    base = stage.design["baseline"]
+    cell, other = stage.cells[0].name, control.cells[0].name
+    ours = [s for (_, a, _), s in summaries.items() if a == base]
+    theirs = list(control_runs.values())
+    head = (
+        f"The control (family.json's amendment of {control.design['control']['amended'][:10]}): `{base}` on "
+        f"`{cell}` minus `{base}` on `{other}`, endpoint test-other WER"
+    )
+    if not ours or not theirs:
+        return f"{head}: {len(theirs)} of {len(control.runs())} control runs in; it runs after the family."
+    home = collections.Counter(machine(s) for s in ours).most_common(1)[0][0]
+    kept = {name: [s for s in runs if machine(s) == home] for name, runs in (("ours", ours), ("theirs", theirs))}
+    left_out = len(ours) + len(theirs) - len(kept["ours"]) - len(kept["theirs"])
+    d = welch_difference(
+        [s["wer"]["test-other"] for s in kept["ours"]], [s["wer"]["test-other"] for s in kept["theirs"]]
+    )
+    div = {name: sum(map(diverged, runs)) for name, runs in kept.items()}
+    return (
+        f"{head}: {d.mean:+.2f} {d.interval(2)} (Welch, {len(kept['ours'])} against {len(kept['theirs'])} runs, "
+        f"p {_p(d.p)}; runs made on another machine, left out: {left_out}); diverged {div['ours']} of "
+        f"{len(kept['ours'])} against {div['theirs']} of {len(kept['theirs'])}."
+    )
+
+
 def _mean_sd(xs: List[float]) -> str:
     if not xs:
         return "-"
@@ -133,8 +188,13 @@ def _mean_sd(xs: List[float]) -> str:
     return f"{statistics.fmean(xs):.2f} ± {statistics.stdev(xs):.2f}"
 
 
-def family_section(stage: Optional[Stage], summaries: Dict[Tuple[str, str, int], Dict]) -> List[str]:
-    """The family's report: its design, every arm at every decoding point, and the comparisons."""
+def family_section(
+    stage: Optional[Stage],
+    summaries: Dict[Tuple[str, str, int], Dict],
+    control: Optional[Stage] = None,
+    control_runs: Optional[Dict[Tuple[str, str, int], Dict]] = None,
+) -> List[str]:
+    """The family's report: its design, every arm at every decoding point, the control and the comparisons."""
     if stage is None:
         return []
     d = stage.design
@@ -151,14 +211,18 @@ def family_section(stage: Optional[Stage], summaries: Dict[Tuple[str, str, int],
         "",
         _table(head, arm_rows(stage, summaries)),
         "",
-        convergence_line(stage, summaries),
-        "",
+        *_paragraphs(convergence_line(stage, summaries), control_line(stage, summaries, control, control_runs or {})),
         "Each arm minus the baseline, seed by seed, on greedy test-other WER (%) at the endpoint; Holm over the "
         f"{len(d['comparisons'])} comparisons; the exact signed-rank test beside it, not adjusted; diverged runs "
         "(test-other WER at least 50%, or more than 10% of the steps skipped) with Fisher's exact test.",
         "",
         _table(comp, comparison_rows(stage, summaries)),
     ]
+
+
+def _paragraphs(*texts: str) -> List[str]:
+    """Each non-empty text followed by a blank line."""
+    return [line for text in texts if text for line in (text, "")]
 
 
 def _table(head: List[str], rows: List[List[str]]) -> str:

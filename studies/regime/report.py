@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Tuple
 
 from icefall_lite.data.corruptions import MIX_KINDS
 from icefall_lite.utils import write_text_atomic
-from studies.regime.family import diverged, family_section, family_stage
+from studies.regime.family import control_stage, diverged, family_section, family_stage
 from studies.regime.grid import CELLS, CORRUPTIONS, REFERENCE, SETTINGS, Cell
 from studies.regime.pilot import DESIGN, load_summaries
 from studies.regime.stage import Stage
@@ -155,12 +155,18 @@ def machines(summaries: Dict[Tuple[str, int], Dict]) -> str:
     return "; ".join(f"{n} run{'s' if n > 1 else ''} on {name}" for name, n in seen.items()) or "no run yet"
 
 
-def render(summaries: Dict[Tuple[str, int], Dict], family: Optional[Stage] = None, family_runs=None) -> str:
+def render(
+    summaries: Dict[Tuple[str, int], Dict],
+    family: Optional[Stage] = None,
+    family_runs=None,
+    control: Optional[Stage] = None,
+    control_runs=None,
+) -> str:
     settings = "; ".join(f"`{s.name}`: {s.description}" for s in SETTINGS)
     corruptions = ", ".join(f"`{c.name}` ({c.fraction:.0%})" for c in CORRUPTIONS)
     example = next(iter(summaries.values()), None)
     family_runs = family_runs or {}
-    family_lines = family_section(family, family_runs)
+    family_lines = family_section(family, family_runs, control, control_runs)
     if family is not None:
         arms = [(f"`{arm}`", [s for (_, a, _), s in family_runs.items() if a == arm]) for arm, _ in family.arms]
         family_lines += ["", "Where the corrupted utterances' gradients go, per arm (as in the pilot's table below):"]
@@ -219,10 +225,12 @@ def render(summaries: Dict[Tuple[str, int], Dict], family: Optional[Stage] = Non
 
 
 def current() -> str:
-    """The report of the committed summaries: the pilot's, and the family's once family.json is written."""
-    family = family_stage()
+    """The report of the committed summaries: the pilot's, and the family's (with its control) once family.json
+    is written."""
+    family, control = family_stage(), control_stage()
     family_runs = family.load_summaries() if family is not None else {}
-    return render(load_summaries(), family, family_runs)
+    control_runs = control.load_summaries() if control is not None else {}
+    return render(load_summaries(), family, family_runs, control, control_runs)
 
 
 def write_report() -> Path:

@@ -36,7 +36,7 @@ class PairedDifference:
     n: int
 
     def interval(self, digits: int) -> str:
-        if self.n < 2:
+        if self.n < 2 or not math.isfinite(self.low):
             return "-"
         return f"[{_bound(self.low, digits)}, {_bound(self.high, digits)}]"
 
