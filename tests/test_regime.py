@@ -286,3 +286,47 @@ def test_family_control_by_hand(tmp_path):
     assert "-38.00 - (Welch, 3 against 1 runs, p -; runs made on another machine, left out: 2)" in line
     assert line.endswith("diverged 0 of 3 against 1 of 1.")
     assert line in family_section(stage, ours, ctrl, theirs)
+
+
+def test_family_answer_by_hand(tmp_path):
+    from studies.regime.family import answer, family_section, family_stage
+    from studies.stats.power import effect_for_power
+
+    (tmp_path / "family.json").write_text(json.dumps(FAMILY))
+    stage = family_stage(tmp_path / "family.json")
+
+    def runs(filter_wers):
+        wers = {"none": [10.0, 11.0, 12.0], "filter-25": filter_wers, "guard": [10.0, 11.0, 80.0]}
+        out = {}
+        for arm, ws in wers.items():
+            for seed, w in zip([42, 43, 44], ws):
+                x = {**_summary("lr-x10.mix-10", seed, w), "steps": 1800}
+                x["wer_at"] = {"1200": {"test-other": w + 1.5}, "1800": x["wer"]}
+                out[("lr-x10.mix-10", arm, seed)] = x
+        return out
+
+    summaries = runs([11.0, 12.1, 12.9])
+    partial = dict(list(summaries.items())[:8])
+    assert answer(stage, partial) == "**The answer** is written here once all 9 runs are in."
+    # filter - none: 1.0, 1.1, 0.9: mean 1, sd 0.1, t = 10 sqrt(3) on 2 df: p = 1 - t / sqrt(t^2 + 2) = 0.00332,
+    # interval 1 -/+ 4.3027 x 0.1 / sqrt(3) = [0.75, 1.25]. guard - none: 0, 0, 68: mean 22.67, sd 39.26,
+    # t = 1: p = 1 - 1 / sqrt(3) = 0.4226, interval 22.67 -/+ 4.3027 x 22.67 = [-74.86, +120.19].
+    # Holm: 2 x 0.00332 = 0.0066, then max(0.0066, 0.4226). none moved 1.5 from 1200 to 1800: not flattened.
+    mde = effect_for_power(3, 0.025, 0.8)
+    expected = (
+        "**The answer.** At a budget where `none` had not flattened (above): `filter-25` raised endpoint "
+        "test-other WER against `none` by 1.00 points [+0.75, +1.25] over 3 seed pairs (Holm p 0.007); with this "
+        f"spread (sd 0.10) it finds {0.1 * mde:.2f} points with 80% power; no run of either diverged. `guard` "
+        "against `none`: no difference resolved, +22.67 points [-74.86, +120.19] over 3 seed pairs (Holm p "
+        f"0.423); with this spread (sd 39.26) it finds {39.26 * mde:.2f} points with 80% power; diverged 1 of 3 "
+        "against 0 of 3 (Fisher p 1.000)."
+    )
+    assert answer(stage, summaries) == expected
+    assert expected in family_section(stage, summaries)
+    # filter - none: 2, 3, 4: t = 3 sqrt(3), p = 1 - t / sqrt(t^2 + 2) = 0.0351 < 0.05, Holm 0.0702: the
+    # interval 3 -/+ 4.3027 / sqrt(3) = [+0.52, +5.48] leaves out 0 only before the adjustment.
+    text = answer(stage, runs([12.0, 14.0, 16.0]))
+    assert (
+        "`filter-25` against `none`: +3.00 points [+0.52, +5.48] over 3 seed pairs (Holm p 0.070): its interval "
+        "leaves out 0 before Holm's adjustment, not after; with this spread" in text
+    )

@@ -15,6 +15,7 @@ import collections
 import json
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -23,12 +24,14 @@ from scipy import stats
 from studies.regime.grid import CELL_BY_NAME
 from studies.regime.stage import HERE, Stage
 from studies.stats.paired import (
+    PairedDifference,
     holm_adjust,
     paired_difference,
     seed_differences,
     signed_rank_test,
     welch_difference,
 )
+from studies.stats.power import minimum_detectable_effect
 
 FAMILY_FILE = HERE / "family.json"
 DIVERGED_WER = 50.0  # pilot.json's "diverged", the family's too
@@ -78,34 +81,57 @@ def same_machine_pairs(
     return wer[arm], wer[baseline], len(both) - len(kept)
 
 
-def comparison_rows(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> List[List[str]]:
-    """One row per comparison: arm − baseline paired over the seeds whose two runs share a machine (mean, 95%
-    interval, p, Holm's p over the family, the exact signed-rank p), and the runs diverged in each arm with
-    Fisher's exact p."""
-    comparisons = [tuple(c) for c in stage.design["comparisons"]]
-    pairs = [same_machine_pairs(summaries, a, b) for a, b in comparisons]
-    diffs = [paired_difference(x, y) for x, y, _ in pairs]
-    holm = holm_adjust([d.p for d in diffs])
-    rows = []
-    for (a, b), (x, y, left_out), d, h in zip(comparisons, pairs, diffs, holm):
-        rank = signed_rank_test(seed_differences(x, y))
+@dataclass(frozen=True)
+class Comparison:
+    """``arm`` − ``baseline`` on endpoint test-other WER over the seeds whose two runs share a machine, Holm's p
+    over the family, the exact signed-rank p, and each arm's runs and divergences with Fisher's exact p."""
+
+    arm: str
+    baseline: str
+    difference: PairedDifference
+    holm: float
+    signed_rank: float
+    left_out: int
+    diverged: Tuple[int, int]
+    runs: Tuple[int, int]
+    fisher: float
+    sd: float  # of the per-seed differences (nan under 2 pairs)
+
+
+def comparisons(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> List[Comparison]:
+    """family.json's comparisons, in its order."""
+    pairs = [tuple(c) for c in stage.design["comparisons"]]
+    matched = [same_machine_pairs(summaries, a, b) for a, b in pairs]
+    diffs = [paired_difference(x, y) for x, y, _ in matched]
+    out = []
+    for (a, b), (x, y, left_out), d, h in zip(pairs, matched, diffs, holm_adjust([d.p for d in diffs])):
         div = {arm: [diverged(s) for (_, x, _), s in summaries.items() if x == arm] for arm in (a, b)}
         table = [[sum(div[a]), len(div[a]) - sum(div[a])], [sum(div[b]), len(div[b]) - sum(div[b])]]
         fisher = stats.fisher_exact(table).pvalue if sum(div[a]) + sum(div[b]) > 0 else math.nan
-        rows.append(
-            [
-                f"`{a}` − `{b}`",
-                str(d.n) + (f" ({left_out} left out: two machines)" if left_out else ""),
-                f"{d.mean:+.2f}" if d.n else "-",
-                d.interval(2),
-                _p(d.p),
-                _p(h),
-                _p(rank.p),
-                f"{sum(div[a])}/{len(div[a])} vs {sum(div[b])}/{len(div[b])}",
-                _p(fisher),
-            ]
-        )
-    return rows
+        per_seed = seed_differences(x, y)
+        rank = signed_rank_test(per_seed).p
+        counts = (sum(div[a]), sum(div[b])), (len(div[a]), len(div[b]))
+        sd = statistics.stdev(per_seed) if len(per_seed) > 1 else math.nan
+        out.append(Comparison(a, b, d, h, rank, left_out, *counts, fisher, sd))
+    return out
+
+
+def comparison_rows(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> List[List[str]]:
+    """One row per comparison (:func:`comparisons`)."""
+    return [
+        [
+            f"`{c.arm}` − `{c.baseline}`",
+            str(c.difference.n) + (f" ({c.left_out} left out: two machines)" if c.left_out else ""),
+            f"{c.difference.mean:+.2f}" if c.difference.n else "-",
+            c.difference.interval(2),
+            _p(c.difference.p),
+            _p(c.holm),
+            _p(c.signed_rank),
+            f"{c.diverged[0]}/{c.runs[0]} vs {c.diverged[1]}/{c.runs[1]}",
+            _p(c.fisher),
+        ]
+        for c in comparisons(stage, summaries)
+    ]
 
 
 def _p(p: float) -> str:
@@ -129,21 +155,82 @@ def arm_rows(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> List[
     return rows
 
 
-def convergence_line(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> str:
-    """Whether the baseline learns and has flattened: its mean test-other WER at the last two decoding points
-    (family.json's "converged": at most that many points of change between them)."""
+def baseline_change(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> Optional[Tuple[int, float, float]]:
+    """``(runs, mean test-other WER at the last-but-one decoding point, at the last)`` of the baseline; None
+    before it has a run decoded at both or with one decoding point."""
     base = stage.design["baseline"]
     runs = [s for (_, a, _), s in summaries.items() if a == base and "wer_at" in s]
     if len(stage.points) < 2 or not runs:
+        return None
+    means = [statistics.fmean(r["wer_at"][str(p)]["test-other"] for r in runs) for p in stage.points[-2:]]
+    return len(runs), means[0], means[1]
+
+
+def flattened(stage: Stage, change: Tuple[int, float, float]) -> bool:
+    """family.json's "converged": at most that many points of change between the last two decoding points."""
+    return abs(change[2] - change[1]) <= stage.design["converged"]
+
+
+def convergence_line(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> str:
+    """Whether the baseline learns and has flattened: its mean test-other WER at the last two decoding points."""
+    change = baseline_change(stage, summaries)
+    if change is None:
         return ""
-    early, late = stage.points[-2], stage.points[-1]
-    mean = {p: statistics.fmean(r["wer_at"][str(p)]["test-other"] for r in runs) for p in (early, late)}
-    change = mean[late] - mean[early]
-    verdict = "flattened" if abs(change) <= stage.design["converged"] else "not flattened"
+    runs, early_mean, late_mean = change
+    early, late = stage.points[-2:]
+    verdict = "flattened" if flattened(stage, change) else "not flattened"
     return (
-        f"`{base}` ({len(runs)} runs): mean test-other WER {mean[early]:.2f} at {early} steps and {mean[late]:.2f} "
-        f"at {late} ({change:+.2f}; {verdict} by family.json's rule, at most {stage.design['converged']:g} points)."
+        f"`{stage.design['baseline']}` ({runs} runs): mean test-other WER {early_mean:.2f} at {early} steps and "
+        f"{late_mean:.2f} at {late} ({late_mean - early_mean:+.2f}; {verdict} by family.json's rule, at most "
+        f"{stage.design['converged']:g} points)."
     )
+
+
+ALPHA = 0.05
+POWER = 0.8
+
+
+def answer(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> str:
+    """The family's answer, once every run is in: per comparison what the paired test resolved (Holm at 0.05),
+    the divergences, and the smallest effect it would find with 80% power from its own spread; said to be at
+    an unconverged budget when the baseline had not flattened."""
+    total = len(stage.runs())
+    if len(summaries) < total:
+        return f"**The answer** is written here once all {total} runs are in."
+    change = baseline_change(stage, summaries)
+    found = comparisons(stage, summaries)
+    alpha = ALPHA / len(found)
+    sentences = []
+    for c in found:
+        d, name = c.difference, f"`{c.arm}` against `{c.baseline}`"
+        if d.n < 2:
+            sentences.append(f"{name}: {d.n} pairs, too few to test.")
+            continue
+        caveat = ""
+        if c.holm < ALPHA:
+            verb = "raised" if d.mean > 0 else "lowered"
+            what = f"`{c.arm}` {verb} endpoint test-other WER against `{c.baseline}` by {abs(d.mean):.2f} points"
+        elif d.low > 0 or d.high < 0:
+            what = f"{name}: {d.mean:+.2f} points"
+            caveat = ": its interval leaves out 0 before Holm's adjustment, not after"
+        else:
+            what = f"{name}: no difference resolved, {d.mean:+.2f} points"
+        what += f" {d.interval(2)} over {d.n} seed pairs (Holm p {_p(c.holm)}){caveat}"
+        if math.isfinite(c.sd):
+            mde = minimum_detectable_effect(c.sd, d.n, alpha, POWER)
+            what += f"; with this spread (sd {c.sd:.2f}) it finds {mde:.2f} points with {POWER:.0%} power"
+        if sum(c.diverged):
+            what += (
+                f"; diverged {c.diverged[0]} of {c.runs[0]} against {c.diverged[1]} of {c.runs[1]} "
+                f"(Fisher p {_p(c.fisher)})"
+            )
+        else:
+            what += "; no run of either diverged"
+        sentences.append(what + ".")
+    head = "**The answer.**"
+    if change is not None and not flattened(stage, change):
+        head += f" At a budget where `{stage.design['baseline']}` had not flattened (above):"
+    return " ".join([head, *sentences])
 
 
 def control_line(
@@ -217,6 +304,8 @@ def family_section(
         "(test-other WER at least 50%, or more than 10% of the steps skipped) with Fisher's exact test.",
         "",
         _table(comp, comparison_rows(stage, summaries)),
+        "",
+        answer(stage, summaries),
     ]
 
 
