@@ -52,12 +52,10 @@ import sys
 import tempfile
 import time
 import traceback
-import warnings
 from collections import Counter
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -65,16 +63,11 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from benchmarks import bench_gpu_step
 from benchmarks.common import markdown_table
+from benchmarks.gpu_probes import count_host_syncs, loss_on
 from benchmarks.train_setup import Batch, TokenTable, Trainer, add_batch_arguments, make_batches
 from icefall_lite.nn.clip import GRAD_FILTER_MODES
-from icefall_lite.nn.rnnt_loss import (
-    do_rnnt_pruning,
-    get_rnnt_prune_ranges,
-    make_boundary,
-    rnnt_loss_pruned,
-    rnnt_loss_smoothed,
-)
 from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.train.loop import budget_spent, filter_stats, log_step, train_step
@@ -278,30 +271,6 @@ def injected_overflow(device: torch.device) -> str:
     )
 
 
-def loss_on(device: torch.device, shape: Tuple[int, int, int, int], seed: int):
-    """One loss call's closure on ``device`` and its leaves (lm, am): the smoothed simple loss with its
-    posteriors, the prune ranges, a tanh joiner on the windows and the pruned loss, then backward."""
-    B, T, S, V = shape
-    gen = torch.Generator().manual_seed(seed)
-    lm = torch.randn(B, S + 1, V, generator=gen).to(device).requires_grad_(True)
-    am = torch.randn(B, T, V, generator=gen).to(device).requires_grad_(True)
-    symbols = torch.randint(1, V, (B, S), generator=gen).to(device)
-    boundary = make_boundary(torch.full((B,), S), torch.full((B,), T)).to(device)
-
-    def call():
-        simple, (px_grad, py_grad) = rnnt_loss_smoothed(
-            lm, am, symbols, 0, 0.1, 0.1, boundary, reduction="sum", return_grad=True
-        )
-        ranges = get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range=5)
-        pruned_am, pruned_lm = do_rnnt_pruning(am, lm, ranges)
-        logits = 4.0 * torch.tanh(pruned_am + pruned_lm)
-        pruned = rnnt_loss_pruned(logits, symbols, ranges, 0, boundary, reduction="sum")
-        (0.5 * simple + pruned).backward()
-        return simple.detach(), pruned.detach()
-
-    return call, (lm, am)
-
-
 def loss_parity(device: torch.device) -> str:
     rows = []
     for shape in LOSS_SHAPES:
@@ -359,40 +328,6 @@ class _NullWriter:
         pass
 
 
-@contextmanager
-def _sync_warnings(counts: Counter, phase: Sequence[str] = ("step",), enabled: bool = True) -> Iterator[None]:
-    """Count into ``counts``, by (``phase[0]`` at the time, the icefall_lite function that caused it), the host
-    synchronisations that ``torch.cuda.set_sync_debug_mode("warn")`` reports inside the block."""
-    if not enabled:
-        yield
-        return
-
-    def where() -> str:
-        frames = [
-            f for f in traceback.extract_stack()[:-2] if "icefall_lite" in f.filename or "benchmarks" in f.filename
-        ]
-        inner = [f for f in frames if "icefall_lite" in f.filename]
-        frame = (inner or frames or [traceback.extract_stack()[-3]])[-1]
-        return f"{frame.filename.split('icefall_lite/')[-1]}:{frame.name}"
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" in str(message):
-            counts[(phase[0], where())] += 1
-
-    original = warnings.showwarning
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = show
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                yield
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-    finally:
-        warnings.showwarning = original
-
-
 def sync_counts(device: torch.device) -> str:
     tokens, data = batches(2)
     trainer = icefall_trainer([], device)
@@ -402,7 +337,7 @@ def sync_counts(device: torch.device) -> str:
     t.flush_log()
     counts: Counter = Counter()
     phase = ["step"]
-    with _sync_warnings(counts, phase):
+    with count_host_syncs(counts, phase):
         trainer.params.batch_idx_train += 1
         info, grad_norm, clip_scale = train_step(t, data[1].data)
         phase[0] = "per-step logging"
@@ -567,7 +502,7 @@ def _rule_run(
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        with _sync_warnings(syncs, enabled=step == RULE_STEPS - 1 and device.type == "cuda"):
+        with count_host_syncs(syncs, enabled=step == RULE_STEPS - 1 and device.type == "cuda"):
             info, grad_norm, clip_scale = train_step(t, data[step].data)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -779,7 +714,7 @@ def main() -> None:
         "--only",
         type=lambda text: [int(x) for x in text.split(",")],
         default=None,
-        help="Run only these checks, by number (e.g. 3,4); default: all nine.",
+        help="Run only these checks, by number (e.g. 3,4); default: all ten.",
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -816,6 +751,7 @@ def main() -> None:
         "7. decoding on CUDA (three methods, streaming)": lambda: decoding_runs(work_dir, logs),
         "8. DDP decisions taken on all ranks (2 ranks)": lambda: ddp_decisions(device),
         "9. every gradient control, CUDA against the CPU": lambda: rule_parity(device),
+        "10. the training step's profile (bench_gpu_step)": lambda: bench_gpu_step.report(device, reps=5),
     }
     for title, check in checks.items():
         if args.only is None or int(title.split(".")[0]) in args.only:
