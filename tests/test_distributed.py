@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 
 from conftest import RECIPE, TINY_MODEL, assert_flag_error, free_port, recipe_env
 from icefall_lite.nn.model import build_transducer
+from icefall_lite.nn.scaling import ActivationBalancer
 from icefall_lite.train.cli import get_params, get_parser, validate_args
 from icefall_lite.train.distributed import (
     Placement,
@@ -34,6 +35,7 @@ from icefall_lite.train.distributed import (
 )
 from icefall_lite.train.grad_control import GradientControl
 from icefall_lite.train.loop import Training, budget_spent, train_step
+from icefall_lite.train.loss import compute_loss
 from icefall_lite.train.optim import Eden, Eve
 from icefall_lite.train.setup import model_checksum, training_model_config
 from icefall_lite.utils import AttributeDict
@@ -415,3 +417,109 @@ def test_max_minutes_stops_all_ranks_at_the_same_batch(tmp_path):
 def test_threads_per_rank_share_the_host(environ, local_world_size, cores, expected):
     placement = Placement(0, local_world_size, 0, local_world_size, "spawn")
     assert threads_per_rank(placement, environ, cores) == expected
+
+
+# --------------------------------------------------------------------------
+# One process at N x the batch against N ranks (what one large GPU does in place of icefall's 4)
+# --------------------------------------------------------------------------
+
+
+def _utterances() -> dict:
+    """Six utterances of one length (padding is not what this compares), each with its own text."""
+    gen = torch.Generator().manual_seed(5)
+    texts = ["HELLO THERE", "A CAT", "THE END", "THERE IS A CAT", "HELLO", "THE CAT AT THE END"]
+    return {
+        "inputs": torch.randn(6, 110, 80, generator=gen),
+        "supervisions": {"text": texts, "num_frames": torch.full((6,), 110)},
+    }
+
+
+def _half(batch: dict, rank: int) -> dict:
+    part = slice(3 * rank, 3 * rank + 3)
+    sup = batch["supervisions"]
+    return {"inputs": batch["inputs"][part], "supervisions": {k: v[part] for k, v in sup.items()}}
+
+
+def _loss_and_model(bpe_model: str):
+    # The filter observing only (threshold inf): where it acts, its median is over each process's own batch.
+    args = get_parser().parse_args(["--bpe-model", bpe_model, *TINY_MODEL, "--grad-filter-threshold", "inf"])
+    params = get_params()
+    params.update(vars(args))
+    sp = spm.SentencePieceProcessor()
+    sp.load(bpe_model)
+    torch.manual_seed(0)
+    model = build_transducer(**training_model_config(args, vocab_size=sp.get_piece_size(), blank_id=0))
+    return params, model, sp
+
+
+def _gradients(params, model, sp, batch: dict) -> Dict[str, torch.Tensor]:
+    loss, _ = compute_loss(params, model, sp, batch, is_training=True)
+    loss.backward()
+    named = model.module.named_parameters() if hasattr(model, "module") else model.named_parameters()
+    return {n: p.grad for n, p in named}
+
+
+def _without_balancers(monkeypatch) -> None:
+    """The ActivationBalancers as identities: they change the gradient from their batch's statistics."""
+    monkeypatch.setattr(ActivationBalancer, "forward", lambda self, x: x)
+
+
+def _gradient_worker(rank: int, port: int, bpe_model: str, out: str) -> None:
+    """Rank ``rank``'s half of the six utterances through the DDP-wrapped model, with the model's
+    ActivationBalancers and without: the all-reduced gradients."""
+    torch.set_num_threads(1)
+    _join(rank, port)
+    grads = {}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for case in ("balancers", "no balancers"):
+            if case == "no balancers":
+                _without_balancers(monkeypatch)
+            params, model, sp = _loss_and_model(bpe_model)
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+            grads[case] = _gradients(params, ddp, sp, _half(_utterances(), rank))
+    torch.save(grads, Path(out, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_one_process_at_twice_the_batch_sums_what_two_ranks_average(tiny_data, tmp_path, monkeypatch):
+    """The loss is summed over utterances (icefall's way) and DDP averages the ranks' gradients, so one
+    process on all six utterances computes twice the gradient two ranks of three each end with (to rounding):
+    an Adam-type update does not see that factor, a --clip-grad-norm threshold does. Exactly so only without
+    the ActivationBalancers, which push the gradient from statistics of their own batch."""
+    bpe_model = str(tiny_data / "data/lang_bpe_100/bpe.model")
+    mp.spawn(_gradient_worker, args=(free_port(), bpe_model, str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+    torch.set_num_threads(1)
+    one = {"balancers": _gradients(*_loss_and_model(bpe_model), _utterances())}
+    _without_balancers(monkeypatch)
+    one["no balancers"] = _gradients(*_loss_and_model(bpe_model), _utterances())
+    for case, grads in one.items():
+        for name in grads:
+            assert torch.equal(ranks[0][case][name], ranks[1][case][name]), name  # one gradient after all-reduce
+
+    def off(case: str, name: str) -> float:  # one process's gradient against 2x the ranks', relative (norms)
+        g = one[case][name]
+        return float((g - 2 * ranks[0][case][name]).norm() / g.norm().clamp(min=1e-30))
+
+    assert max(off("no balancers", name) for name in one["no balancers"]) < 2e-5  # rounding (3e-6 seen)
+    # With them, the first layers' gradients differ by far more than rounding (about 2e-3 here).
+    assert off("balancers", "encoder.encoder_embed.conv.0.weight") > 2e-4
+
+
+def test_eve_takes_the_same_steps_on_a_gradient_and_on_twice_it():
+    """Why the factor of the test above leaves training alone where no clip acts: Eve (Adam's update divided
+    by the root of its second moment) moves the weights alike on g and on 2g, but for its eps (1e-8)."""
+    gen = torch.Generator().manual_seed(0)
+    start = torch.randn(50, 40, generator=gen)
+    grads = [torch.randn(50, 40, generator=gen) * 1e-2 for _ in range(5)]
+    moved = []
+    for factor in (1.0, 2.0):
+        weight = torch.nn.Parameter(start.clone())
+        optimizer = Eve([weight], lr=0.003)
+        for g in grads:
+            weight.grad = factor * g
+            optimizer.step()
+        moved.append(weight.detach() - start)
+    assert float(moved[0].norm()) > 1e-3  # the steps moved the weights
+    # Relative over the whole tensor: an element whose gradients are near 0 meets eps, and rounding.
+    assert float((moved[1] - moved[0]).norm() / moved[0].norm()) < 1e-4
