@@ -8,7 +8,8 @@ batch and precision: the median wall time of a step, the GPU's busy time in one 
 its kernels' intervals) against that median, the CUDA kernels launched and the host synchronisations in a
 step, seconds of audio trained per second, and peak memory. Then the loss alone at B 28, T 350, S 80,
 V 500 in float32: the pruned path as train.py runs it, the library's full ``rnnt_loss`` on the same
-lattice, and torchaudio's CUDA ``rnnt_loss`` where torchaudio is installed.
+lattice, and torchaudio's CUDA ``rnnt_loss`` where torchaudio is installed; and the mutual-information
+recursion inside them alone, the PyTorch recursion beside the Triton kernel (with their largest difference).
 
 Without a CUDA GPU it refuses. ``--dry-run`` runs the same measurements on the CPU at tiny shapes, to check
 the script itself: its figures mean nothing, and it writes no section.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ from benchmarks.common import (
 )
 from benchmarks.gpu_probes import count_host_syncs, kernel_profile, loss_on, random_lattice
 from benchmarks.train_setup import FRAMES_PER_SECOND, Batch, TokenTable, Trainer
+from icefall_lite.nn.mutual_information import mutual_information_recursion
 from icefall_lite.nn.rnnt_loss import rnnt_loss
 from icefall_lite.train.loop import train_step
 
@@ -205,6 +208,38 @@ def loss_table(device: torch.device, shape: Tuple[int, int, int, int], reps: int
     return markdown_table(head, rows)
 
 
+def recursion_table(device: torch.device, shape: Tuple[int, int, int, int], reps: int) -> str:
+    """The mutual-information recursion alone on a regular lattice of ``shape``'s B, T, S (the score and the
+    arc posteriors, as the losses call it): the PyTorch recursion and the Triton kernel, timed, profiled,
+    measured, and the kernel's largest relative difference from the PyTorch results."""
+    from icefall_lite.nn.mutual_information_triton import mutual_information_recursion_triton
+
+    B, T, S, _ = shape
+    gen = torch.Generator().manual_seed(0)
+    px = torch.randn(B, S, T + 1, generator=gen).to(device)
+    px[:, :, T] = float("-inf")
+    py = torch.randn(B, S + 1, T, generator=gen).to(device)
+    paths = {
+        "PyTorch (the CPU path)": mutual_information_recursion,
+        "Triton kernel": mutual_information_recursion_triton,
+    }
+    results = {name: fn(px, py, return_grad=True) for name, fn in paths.items()}
+    rows = []
+    for name, fn in paths.items():
+        call = lambda fn=fn: fn(px, py, return_grad=True)  # noqa: E731
+        wall = median([timed(call) for _ in range(reps)])
+        kernels = kernel_profile(call)[0] if device.type == "cuda" else "-"
+        got, want = results[name], results["PyTorch (the CPU path)"]
+        diff = max(
+            float(((g - w).abs() / w.abs().clamp(min=1e-30)).max())
+            for g, w in ((got[0], want[0]), (got[1][0], want[1][0]), (got[1][1], want[1][1]))
+            if w.numel()
+        )
+        rows.append([name, fmt_ms(wall), kernels, fmt_mb(peak_memory_bytes(call)), f"{diff:.1e}"])
+    head = ["recursion (score + posteriors)", f"ms (median of {reps})", "CUDA kernels", "peak MiB"]
+    return markdown_table(head + ["largest relative difference from PyTorch's"], rows)
+
+
 def report(device: torch.device, reps: int, dry_run: bool = False) -> str:
     """Both tables with their notes (Markdown)."""
     batches, shape = (DRY_BATCHES, DRY_LOSS_SHAPE) if dry_run else (STEP_BATCHES, LOSS_SHAPE)
@@ -218,6 +253,8 @@ def report(device: torch.device, reps: int, dry_run: bool = False) -> str:
             'those `torch.cuda.set_sync_debug_mode("warn")` reports in one step.',
             f"The loss alone, B x T x S x V = {' x '.join(map(str, shape))}, float32:",
             loss_table(device, shape, reps),
+            "The recursion inside it alone, on a regular B x (S+1) x (T+1) lattice of the same B, T, S, float32 in:",
+            recursion_table(device, shape, reps),
         ]
     )
 
@@ -235,6 +272,7 @@ def main() -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     setup_threads(args.threads)
     if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton kernel on the CPU; set before it is defined
         if args.markdown_out is not None:
             sys.exit("bench_gpu_step: --dry-run measures nothing worth keeping; drop --markdown-out")
         print(report(torch.device("cpu"), args.reps, dry_run=True))

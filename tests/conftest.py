@@ -33,6 +33,10 @@ from icefall_lite.nn.model import Transducer, build_transducer
 if not os.environ.get("OMP_NUM_THREADS", "").strip():
     os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+# Triton kernels run in Triton's interpreter where no GPU is (read when a kernel is defined, so set before any
+# test imports one); with a GPU they compile for it and the tests give them CUDA tensors.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "egs" / "librispeech" / "ASR"

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -28,7 +29,7 @@ def _name(requirement: str) -> str:
 
 def test_requirements_txt_agrees_with_pyproject():
     pyproject = (REPO / "pyproject.toml").read_text()
-    declared = _toml_list(pyproject, "dependencies") + _toml_list(pyproject, "test") + _toml_list(pyproject, "studies")
+    declared = [r for key in ("dependencies", "test", "studies", "gpu") for r in _toml_list(pyproject, key)]
     listed = [
         line.strip()
         for line in (REPO / "requirements.txt").read_text().splitlines()
@@ -54,24 +55,56 @@ def _imports(path: Path) -> set:
     return found
 
 
-def _third_party_imports(root: Path) -> set:
+def _third_party_imports(root: Path, skip: Sequence[Path] = ()) -> set:
     stdlib = set(sys.stdlib_module_names)
-    found = set().union(*(_imports(path) for path in root.rglob("*.py")))
+    found = set().union(*(_imports(path) for path in root.rglob("*.py") if path not in skip))
     return {n for n in found if n not in stdlib and n not in (*PACKAGES, "__future__")}
+
+
+# The library's modules that may import the ``gpu`` extra (Triton), which no other library module imports.
+GPU_MODULES = ("icefall_lite/nn/mutual_information_triton.py",)
 
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_import_comes_from_a_declared_distribution(package):
-    """The library draws on the dependencies only; the studies on those and the ``studies`` extra."""
+    """The library draws on the dependencies only (and its GPU modules on the ``gpu`` extra); the studies on
+    those and the ``studies`` extra."""
     pyproject = (REPO / "pyproject.toml").read_text()
     extras = ["studies"] if package == "studies" else []
     declared = {_name(r) for key in ["dependencies", *extras] for r in _toml_list(pyproject, key)}
     providers = importlib.metadata.packages_distributions()
-    modules = _third_party_imports(REPO / package)
+    root = REPO / package
+    modules = _third_party_imports(root, skip=[REPO / m for m in GPU_MODULES])
     assert modules, "the scan found no imports"
     for module in sorted(modules):
         dists = {_name(d) for d in providers.get(module, [])}
         assert dists & declared, f"{package} imports {module} (from {dists or 'nowhere'}), undeclared in pyproject"
+
+
+def test_only_the_gpu_modules_need_the_gpu_extra_and_nothing_imports_them():
+    pyproject = (REPO / "pyproject.toml").read_text()
+    gpu = {_name(r) for r in _toml_list(pyproject, "gpu")}
+    providers = importlib.metadata.packages_distributions()
+    for module in GPU_MODULES:
+        needs = {_name(d) for m in _imports(REPO / module) for d in providers.get(m, [])}
+        assert needs & gpu, f"{module} no longer needs the gpu extra: move it back among the others"
+        dotted = module.removesuffix(".py").replace("/", ".")
+        importers = [
+            str(p.relative_to(REPO))
+            for p in (REPO / "icefall_lite").rglob("*.py")
+            if str(p.relative_to(REPO)) not in GPU_MODULES and any(i.startswith(dotted) for i in _dotted_imports(p))
+        ]
+        assert not importers, f"{importers} import {dotted}: the library would need Triton"
+
+
+def _dotted_imports(path: Path) -> set:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
 
 
 def test_the_packages_are_the_ones_pyproject_installs():

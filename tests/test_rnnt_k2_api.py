@@ -224,12 +224,40 @@ def _random_corners(g: torch.Generator, S: int, T: int, modified: bool) -> List[
 
 
 # --------------------------------------------------------------------------
-# mutual_information_recursion, both lattices
+# mutual_information_recursion, both lattices: the PyTorch recursion and the Triton kernel
 # --------------------------------------------------------------------------
 
 
+def _on_triton_device(px: Tensor, py: Tensor, boundary: Optional[Tensor] = None, return_grad: bool = False):
+    """The Triton kernel on the device it runs on here (CUDA, else the CPU in Triton's interpreter), its
+    results back on the CPU (autograd flows through the copies)."""
+    from icefall_lite.nn.mutual_information_triton import mutual_information_recursion_triton
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    on = None if boundary is None else boundary.to(device)
+    out = mutual_information_recursion_triton(px.to(device), py.to(device), on, return_grad)
+    if not return_grad:
+        return out.cpu()
+    return out[0].cpu(), (out[1][0].cpu(), out[1][1].cpu())
+
+
+def _mi_implementations() -> list:
+    """The PyTorch recursion, and the Triton kernel where Triton is installed (every Linux set-up: the
+    requirements list it)."""
+    found = [pytest.param(mutual_information_recursion, id="pytorch")]
+    try:
+        import triton  # noqa: F401
+    except ModuleNotFoundError:
+        return found
+    return found + [pytest.param(_on_triton_device, id="triton")]
+
+
+MI = _mi_implementations()
+
+
 @pytest.mark.parametrize("modified", [False, True])
-def test_mi_matches_path_enumeration(modified):
+@pytest.mark.parametrize("mi", MI)
+def test_mi_matches_path_enumeration(modified, mi):
     g = _gen(0)
     B, S, T = 6, 3, 5
     px = torch.randn(B, S, T if modified else T + 1, generator=g, dtype=F64)
@@ -237,7 +265,7 @@ def test_mi_matches_path_enumeration(modified):
     boundary = torch.tensor([[0, 0, S, T]] + [_random_corners(g, S, T, modified) for _ in range(B - 1)])
     px.requires_grad_()
     py.requires_grad_()
-    scores, (gx, gy) = mutual_information_recursion(px, py, boundary, return_grad=True)
+    scores, (gx, gy) = mi(px, py, boundary, return_grad=True)
     w = _weights(B)
     (scores * w).sum().backward()
     for b in range(B):
@@ -250,7 +278,8 @@ def test_mi_matches_path_enumeration(modified):
 
 
 @pytest.mark.parametrize("modified", [False, True])
-def test_mi_default_boundary_and_blocked_arcs(modified):
+@pytest.mark.parametrize("mi", MI)
+def test_mi_default_boundary_and_blocked_arcs(modified, mi):
     g = _gen(1)
     B, S, T = 3, 3, 4
     px = torch.randn(B, S, T if modified else T + 1, generator=g, dtype=F64)
@@ -258,9 +287,9 @@ def test_mi_default_boundary_and_blocked_arcs(modified):
     px[0, 1, 1] = NEG_INF
     py[0, 0, 2] = NEG_INF
     py[1] = NEG_INF  # sequence 1: no path at all
-    s_none, (gx_none, gy_none) = mutual_information_recursion(px, py, None, return_grad=True)
+    s_none, (gx_none, gy_none) = mi(px, py, None, return_grad=True)
     full = torch.tensor([[0, 0, S, T]] * B)
-    s_full, (gx_full, gy_full) = mutual_information_recursion(px, py, full, return_grad=True)
+    s_full, (gx_full, gy_full) = mi(px, py, full, return_grad=True)
     torch.testing.assert_close(s_none, s_full, **TOL)
     torch.testing.assert_close(gx_none, gx_full, **TOL)
     torch.testing.assert_close(gy_none, gy_full, **TOL)
@@ -272,7 +301,8 @@ def test_mi_default_boundary_and_blocked_arcs(modified):
         torch.testing.assert_close(gy_none[b], ry, **TOL)
 
 
-def test_mi_float32_posteriors_are_accurate_on_long_lattices():
+@pytest.mark.parametrize("mi", MI)
+def test_mi_float32_posteriors_are_accurate_on_long_lattices(mi):
     """Scores of ~1000 nats: the posteriors must not carry float32 rounding of the scores."""
     g = _gen(2)
     B, S, T = 4, 30, 150
@@ -280,9 +310,9 @@ def test_mi_float32_posteriors_are_accurate_on_long_lattices():
     py = torch.randn(B, S + 1, T, generator=g, dtype=F64).log_softmax(dim=1) * 3
     boundary = make_boundary(torch.tensor([30, 25, 18, 30]), torch.tensor([150, 120, 150, 90]))
     px = fix_boundary_column(px, boundary)
-    s64, (gx64, gy64) = mutual_information_recursion(px, py, boundary, return_grad=True)
+    s64, (gx64, gy64) = mi(px, py, boundary, return_grad=True)
     assert (s64 < -500).all()
-    s32, (gx32, gy32) = mutual_information_recursion(px.float(), py.float(), boundary, return_grad=True)
+    s32, (gx32, gy32) = mi(px.float(), py.float(), boundary, return_grad=True)
     assert gx32.dtype == torch.float32
     for got, want in ((gx32, gx64), (gy32, gy64)):
         rel = (got.double() - want).norm() / want.norm()
@@ -292,7 +322,8 @@ def test_mi_float32_posteriors_are_accurate_on_long_lattices():
     torch.testing.assert_close(gx32.double().sum(dim=(1, 2)), boundary[:, 2].to(F64), atol=1e-4, rtol=0)
 
 
-def test_mi_float32_posteriors_hold_no_denormal_numbers():
+@pytest.mark.parametrize("mi", MI)
+def test_mi_float32_posteriors_hold_no_denormal_numbers(mi):
     """Occupancies too small for a normal float32 are zero (denormals slow every CPU op on them); the
     rest stay as accurate as float64 makes them."""
     g = _gen(5)
@@ -302,37 +333,39 @@ def test_mi_float32_posteriors_hold_no_denormal_numbers():
     px[:, :, : T // 2] -= 10.0  # early symbols are unlikely: many occupancies in float32's denormal range
     boundary = make_boundary(torch.tensor([12, 10, 7]), torch.tensor([40, 33, 25]))
     px = fix_boundary_column(px, boundary)
-    _, (gx64, gy64) = mutual_information_recursion(px, py, boundary, return_grad=True)
+    _, (gx64, gy64) = mi(px, py, boundary, return_grad=True)
     tiny = torch.finfo(torch.float32).tiny
     smallest_denormal = 2.0**-149
     assert ((gx64 > smallest_denormal) & (gx64 < tiny)).sum() > 20, "the lattice must have float32-denormal occupancies"
-    _, (gx32, gy32) = mutual_information_recursion(px.float(), py.float(), boundary, return_grad=True)
+    _, (gx32, gy32) = mi(px.float(), py.float(), boundary, return_grad=True)
     for got, want in ((gx32, gx64), (gy32, gy64)):
         assert not ((got > 0) & (got < tiny)).any()
         torch.testing.assert_close(got.double(), want, atol=1e-29, rtol=1e-6)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_mi_marks_only_the_sequence_with_a_nan_or_inf_arc(value):
+@pytest.mark.parametrize("mi", MI)
+def test_mi_marks_only_the_sequence_with_a_nan_or_inf_arc(value, mi):
     g = _gen(6)
     B, S, T = 3, 4, 7
     px = fix_boundary_column(
         torch.randn(B, S, T + 1, generator=g, dtype=F64), make_boundary(torch.full((B,), S), torch.full((B,), T))
     )
     py = torch.randn(B, S + 1, T, generator=g, dtype=F64)
-    clean = mutual_information_recursion(px, py)
+    clean = mi(px, py)
     py[2, 1, 3] = value
-    dirty, (gx, gy) = mutual_information_recursion(px, py, return_grad=True)
+    dirty, (gx, gy) = mi(px, py, return_grad=True)
     assert torch.isnan(dirty[2]) and torch.isnan(gx[2]).all() and torch.isnan(gy[2]).all()
     assert torch.equal(dirty[:2], clean[:2]) and not torch.isnan(gx[:2]).any()
 
 
-def test_mi_huge_finite_float64_arcs_are_not_mistaken_for_inf():
+@pytest.mark.parametrize("mi", MI)
+def test_mi_huge_finite_float64_arcs_are_not_mistaken_for_inf(mi):
     """Finite float64 arcs whose sum overflows must not mark the sequence as broken (NaN)."""
     # S = T = 1: the only live path is px[0, 0] then py[1, 0], of score -1e308 + 1e308 = 0
     px = torch.tensor([[[-1e308, NEG_INF]]], dtype=F64)  # (1, 1, 2)
     py = torch.tensor([[[1e308], [1e308]]], dtype=F64)  # (1, 2, 1): sums to +inf
-    scores, (gx, gy) = mutual_information_recursion(px, py, return_grad=True)
+    scores, (gx, gy) = mi(px, py, return_grad=True)
     assert scores.tolist() == [0.0]
     assert gx.tolist() == [[[1.0, 0.0]]] and gy.tolist() == [[[0.0], [1.0]]]
 
