@@ -22,10 +22,13 @@ from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
 import kaldialign
 import pytest
+import sentencepiece as spm
 import torch
 import torch.nn as nn
 
 from icefall_lite.nn.model import Transducer, build_transducer
+from icefall_lite.train.cli import get_params, get_parser
+from icefall_lite.train.setup import training_model_config
 
 # One OpenMP thread for the test session and every script it starts, unless OMP_NUM_THREADS is set: the tests'
 # matrices are tiny, and a second thread mostly spins: on a 2-core machine shared with other jobs (an AMD EPYC)
@@ -47,6 +50,19 @@ TINY_MODEL = [
     *("--encoder-dim", "32", "--rnn-hidden-size", "32", "--dim-feedforward", "64"),
     *("--num-encoder-layers", "2", "--decoder-dim", "32", "--joiner-dim", "32"),
 ]
+
+
+def tiny_training_setup(bpe_model: str, *flags: str):
+    """``(params, model, sp)`` as train.py makes them from ``flags`` for the tiny model (built after
+    ``torch.manual_seed(0)``): for tests that call ``compute_loss`` themselves."""
+    args = get_parser().parse_args(["--bpe-model", bpe_model, *TINY_MODEL, *flags])
+    params = get_params()
+    params.update(vars(args))
+    sp = spm.SentencePieceProcessor()
+    sp.load(bpe_model)
+    torch.manual_seed(0)
+    model = build_transducer(**training_model_config(args, vocab_size=sp.get_piece_size(), blank_id=0))
+    return params, model, sp
 
 
 def recipe_env() -> dict:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import RECIPE, TINY_MODEL, assert_flag_error, free_port, recipe_env
+from conftest import RECIPE, TINY_MODEL, assert_flag_error, free_port, recipe_env, tiny_training_setup
 from icefall_lite.nn.model import build_transducer
 from icefall_lite.nn.scaling import ActivationBalancer
 from icefall_lite.train.cli import get_params, get_parser, validate_args
@@ -442,14 +442,7 @@ def _half(batch: dict, rank: int) -> dict:
 
 def _loss_and_model(bpe_model: str):
     # The filter observing only (threshold inf): where it acts, its median is over each process's own batch.
-    args = get_parser().parse_args(["--bpe-model", bpe_model, *TINY_MODEL, "--grad-filter-threshold", "inf"])
-    params = get_params()
-    params.update(vars(args))
-    sp = spm.SentencePieceProcessor()
-    sp.load(bpe_model)
-    torch.manual_seed(0)
-    model = build_transducer(**training_model_config(args, vocab_size=sp.get_piece_size(), blank_id=0))
-    return params, model, sp
+    return tiny_training_setup(bpe_model, "--grad-filter-threshold", "inf")
 
 
 def _gradients(params, model, sp, batch: dict) -> Dict[str, torch.Tensor]:

@@ -6,15 +6,11 @@ Extra frames after every utterance leave the loss as it was and, but for the Act
 moves the first layers' gradients."""
 
 import pytest
-import sentencepiece as spm
 import torch
 
-from conftest import TINY_MODEL
-from icefall_lite.nn.model import build_transducer
+from conftest import tiny_training_setup
 from icefall_lite.nn.scaling import ActivationBalancer
-from icefall_lite.train.cli import get_params, get_parser
 from icefall_lite.train.loss import compute_loss
-from icefall_lite.train.setup import training_model_config
 
 LSTM_0 = "encoder.encoder.layers.0.lstm.weight_ih_l0"
 
@@ -32,13 +28,7 @@ def _batch(extra_frames: int) -> dict:
 
 def _step(bpe_model: str, batch: dict):
     """The loss and every parameter's gradient of one training forward and backward (the filter observing)."""
-    args = get_parser().parse_args(["--bpe-model", bpe_model, *TINY_MODEL, "--grad-filter-threshold", "inf"])
-    params = get_params()
-    params.update(vars(args))
-    sp = spm.SentencePieceProcessor()
-    sp.load(bpe_model)
-    torch.manual_seed(0)
-    model = build_transducer(**training_model_config(args, vocab_size=sp.get_piece_size(), blank_id=0))
+    params, model, sp = tiny_training_setup(bpe_model, "--grad-filter-threshold", "inf")
     loss, _ = compute_loss(params, model, sp, batch, is_training=True)
     loss.backward()
     return float(loss), {n: p.grad for n, p in model.named_parameters()}
