@@ -196,9 +196,9 @@ def loss_table(device: torch.device, shape: Tuple[int, int, int, int], reps: int
     for name, make in paths.items():
         try:
             call = make()
-        except ImportError:
-            logging.info(f"{name}: left out, torchaudio is not installed")
-            rows.append([name, "not run: torchaudio is not installed", "-", "-"])
+        except (ImportError, OSError) as e:  # OSError: a torchaudio built for another torch
+            logging.info(f"{name}: left out, torchaudio does not load: {e}")
+            rows.append([name, f"not run: torchaudio does not load ({type(e).__name__})", "-", "-"])
             continue
         call()
         wall = median([timed(call) for _ in range(reps)])
@@ -212,24 +212,33 @@ def recursion_table(device: torch.device, shape: Tuple[int, int, int, int], reps
     """The mutual-information recursion alone on a regular lattice of ``shape``'s B, T, S (the score and the
     arc posteriors, as the losses call it): the PyTorch recursion and the Triton kernel, timed, profiled,
     measured, and the kernel's largest relative difference from the PyTorch results."""
-    from icefall_lite.nn.mutual_information_triton import mutual_information_recursion_triton
-
     B, T, S, _ = shape
     gen = torch.Generator().manual_seed(0)
     px = torch.randn(B, S, T + 1, generator=gen).to(device)
     px[:, :, T] = float("-inf")
     py = torch.randn(B, S + 1, T, generator=gen).to(device)
-    paths = {
-        "PyTorch (the CPU path)": mutual_information_recursion,
-        "Triton kernel": mutual_information_recursion_triton,
-    }
-    results = {name: fn(px, py, return_grad=True) for name, fn in paths.items()}
+    paths: Dict[str, Callable] = {"PyTorch (the CPU path)": mutual_information_recursion}
+    missing = []
+    try:
+        from icefall_lite.nn.mutual_information_triton import mutual_information_recursion_triton
+
+        paths["Triton kernel"] = mutual_information_recursion_triton
+    except ModuleNotFoundError as e:
+        if e.name != "triton":
+            raise
+        missing.append(["Triton kernel", "not run: triton is not installed", "-", "-", "-"])
     rows = []
+    want = mutual_information_recursion(px, py, return_grad=True)
     for name, fn in paths.items():
         call = lambda fn=fn: fn(px, py, return_grad=True)  # noqa: E731
+        try:  # the kernel's first call compiles it (Triton needs a C compiler on the host for its launcher)
+            got = call()
+        except Exception as e:  # reported in its row; the other measurements go on
+            logging.exception(f"{name} failed")
+            rows.append([name, f"failed: {type(e).__name__}: {str(e)[:200]}", "-", "-", "-"])
+            continue
         wall = median([timed(call) for _ in range(reps)])
         kernels = kernel_profile(call)[0] if device.type == "cuda" else "-"
-        got, want = results[name], results["PyTorch (the CPU path)"]
         diff = max(
             float(((g - w).abs() / w.abs().clamp(min=1e-30)).max())
             for g, w in ((got[0], want[0]), (got[1][0], want[1][0]), (got[1][1], want[1][1]))
@@ -237,7 +246,7 @@ def recursion_table(device: torch.device, shape: Tuple[int, int, int, int], reps
         )
         rows.append([name, fmt_ms(wall), kernels, fmt_mb(peak_memory_bytes(call)), f"{diff:.1e}"])
     head = ["recursion (score + posteriors)", f"ms (median of {reps})", "CUDA kernels", "peak MiB"]
-    return markdown_table(head + ["largest relative difference from PyTorch's"], rows)
+    return markdown_table(head + ["largest relative difference from PyTorch's"], rows + missing)
 
 
 def report(device: torch.device, reps: int, dry_run: bool = False) -> str:

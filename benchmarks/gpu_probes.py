@@ -100,10 +100,11 @@ def busy_seconds(intervals: Sequence[Tuple[float, float]]) -> float:
 
 def kernel_profile(fn: Callable[[], object]) -> Tuple[int, float]:
     """``(kernels, busy seconds)`` of one call of ``fn`` on the GPU: the CUDA kernels (and copies) the profiler
-    saw, and the union of their intervals."""
+    saw, and the union of their intervals. Not the user annotations Kineto also puts on the GPU's timeline
+    (``record_function`` spans, e.g. the optimizer's step): they are no work, and span the gaps between kernels."""
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         fn()
         torch.cuda.synchronize()
-    device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation]
     return len(device), busy_seconds([(e.time_range.start, e.time_range.end) for e in device])

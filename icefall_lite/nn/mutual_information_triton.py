@@ -37,13 +37,19 @@ __all__ = ["mutual_information_recursion_triton"]
 @triton.jit
 def _logaddexp(a, b):
     m = tl.maximum(a, b)
-    finite = m != float("-inf")
+    finite = (m != float("-inf")) & (m != float("inf"))
     shift = tl.where(finite, m, 0.0)
     total = tl.where(finite, tl.exp(a - shift) + tl.exp(b - shift), 1.0)  # no log(0) where both are -inf
-    return tl.where(finite, shift + tl.log(total), float("-inf"))
+    return tl.where(finite, shift + tl.log(total), m)  # -inf + -inf, or an overflow to +inf, as torch's
 
 
-@triton.jit
+STRIDES = ["stride_xb", "stride_xs", "stride_xt", "stride_yb", "stride_ys", "stride_yt"]
+STRIDES += ["stride_ab", "stride_as", "stride_at"]
+
+
+# Strides not specialised: one compilation for every batch shape. The loop reads what its last step stored:
+# no software pipelining (num_stages=1 at the launch) may move a load above that step's barrier.
+@triton.jit(do_not_specialize=STRIDES)
 def _alpha_beta_kernel(
     px_ptr,
     py_ptr,
@@ -146,6 +152,7 @@ def _alpha_beta(px: Tensor, py: Tensor, boundary: Tensor, modified: bool) -> Tup
         *alpha.stride(),
         MODIFIED=modified,
         BLOCK=triton.next_power_of_2(S1),
+        num_stages=1,
     )
     return alpha, beta
 
@@ -174,7 +181,9 @@ def _mutual_information(px: Tensor, py: Tensor, boundary: Tensor) -> Tuple[Tenso
 
 
 def _check_boundary_async(boundary: Tensor, B: int, S: int, T: int) -> None:
-    """The boundary's shape on the host, its values by a device-side assert (no synchronisation)."""
+    """The boundary's shape on the host, its values by a device-side assert (no synchronisation): on the CPU a
+    bad row raises a RuntimeError here; on CUDA it stops the process at the next synchronisation with "device-side
+    assert triggered" (CUDA cannot go on after one), where the PyTorch recursion raises a ValueError."""
     if boundary.shape != (B, 4):
         raise ValueError(f"boundary must be (B, 4) = ({B}, 4), got {tuple(boundary.shape)}")
     s_begin, t_begin, s_end, t_end = boundary.unbind(1)
