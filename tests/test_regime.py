@@ -241,6 +241,11 @@ def test_family_comparisons_by_hand(tmp_path):
     # none at 1200: 11.5, 12.5, 13.5 (mean 12.5); at 1800: 11.0 (mean): -1.50, more than the 1 point allowed.
     assert "`none` (3 runs): mean test-other WER 12.50 at 1200 steps and 11.00 at 1800 (-1.50; not flattened" in text
     assert "9 of 9 runs in" in text and "| `guard` (clip-grad-norm=1000) | 3 |" in text
+    # guard: 9 steps above 25x in one run of 600 steps, none in the other two; the largest ratio 40.
+    summaries[("lr-x10.mix-10", "guard", 42)]["max_over_median"] = {"max": 40.0, "steps_above_25": 9, "steps": 600}
+    guard = next(line for line in family_section(stage, summaries) if line.startswith("| arm"))
+    row = [r for r in guard.splitlines() if r.startswith("| `guard`")][0]
+    assert row.endswith("| 1 | 0.5% (9 of 1800) | 40 |")
 
 
 def test_family_control_by_hand(tmp_path):

@@ -139,7 +139,9 @@ def _p(p: float) -> str:
 
 
 def arm_rows(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> List[List[str]]:
-    """Per arm: runs, mean ± sd test-other and test-clean WER at each decoding point (the endpoint last)."""
+    """Per arm: runs, mean ± sd test-other and test-clean WER at each decoding point (the endpoint last), runs
+    diverged, and the steps in which some sequence's gradient was above 25x its batch's median in some layer
+    (where the filter at 25 acts), with the largest such ratio."""
     rows = []
     for arm, spec in stage.arms:
         runs = [s for (_, a, _), s in summaries.items() if a == arm]
@@ -151,7 +153,13 @@ def arm_rows(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> List[
             other = [w["test-other"] for w in at if w is not None]
             cells.append(_mean_sd(other))
         clean = _mean_sd([r["wer"]["test-clean"] for r in runs])
-        rows.append([f"`{arm}` ({spec})", str(len(runs)), *cells, clean, f"{sum(map(diverged, runs))}"])
+        above = sum(r["max_over_median"]["steps_above_25"] for r in runs)
+        steps = sum(r["max_over_median"]["steps"] for r in runs)
+        ratio = max(r["max_over_median"]["max"] or 0.0 for r in runs)
+        share = f"{100 * above / steps:.1f}% ({above} of {steps})" if steps else "-"
+        rows.append(
+            [f"`{arm}` ({spec})", str(len(runs)), *cells, clean, f"{sum(map(diverged, runs))}", share, f"{ratio:.0f}"]
+        )
     return rows
 
 
@@ -180,9 +188,9 @@ def convergence_line(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) 
     early, late = stage.points[-2:]
     verdict = "flattened" if flattened(stage, change) else "not flattened"
     return (
-        f"`{stage.design['baseline']}` ({runs} runs): mean test-other WER {early_mean:.2f} at {early} steps and "
-        f"{late_mean:.2f} at {late} ({late_mean - early_mean:+.2f}; {verdict} by family.json's rule, at most "
-        f"{stage.design['converged']:g} points)."
+        f"`{stage.design['baseline']}` ({runs} run{'s' if runs != 1 else ''}): mean test-other WER {early_mean:.2f} "
+        f"at {early} steps and {late_mean:.2f} at {late} ({late_mean - early_mean:+.2f}; {verdict} by family.json's "
+        f"rule, at most {stage.design['converged']:g} point{'s' if stage.design['converged'] != 1 else ''})."
     )
 
 
@@ -287,6 +295,7 @@ def family_section(
     d = stage.design
     total = len(stage.runs())
     head = ["arm", "runs", *(f"test-other at {p}" for p in stage.points), "test-clean at the end", "diverged"]
+    head += ["steps > 25x", "max seq/median"]
     comp = ["comparison", "pairs", "mean", "95% interval", "p", "Holm p", "signed-rank p", "diverged"]
     comp += ["Fisher p"]
     return [
@@ -297,6 +306,10 @@ def family_section(
         f"{stage.seeds[0]}-{stage.seeds[-1]}.",
         "",
         _table(head, arm_rows(stage, summaries)),
+        "",
+        "*steps > 25x*: steps in which some layer saw one sequence's gradient RMS above 25x its batch's median "
+        "(where `--grad-filter-threshold 25` acts: in `filter-25` it did); *max seq/median*: the largest such "
+        "ratio.",
         "",
         *_paragraphs(convergence_line(stage, summaries), control_line(stage, summaries, control, control_runs or {})),
         "Each arm minus the baseline, seed by seed, on greedy test-other WER (%) at the endpoint; Holm over the "
