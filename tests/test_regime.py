@@ -239,7 +239,10 @@ def test_family_comparisons_by_hand(tmp_path):
         x["wer_at"] = {"1200": {"test-other": x["wer"]["test-other"] + 1.5}, "1800": x["wer"]}
     text = "\n".join(family_section(stage, summaries))
     # none at 1200: 11.5, 12.5, 13.5 (mean 12.5); at 1800: 11.0 (mean): -1.50, more than the 1 point allowed.
-    assert "`none` (3 runs): mean test-other WER 12.50 at 1200 steps and 11.00 at 1800 (-1.50; not flattened" in text
+    assert (
+        "`none` (3 runs): mean test-other WER 12.50 at 1200 steps and 11.00 at 1800 (-1.50); it learns and is not "
+        "flattened by family.json's rule (at most 1 point)." in text
+    )
     assert "9 of 9 runs in" in text and "| `guard` (clip-grad-norm=1000) | 3 |" in text
     # guard: 9 steps above 25x in one run of 600 steps, none in the other two; the largest ratio 40.
     summaries[("lr-x10.mix-10", "guard", 42)]["max_over_median"] = {"max": 40.0, "steps_above_25": 9, "steps": 600}
@@ -295,7 +298,6 @@ def test_family_control_by_hand(tmp_path):
 
 def test_family_answer_by_hand(tmp_path):
     from studies.regime.family import answer, family_section, family_stage
-    from studies.stats.power import effect_for_power
 
     (tmp_path / "family.json").write_text(json.dumps(FAMILY))
     stage = family_stage(tmp_path / "family.json")
@@ -317,7 +319,7 @@ def test_family_answer_by_hand(tmp_path):
     # interval 1 -/+ 4.3027 x 0.1 / sqrt(3) = [0.75, 1.25]. guard - none: 0, 0, 68: mean 22.67, sd 39.26,
     # t = 1: p = 1 - 1 / sqrt(3) = 0.4226, interval 22.67 -/+ 4.3027 x 22.67 = [-74.86, +120.19].
     # Holm: 2 x 0.00332 = 0.0066, then max(0.0066, 0.4226). none moved 1.5 from 1200 to 1800: not flattened.
-    mde = effect_for_power(3, 0.025, 0.8)
+    mde = _effect_for_power_by_search(3, 0.025, 0.8)
     expected = (
         "**The answer.** At a budget where `none` had not flattened (above): `filter-25` raised endpoint "
         "test-other WER against `none` by 1.00 points [+0.75, +1.25] over 3 seed pairs (Holm p 0.007); with this "
@@ -334,4 +336,132 @@ def test_family_answer_by_hand(tmp_path):
     assert (
         "`filter-25` against `none`: +3.00 points [+0.52, +5.48] over 3 seed pairs (Holm p 0.070): its interval "
         "leaves out 0 before Holm's adjustment, not after; with this spread" in text
+    )
+
+
+def _effect_for_power_by_search(n: int, alpha: float, power: float) -> float:
+    """The standardised effect at which the two-sided paired t-test on n pairs has ``power``: the noncentral t
+    (n - 1 df, noncentrality d sqrt(n)) beyond the critical values, solved for d by bisection."""
+    import math
+
+    from scipy import optimize, stats
+
+    crit = stats.t.ppf(1 - alpha / 2, n - 1)
+
+    def short(d: float) -> float:
+        nc = d * n**0.5
+        lower = stats.nct.cdf(-crit, n - 1, nc)  # nan far out in the tail (SciPy), where it is 0
+        return stats.nct.sf(crit, n - 1, nc) + (0.0 if math.isnan(lower) else lower) - power
+
+    return optimize.brentq(short, 1e-6, 20.0, xtol=1e-12)
+
+
+def _family_runs(wers: Dict[str, List[float]], steps: int = 1800, late: float = 1.5) -> dict:
+    """Family summaries on the test design's cell: ``wers[arm]`` the endpoint test-other WER of seeds 42, 43, ...;
+    at 1200 steps each run was ``late`` points worse."""
+    out = {}
+    for arm, ws in wers.items():
+        for seed, w in zip(range(42, 42 + len(ws)), ws):
+            x = {**_summary("lr-x10.mix-10", seed, w), "steps": steps}
+            x["wer_at"] = {"1200": {"test-other": w + late}, "1800": x["wer"]}
+            out[("lr-x10.mix-10", arm, seed)] = x
+    return out
+
+
+def test_family_holm_counts_a_comparison_that_cannot_be_tested(tmp_path):
+    from studies.regime.family import comparison_rows, family_stage
+
+    (tmp_path / "family.json").write_text(json.dumps(FAMILY))
+    stage = family_stage(tmp_path / "family.json")
+    # filter - none: 1, 2, 3 (p 0.0742); guard has one run, so one pair: not testable. family.json fixes a family
+    # of two comparisons, so Holm's first step doubles 0.0742 (0.148) rather than leaving it alone.
+    runs = _family_runs({"none": [10.0, 11.0, 12.0], "filter-25": [11.0, 13.0, 15.0], "guard": [10.0]})
+    rows = comparison_rows(stage, runs)
+    assert rows[0][4:6] == ["0.074", "0.148"]
+    assert rows[1][1:6] == ["1", "+0.00", "-", "-", "-"]
+    # The exact signed-rank test of 1, 2, 3: all 2^3 sign patterns equally likely; W+ = 6 is reached by the
+    # all-positive pattern, W+ = 0 (as far below 3) by the all-negative one: p = 2/8.
+    assert rows[0][6] == "0.250"
+
+
+def test_family_divergences_by_fishers_exact_test_by_hand(tmp_path):
+    from studies.regime.family import answer, comparison_rows, family_stage
+
+    (tmp_path / "family.json").write_text(json.dumps({**FAMILY, "seeds": list(range(42, 52))}))
+    stage = family_stage(tmp_path / "family.json")
+    none = [10.0 + 0.1 * i for i in range(10)]
+    filt = [90.0] * 6 + [11.0, 12.0, 13.0, 14.0]
+    runs = _family_runs({"none": none, "filter-25": filt, "guard": [w + 0.5 for w in none[:9]] + [10.7]})
+    # 6 of 10 diverged against 0 of 10. The tables with the margins (6 diverged, 10 runs an arm) have
+    # P(k) = C(6, k) C(14, 10 - k) / C(20, 10); as or less likely than k = 6 (1001/184756) are k = 6 and k = 0:
+    # p = 2002/184756 = 0.0108.
+    assert rows_fisher(comparison_rows(stage, runs)[0]) == ("6/10 vs 0/10", f"{2002 / 184756:.3f}")
+    assert "diverged 6 of 10 against 0 of 10 (Fisher p 0.011)" in answer(stage, runs)
+
+
+def rows_fisher(row: List[str]) -> tuple:
+    return row[7], row[8]
+
+
+def test_family_answer_where_the_differences_have_no_spread(tmp_path):
+    from studies.regime.family import answer, comparison_rows, family_stage
+
+    (tmp_path / "family.json").write_text(json.dumps(FAMILY))
+    stage = family_stage(tmp_path / "family.json")
+    # 3.1 - 3.0, 10.1 - 10.0 and 25.1 - 25.0 differ in the last bits of a float; at the WERs' resolution they
+    # are one value, 0.1, with no spread: no t-test (p 0 would claim an effect measured without error).
+    assert len({3.1 - 3.0, 10.1 - 10.0, 25.1 - 25.0}) == 3
+    runs = _family_runs({"none": [3.0, 10.0, 25.0], "filter-25": [3.1, 10.1, 25.1], "guard": [3.0, 12.0, 30.0]})
+    row = comparison_rows(stage, runs)[0]
+    assert row[2:6] == ["+0.10", "-", "-", "-"]
+    text = answer(stage, runs)
+    assert "`filter-25` against `none`: all 3 seed pairs differ by +0.10 points; without spread, not tested." in text
+
+
+def test_family_answer_names_pairs_left_out_and_a_baseline_that_did_not_learn(tmp_path):
+    from studies.regime.family import answer, convergence_line, family_stage
+
+    (tmp_path / "family.json").write_text(json.dumps(FAMILY))
+    stage = family_stage(tmp_path / "family.json")
+    # none at 80, 81, 82 after 1,800 steps (79.5 .. at 1,200: flattened, but above the 50% divergence bound).
+    runs = _family_runs(
+        {"none": [80.0, 81.0, 82.0], "filter-25": [11.0, 13.0, 15.0], "guard": [10.0, 12.0, 13.0]}, late=-0.5
+    )
+    runs[("lr-x10.mix-10", "guard", 44)]["machine"] = {**_summary("x", 0, 0)["machine"], "cpu_flags": "d"}
+    line = convergence_line(stage, runs)
+    assert "(+0.50); it has not learned (at least 50% at the end) and is flattened by family.json's rule" in line
+    text = answer(stage, runs)
+    assert text.startswith("**The answer.** At a budget where `none` had not learned (above): ")
+    assert "over 2 seed pairs (1 left out: their two runs were made on two machines) (Holm p" in text
+
+
+def test_family_answer_states_the_control(tmp_path):
+    from studies.regime.family import answer, control_line, control_stage, family_stage
+
+    control = {"amended": "2026-12-02 10:00", "cell": "lr-x10.clean", "arm": "none", "seeds": [42, 43, 44]}
+    (tmp_path / "family.json").write_text(json.dumps({**FAMILY, "control": control}))
+    stage, ctrl = family_stage(tmp_path / "family.json"), control_stage(tmp_path / "family.json")
+    runs = _family_runs({"none": [20.0, 22.0, 24.0], "filter-25": [21.0, 23.0, 25.5], "guard": [20.0, 22.0, 24.5]})
+    clean = {("lr-x10.clean", "none", s): _summary("lr-x10.clean", s, w) for s, w in zip((42, 43), (10.0, 14.0))}
+    pending = "Whether this cell still hurts `none` at this budget is open: the control (`none` on `lr-x10.clean`) "
+    assert answer(stage, runs, ctrl, {}).endswith(pending + "has 0 of its 3 runs in.")
+    assert answer(stage, runs, ctrl, clean).endswith(pending + "has 2 of its 3 runs in, 2 of them comparable.")
+    # The third at 12: 20, 22, 24 against 10, 14, 12, both variance 4, mean difference 10; Welch: se^2 = 8/3,
+    # df = 4 (equal variances and sizes), interval 10 -/+ t(0.975, 4) sqrt(8/3) = 10 -/+ 4.53.
+    clean[("lr-x10.clean", "none", 44)] = _summary("lr-x10.clean", 44, 12.0)
+    assert answer(stage, runs, ctrl, clean).endswith(
+        "Against the control (`none` on `lr-x10.clean`, descriptive, outside Holm), at this budget the cell still "
+        "hurts `none`: +10.00 points [+5.47, +14.53] (Welch, 3 against 3 runs)."
+    )
+    # The control at 22, 20, 25: -0.33 [..]: the interval holds 0.
+    for s, w in zip((42, 43, 44), (22.0, 20.0, 25.0)):
+        clean[("lr-x10.clean", "none", s)] = _summary("lr-x10.clean", s, w)
+    assert "at this budget the control does not show the cell hurting `none`: -0.33 points [" in answer(
+        stage, runs, ctrl, clean
+    )
+    # Every control run made on another machine: nothing to compare, said so.
+    for x in clean.values():
+        x["machine"] = {**x["machine"], "cpu_flags": "d"}
+    assert control_line(stage, runs, ctrl, clean).endswith(
+        ": no run of one side was made on the family's machine (runs made on another machine, left out: 3)."
     )

@@ -27,7 +27,6 @@ from studies.stats.paired import (
     PairedDifference,
     holm_adjust,
     paired_difference,
-    seed_differences,
     signed_rank_test,
     welch_difference,
 )
@@ -98,21 +97,40 @@ class Comparison:
     sd: float  # of the per-seed differences (nan under 2 pairs)
 
 
+def per_seed_differences(arm: Dict[int, float], baseline: Dict[int, float]) -> Dict[int, float]:
+    """``{seed: arm - baseline}``, rounded to 1e-6: the WERs have 2 decimals, so this drops only the float noise
+    of the subtraction, and equal differences are equal (they tie in the signed-rank test, and a constant
+    difference has no spread)."""
+    return {s: round(arm[s] - baseline[s], 6) for s in sorted(set(arm) & set(baseline))}
+
+
+def paired(differences: Dict[int, float]) -> PairedDifference:
+    """The paired t statistics of ``{seed: difference}``; interval and p are nan under 2 pairs and where every
+    difference is equal (no spread: the t-test is undefined there, and p 0 would claim what it cannot)."""
+    d = paired_difference(differences, {s: 0.0 for s in differences})
+    if d.n > 1 and statistics.stdev(differences.values()) == 0.0:
+        return PairedDifference(d.mean, math.nan, math.nan, math.nan, d.n)
+    return d
+
+
 def comparisons(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> List[Comparison]:
-    """family.json's comparisons, in its order."""
+    """family.json's comparisons, in its order. Holm counts every comparison of the family: one that cannot be
+    tested enters with p 1 (family.json fixes the family's size, not the runs that happen to be in)."""
     pairs = [tuple(c) for c in stage.design["comparisons"]]
     matched = [same_machine_pairs(summaries, a, b) for a, b in pairs]
-    diffs = [paired_difference(x, y) for x, y, _ in matched]
+    per_seed = [per_seed_differences(x, y) for x, y, _ in matched]
+    diffs = [paired(d) for d in per_seed]
+    holm = holm_adjust([d.p if math.isfinite(d.p) else 1.0 for d in diffs])
     out = []
-    for (a, b), (x, y, left_out), d, h in zip(pairs, matched, diffs, holm_adjust([d.p for d in diffs])):
+    for (a, b), (_, _, left_out), seeds, d, h in zip(pairs, matched, per_seed, diffs, holm):
         div = {arm: [diverged(s) for (_, x, _), s in summaries.items() if x == arm] for arm in (a, b)}
         table = [[sum(div[a]), len(div[a]) - sum(div[a])], [sum(div[b]), len(div[b]) - sum(div[b])]]
         fisher = stats.fisher_exact(table).pvalue if sum(div[a]) + sum(div[b]) > 0 else math.nan
-        per_seed = seed_differences(x, y)
-        rank = signed_rank_test(per_seed).p
+        rank = signed_rank_test(list(seeds.values())).p
         counts = (sum(div[a]), sum(div[b])), (len(div[a]), len(div[b]))
-        sd = statistics.stdev(per_seed) if len(per_seed) > 1 else math.nan
-        out.append(Comparison(a, b, d, h, rank, left_out, *counts, fisher, sd))
+        sd = statistics.stdev(seeds.values()) if len(seeds) > 1 else math.nan
+        holm_p = h if math.isfinite(d.p) else math.nan
+        out.append(Comparison(a, b, d, holm_p, rank, left_out, *counts, fisher, sd))
     return out
 
 
@@ -141,7 +159,7 @@ def _p(p: float) -> str:
 def arm_rows(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> List[List[str]]:
     """Per arm: runs, mean ± sd test-other and test-clean WER at each decoding point (the endpoint last), runs
     diverged, and the steps in which some sequence's gradient was above 25x its batch's median in some layer
-    (where the filter at 25 acts), with the largest such ratio."""
+    (where the soft filter at 25 scales it by 1/2 or less), with the largest such ratio."""
     rows = []
     for arm, spec in stage.arms:
         runs = [s for (_, a, _), s in summaries.items() if a == arm]
@@ -174,6 +192,11 @@ def baseline_change(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -
     return len(runs), means[0], means[1]
 
 
+def learned(change: Tuple[int, float, float]) -> bool:
+    """family.json's "learns": the baseline's mean endpoint test-other WER is below the divergence bound."""
+    return change[2] < DIVERGED_WER
+
+
 def flattened(stage: Stage, change: Tuple[int, float, float]) -> bool:
     """family.json's "converged": at most that many points of change between the last two decoding points."""
     return abs(change[2] - change[1]) <= stage.design["converged"]
@@ -186,11 +209,13 @@ def convergence_line(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) 
         return ""
     runs, early_mean, late_mean = change
     early, late = stage.points[-2:]
-    verdict = "flattened" if flattened(stage, change) else "not flattened"
+    learns = "learns" if learned(change) else f"has not learned (at least {DIVERGED_WER:g}% at the end)"
+    flat = "flattened" if flattened(stage, change) else "not flattened"
+    converged = stage.design["converged"]
     return (
         f"`{stage.design['baseline']}` ({runs} run{'s' if runs != 1 else ''}): mean test-other WER {early_mean:.2f} "
-        f"at {early} steps and {late_mean:.2f} at {late} ({late_mean - early_mean:+.2f}; {verdict} by family.json's "
-        f"rule, at most {stage.design['converged']:g} point{'s' if stage.design['converged'] != 1 else ''})."
+        f"at {early} steps and {late_mean:.2f} at {late} ({late_mean - early_mean:+.2f}); it {learns} and is "
+        f"{flat} by family.json's rule (at most {converged:g} point{'s' if converged != 1 else ''})."
     )
 
 
@@ -198,47 +223,115 @@ ALPHA = 0.05
 POWER = 0.8
 
 
-def answer(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> str:
+def answer(
+    stage: Stage,
+    summaries: Dict[Tuple[str, str, int], Dict],
+    control: Optional[Stage] = None,
+    control_runs: Optional[Dict[Tuple[str, str, int], Dict]] = None,
+) -> str:
     """The family's answer, once every run is in: per comparison what the paired test resolved (Holm at 0.05),
     the divergences, and the smallest effect it would find with 80% power from its own spread; said to be at
-    an unconverged budget when the baseline had not flattened."""
+    a budget where the baseline had not learned or not flattened, where so; and what the control says of the
+    premise that the cell hurts the baseline (open while its runs are not in)."""
     total = len(stage.runs())
     if len(summaries) < total:
         return f"**The answer** is written here once all {total} runs are in."
     change = baseline_change(stage, summaries)
     found = comparisons(stage, summaries)
     alpha = ALPHA / len(found)
-    sentences = []
-    for c in found:
-        d, name = c.difference, f"`{c.arm}` against `{c.baseline}`"
-        if d.n < 2:
-            sentences.append(f"{name}: {d.n} pairs, too few to test.")
-            continue
-        caveat = ""
-        if c.holm < ALPHA:
-            verb = "raised" if d.mean > 0 else "lowered"
-            what = f"`{c.arm}` {verb} endpoint test-other WER against `{c.baseline}` by {abs(d.mean):.2f} points"
-        elif d.low > 0 or d.high < 0:
-            what = f"{name}: {d.mean:+.2f} points"
-            caveat = ": its interval leaves out 0 before Holm's adjustment, not after"
-        else:
-            what = f"{name}: no difference resolved, {d.mean:+.2f} points"
-        what += f" {d.interval(2)} over {d.n} seed pairs (Holm p {_p(c.holm)}){caveat}"
-        if math.isfinite(c.sd):
-            mde = minimum_detectable_effect(c.sd, d.n, alpha, POWER)
-            what += f"; with this spread (sd {c.sd:.2f}) it finds {mde:.2f} points with {POWER:.0%} power"
-        if sum(c.diverged):
-            what += (
-                f"; diverged {c.diverged[0]} of {c.runs[0]} against {c.diverged[1]} of {c.runs[1]} "
-                f"(Fisher p {_p(c.fisher)})"
-            )
-        else:
-            what += "; no run of either diverged"
-        sentences.append(what + ".")
+    sentences = [_comparison_sentence(c, alpha) for c in found]
     head = "**The answer.**"
-    if change is not None and not flattened(stage, change):
-        head += f" At a budget where `{stage.design['baseline']}` had not flattened (above):"
-    return " ".join([head, *sentences])
+    base = f"`{stage.design['baseline']}`"
+    if change is not None and not learned(change):
+        head += f" At a budget where {base} had not learned (above):"
+    elif change is not None and not flattened(stage, change):
+        head += f" At a budget where {base} had not flattened (above):"
+    return " ".join([head, *sentences, *_control_sentence(stage, summaries, control, control_runs or {})])
+
+
+def _comparison_sentence(c: Comparison, alpha: float) -> str:
+    d, name = c.difference, f"`{c.arm}` against `{c.baseline}`"
+    pairs = f"{d.n} seed pair{'s' if d.n != 1 else ''}"
+    if c.left_out:
+        pairs += f" ({c.left_out} left out: their two runs were made on two machines)"
+    if d.n < 2:
+        return f"{name}: {pairs}, too few to test."
+    if not math.isfinite(d.p):
+        return f"{name}: all {pairs} differ by {d.mean:+.2f} points; without spread, not tested."
+    caveat = ""
+    if c.holm < ALPHA:
+        verb = "raised" if d.mean > 0 else "lowered"
+        what = f"`{c.arm}` {verb} endpoint test-other WER against `{c.baseline}` by {abs(d.mean):.2f} points"
+    elif d.low > 0 or d.high < 0:
+        what = f"{name}: {d.mean:+.2f} points"
+        caveat = ": its interval leaves out 0 before Holm's adjustment, not after"
+    else:
+        what = f"{name}: no difference resolved, {d.mean:+.2f} points"
+    what += f" {d.interval(2)} over {pairs} (Holm p {_p(c.holm)}){caveat}"
+    mde = minimum_detectable_effect(c.sd, d.n, alpha, POWER)
+    what += f"; with this spread (sd {c.sd:.2f}) it finds {mde:.2f} points with {POWER:.0%} power"
+    if sum(c.diverged):
+        what += (
+            f"; diverged {c.diverged[0]} of {c.runs[0]} against {c.diverged[1]} of {c.runs[1]} "
+            f"(Fisher p {_p(c.fisher)})"
+        )
+    else:
+        what += "; no run of either diverged"
+    return what + "."
+
+
+@dataclass(frozen=True)
+class ControlDifference:
+    """The baseline on the picked cell minus the baseline on the control's cell (Welch), over the runs made on
+    the machine of most of the family's baseline runs; the runs left out for another machine; divergences."""
+
+    difference: PairedDifference
+    runs: Tuple[int, int]
+    left_out: int
+    diverged: Tuple[int, int]
+
+
+def control_difference(
+    stage: Stage, summaries: Dict[Tuple[str, str, int], Dict], control_runs: Dict[Tuple[str, str, int], Dict]
+) -> Optional[ControlDifference]:
+    """None before the family's baseline and the control each have a run."""
+    ours = [s for (_, a, _), s in summaries.items() if a == stage.design["baseline"]]
+    theirs = list(control_runs.values())
+    if not ours or not theirs:
+        return None
+    home = collections.Counter(machine(s) for s in ours).most_common(1)[0][0]
+    kept = [[s for s in runs if machine(s) == home] for runs in (ours, theirs)]
+    d = welch_difference(*([s["wer"]["test-other"] for s in runs] for runs in kept))
+    left_out = len(ours) + len(theirs) - len(kept[0]) - len(kept[1])
+    div = sum(map(diverged, kept[0])), sum(map(diverged, kept[1]))
+    return ControlDifference(d, (len(kept[0]), len(kept[1])), left_out, div)
+
+
+def _control_sentence(
+    stage: Stage,
+    summaries: Dict[Tuple[str, str, int], Dict],
+    control: Optional[Stage],
+    control_runs: Dict[Tuple[str, str, int], Dict],
+) -> List[str]:
+    if control is None:
+        return []
+    base, other = f"`{stage.design['baseline']}`", f"`{control.cells[0].name}`"
+    total = len(control.runs())
+    c = control_difference(stage, summaries, control_runs)
+    if len(control_runs) < total or c is None or not math.isfinite(c.difference.low):
+        return [
+            f"Whether this cell still hurts {base} at this budget is open: the control ({base} on {other}) has "
+            f"{len(control_runs)} of its {total} runs in{'' if c is None else f', {c.runs[1]} of them comparable'}."
+        ]
+    d = c.difference
+    if d.low > 0:
+        verdict = f"at this budget the cell still hurts {base}: "
+    else:
+        verdict = f"at this budget the control does not show the cell hurting {base}: "
+    return [
+        f"Against the control ({base} on {other}, descriptive, outside Holm), {verdict}{d.mean:+.2f} points "
+        f"{d.interval(2)} (Welch, {c.runs[0]} against {c.runs[1]} runs)."
+    ]
 
 
 def control_line(
@@ -253,25 +346,25 @@ def control_line(
         return ""
     base = stage.design["baseline"]
     cell, other = stage.cells[0].name, control.cells[0].name
-    ours = [s for (_, a, _), s in summaries.items() if a == base]
-    theirs = list(control_runs.values())
+    total = len(control.runs())
     head = (
         f"The control (family.json's amendment of {control.design['control']['amended'][:10]}): `{base}` on "
         f"`{cell}` minus `{base}` on `{other}`, endpoint test-other WER"
     )
-    if not ours or not theirs:
-        return f"{head}: {len(theirs)} of {len(control.runs())} control runs in; it runs after the family."
-    home = collections.Counter(machine(s) for s in ours).most_common(1)[0][0]
-    kept = {name: [s for s in runs if machine(s) == home] for name, runs in (("ours", ours), ("theirs", theirs))}
-    left_out = len(ours) + len(theirs) - len(kept["ours"]) - len(kept["theirs"])
-    d = welch_difference(
-        [s["wer"]["test-other"] for s in kept["ours"]], [s["wer"]["test-other"] for s in kept["theirs"]]
-    )
-    div = {name: sum(map(diverged, runs)) for name, runs in kept.items()}
+    c = control_difference(stage, summaries, control_runs)
+    if c is None:
+        return f"{head}: {len(control_runs)} of {total} control runs in; it runs after the family."
+    pending = f" ({len(control_runs)} of {total} control runs in)" if len(control_runs) < total else ""
+    if not c.runs[0] or not c.runs[1]:
+        return (
+            f"{head}{pending}: no run of one side was made on the family's machine (runs made on another "
+            f"machine, left out: {c.left_out})."
+        )
+    d = c.difference
     return (
-        f"{head}: {d.mean:+.2f} {d.interval(2)} (Welch, {len(kept['ours'])} against {len(kept['theirs'])} runs, "
-        f"p {_p(d.p)}; runs made on another machine, left out: {left_out}); diverged {div['ours']} of "
-        f"{len(kept['ours'])} against {div['theirs']} of {len(kept['theirs'])}."
+        f"{head}{pending}: {d.mean:+.2f} {d.interval(2)} (Welch, {c.runs[0]} against {c.runs[1]} runs, p "
+        f"{_p(d.p)}; runs made on another machine, left out: {c.left_out}); diverged {c.diverged[0]} of "
+        f"{c.runs[0]} against {c.diverged[1]} of {c.runs[1]}."
     )
 
 
@@ -307,9 +400,11 @@ def family_section(
         "",
         _table(head, arm_rows(stage, summaries)),
         "",
-        "*steps > 25x*: steps in which some layer saw one sequence's gradient RMS above 25x its batch's median "
-        "(where `--grad-filter-threshold 25` acts: in `filter-25` it did); *max seq/median*: the largest such "
-        "ratio.",
+        "*steps > 25x*: steps in which some layer saw one sequence's gradient RMS above 25x its batch's median; "
+        "*max seq/median*: the largest such ratio. The filter at 25 is soft: it scales every sequence's gradient "
+        "by c / (c + n), n its RMS and c 25x the median: a factor of 1/2 at 25x, less above it, 25/26 at the "
+        "median. In `filter-25` each layer sees the gradient the layers above it have already filtered, so its "
+        "two columns are not comparable with the other arms'.",
         "",
         *_paragraphs(convergence_line(stage, summaries), control_line(stage, summaries, control, control_runs or {})),
         "Each arm minus the baseline, seed by seed, on greedy test-other WER (%) at the endpoint; Holm over the "
@@ -318,7 +413,7 @@ def family_section(
         "",
         _table(comp, comparison_rows(stage, summaries)),
         "",
-        answer(stage, summaries),
+        answer(stage, summaries, control, control_runs),
     ]
 
 

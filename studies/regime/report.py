@@ -169,7 +169,11 @@ def render(
     family_lines = family_section(family, family_runs, control, control_runs)
     if family is not None:
         arms = [(f"`{arm}`", [s for (_, a, _), s in family_runs.items() if a == arm]) for arm, _ in family.arms]
-        family_lines += ["", "Where the corrupted utterances' gradients go, per arm (as in the pilot's table below):"]
+        family_lines += [
+            "",
+            "Where the corrupted utterances' gradients go, per arm (as in the pilot's table below; in `filter-25` "
+            "each layer sees gradients the layers above it have filtered):",
+        ]
         family_lines += ["", *sequences_table(arms), ""]
     lines = [
         "# Where the GradientFilter has work to do: the pilot",
@@ -198,15 +202,17 @@ def render(
         "Diverged: test-other WER at least 50%, or more than 10% of the steps skipped. *max seq/median*: the "
         "largest ratio, over the steps and layers, of one sequence's gradient RMS to the batch median as the "
         "observing filter measured it; *steps > 25x*: steps in which it was above 25, where `--grad-filter-"
-        "threshold 25` would have acted on that sequence.",
+        "threshold 25` would have scaled that sequence's gradient by 1/2 or less (the filter is soft: by "
+        "c / (c + n), c 25x the median, n the sequence's RMS).",
         "",
         f"## Where the corrupted utterances' gradients go (`none`, the filter observing, flagged above "
         f"{DESIGN['flag_at']}x the batch median)",
         "",
         "Counted over every step in which a cut was in a batch (a cut is counted once per step it is in): "
         "*recall*, the share of corrupted cuts' occurrences that some layer saw above the threshold (where "
-        f"`--grad-filter-threshold {DESIGN['flag_at']}` would act on them); *precision*, the share of the flagged "
-        "occurrences that were corrupted cuts; *clean cuts flagged*, the same rate for the uncorrupted cuts.",
+        f"`--grad-filter-threshold {DESIGN['flag_at']}` would scale their gradient by 1/2 or less); "
+        "*precision*, the share of the flagged occurrences that were corrupted cuts; *clean cuts flagged*, the "
+        "same rate for the uncorrupted cuts.",
         "",
         *sequences_table([(f"`{c.name}`", cell_runs(summaries, c)) for c in CELLS]),
         "",
