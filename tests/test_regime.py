@@ -156,6 +156,17 @@ def test_sequence_counts_and_the_recall_precision_table_by_hand(tmp_path, monkey
     # recall 2 of 3 corrupted occurrences; truncate 1/2, silence 1/1; precision 2 of 3 flagged; clean 1 of 3.
     assert cells[1:4] == ["1", "66.7% (2/3)", "-"]  # swap-text never seen
     assert cells[4:6] == ["50.0% (1/2)", "100.0% (1/1)"] and cells[-2:] == ["66.7% (2/3)", "33.3% (1/3)"]
+    # A second run: 1 of 5 corrupted occurrences flagged, 3 of 5 clean ones. Pooled: recall 3/8, precision
+    # 3/7; per run recall 2/3 and 1/5, precision 2/3 and 1/4.
+    other = {
+        "flag_at": 25,
+        "by_kind": {"clean": {"occurrences": 5, "flagged": 3}, "truncate": {"occurrences": 5, "flagged": 1}},
+    }
+    runs[1]["sequences"] = other
+    row = [line for line in report.sequences_table([("`base.mix-10`", runs)]) if line.startswith("| `base.mix-10`")][0]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:3] == ["2", "37.5% (3/8); runs 20.0-66.7%"]
+    assert cells[-2:] == ["42.9% (3/7); runs 25.0-66.7%", "50.0% (4/8)"]
 
 
 def test_every_committed_pilot_run_was_made_with_the_commands_the_study_gives_it_now():

@@ -96,28 +96,51 @@ def _share(k: int, n: int) -> str:
     return f"{100 * k / n:.1f}% ({k}/{n})" if n else "-"
 
 
+def _rates(seq: Dict) -> Tuple[Dict[str, Dict[str, int]], int, int, int]:
+    """One run's (or a pool's) counts by kind, and its corrupted cuts' flagged and seen occurrences and its clean
+    cuts' flagged ones."""
+    by_kind = seq["by_kind"]
+    bad = [c for k, c in by_kind.items() if k != "clean"]
+    clean = by_kind.get("clean", {"occurrences": 0, "flagged": 0})
+    return by_kind, sum(c["flagged"] for c in bad), sum(c["occurrences"] for c in bad), clean["flagged"]
+
+
+def _pool(logged: List[Dict]) -> Dict:
+    total: Dict[str, Dict[str, int]] = {}
+    for seq in logged:
+        for kind, c in seq["by_kind"].items():
+            t = total.setdefault(kind, {"occurrences": 0, "flagged": 0})
+            t["occurrences"] += c["occurrences"]
+            t["flagged"] += c["flagged"]
+    return {"by_kind": total}
+
+
+def _range(xs: List[float]) -> str:
+    """The runs' range of a rate (in %), where there are two runs or more to range over."""
+    return f"; runs {100 * min(xs):.1f}-{100 * max(xs):.1f}%" if len(xs) > 1 else ""
+
+
 def sequences_table(groups: List[Tuple[str, List[Dict]]]) -> List[str]:
     """Per group of runs (a label and their summaries), over those with a sequence log: how often some layer saw
     a corrupted cut above ``flag_at`` x the batch median (recall, per kind) and how many of the occurrences it
-    saw there were corrupted (precision), beside the clean cuts' rate."""
+    saw there were corrupted (precision), beside the clean cuts' rate; pooled over the runs, with the runs'
+    range of recall and precision (the pool alone would hide how much they vary from seed to seed)."""
     head = ["runs of", "runs", "recall", *(f"recall: {k}" for k in MIX_KINDS), "precision", "clean cuts flagged"]
     rows = []
     for label, runs in groups:
         logged = [r["sequences"] for r in runs if r.get("sequences")]
         if not logged:
             continue
-        total: Dict[str, Dict[str, int]] = {}
-        for seq in logged:
-            for kind, c in seq["by_kind"].items():
-                t = total.setdefault(kind, {"occurrences": 0, "flagged": 0})
-                t["occurrences"] += c["occurrences"]
-                t["flagged"] += c["flagged"]
+        total, bad_flagged, bad_seen, clean_flagged = _rates(_pool(logged))
+        per_run = [_rates(seq) for seq in logged]
+        recalls = [f / n for _, f, n, _ in per_run if n]
+        precisions = [f / (f + c) for _, f, n, c in per_run if n and f + c]
         clean = total.get("clean", {"occurrences": 0, "flagged": 0})
-        bad = [c for k, c in total.items() if k != "clean"]
-        bad_flagged, bad_seen = sum(c["flagged"] for c in bad), sum(c["occurrences"] for c in bad)
         per_kind = [_share(total[k]["flagged"], total[k]["occurrences"]) if k in total else "-" for k in MIX_KINDS]
-        row = [label, str(len(logged)), _share(bad_flagged, bad_seen), *per_kind]
-        row += [_share(bad_flagged, bad_flagged + clean["flagged"]) if bad_seen else "-"]
+        row = [label, str(len(logged)), _share(bad_flagged, bad_seen) + (_range(recalls) if bad_seen else "")]
+        row += per_kind
+        precision = _share(bad_flagged, bad_flagged + clean_flagged) + _range(precisions)
+        row += [precision if bad_seen else "-"]
         row += [_share(clean["flagged"], clean["occurrences"])]
         rows.append("| " + " | ".join(row) + " |")
     if not rows:
