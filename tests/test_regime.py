@@ -181,6 +181,19 @@ def test_every_committed_pilot_run_was_made_with_the_commands_the_study_gives_it
         assert s["commands"] == [shown(train), shown(decode_command(CELL_BY_NAME[cell], seed))], (cell, seed)
 
 
+def test_every_committed_family_run_was_made_with_the_commands_family_json_gives_it_now():
+    from studies.regime.family import control_stage, family_stage
+    from studies.regime.stage import shown
+
+    for stage in (family_stage(), control_stage()):
+        runs = {(r.cell.name, r.arm, r.seed): r for r in stage.runs()}
+        for key, s in stage.load_summaries().items():
+            run = runs[key]
+            expected = [stage.train_command(run), *(stage.decode_command(run, p) for p in stage.points)]
+            assert s["commands"] == [shown(c) for c in expected], key
+            assert s["steps"] == stage.design["steps"] and set(s["wer_at"]) == {str(p) for p in stage.points}
+
+
 FAMILY = {
     "fixed": "2026-12-01",
     "cell": "lr-x10.mix-10",
