@@ -3,6 +3,7 @@
 its committed summaries."""
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Dict, List
@@ -124,6 +125,19 @@ def test_committed_report_is_the_render_of_the_committed_summaries():
     assert len(load_summaries()) == 30
     assert all(path.parent.name in CELL_BY_NAME for path in SUMMARIES.glob("*/seed-*.json"))
     assert report.REPORT.read_text() == report.current()
+
+
+def test_the_reports_test_other_is_the_corpus_prepare_sh_builds():
+    """The report's count of test-other words (one word in WER points) is that of the corpus `prepare.sh --corpus
+    digits --size regime` builds at its default seed, counted here from the corpus plan (no audio is made)."""
+    from icefall_lite.data.synthetic.digits import DIGITS_SIZES, plan_digits
+
+    prepare = (Path(__file__).resolve().parents[1] / "egs/librispeech/ASR/prepare.sh").read_text()
+    seed = int(re.search(r"^seed=(\d+)", prepare, re.M).group(1))
+    test_other = [u for u in plan_digits(DIGITS_SIZES["regime"], seed).utterances if u.part == "test-other"]
+    assert len(test_other) == DIGITS_SIZES["regime"].test_other_utts == 1000
+    assert sum(len(u.text.split()) for u in test_other) == report.TEST_OTHER_WORDS
+    assert "test-other 1,000 utterances, 15,234 words: one word is 0.007 points" in report.REPORT.read_text()
 
 
 def test_sequence_counts_and_the_recall_precision_table_by_hand(tmp_path, monkeypatch):

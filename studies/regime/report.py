@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from icefall_lite.data.corruptions import MIX_KINDS
+from icefall_lite.data.synthetic.digits import DIGITS_SIZES
 from icefall_lite.utils import write_text_atomic
 from studies.regime.family import control_stage, diverged, family_section, family_stage
 from studies.regime.grid import CELLS, CORRUPTIONS, REFERENCE, SETTINGS, Cell
@@ -18,6 +19,9 @@ REPORT = Path(__file__).resolve().parent / "README.md"
 COMMAND = "python -m studies.regime"  # from the repository root; --report-only re-renders this file
 MIN_GAP = 2.0  # pilot.json's "hurt": points of mean test-other WER above the reference
 MIN_DIVERGED = 0.3
+# Words in test-other of `prepare.sh --corpus digits --size regime` (its default seed): the corpus is not built
+# in CI, so tests/test_regime.py plans it (no audio) and counts them.
+TEST_OTHER_WORDS = 15234
 
 
 def cell_runs(summaries: Dict[Tuple[str, int], Dict], cell: Cell) -> List[Dict]:
@@ -212,8 +216,9 @@ def render(
         "`local/make_corrupted_cuts.py --method mix` (in equal shares: another cut's transcript, audio truncated "
         "to a third, a silence of twice the cut's length, a 1 s noise burst 20 dB above the cut's loudest frame, "
         "other cuts appended up to 20 s with their transcripts). Settings: "
-        f"{settings}. Corpus: `prepare.sh --corpus digits --size regime` (test-other 1,000 utterances, "
-        "15,234 words: one word is 0.007 points). "
+        f"{settings}. Corpus: `prepare.sh --corpus digits --size regime` (test-other "
+        f"{DIGITS_SIZES['regime'].test_other_utts:,} utterances, {TEST_OTHER_WORDS:,} words: one word is "
+        f"{100 / TEST_OTHER_WORDS:.3f} points). "
         f"Each run: {DESIGN['steps']} steps, decoded by greedy search with icefall's model average over the last "
         f"{DESIGN['decode']['avg'] * DESIGN['decode']['save_every_n']} steps; seeds {DESIGN['seeds']}.",
         "",
