@@ -11,7 +11,7 @@ from typing import Dict, List
 import pytest
 import torch
 
-from studies.regime import report
+from studies.regime import family, report
 from studies.regime.grid import CELL_BY_NAME, CELLS, REFERENCE, arm_flags
 from studies.regime.pilot import DESIGN, SUMMARIES, decode_command, load_summaries, train_command
 
@@ -104,6 +104,13 @@ def test_the_pilot_rule_picks_the_cell_hurt_most_that_still_learns():
         }
     )
     summaries[("no-warm-up.clean", 43)]["skipped_steps"] = 61
+    # The rule's numbers in the code are those pilot.json's words fix.
+    assert f"at least {report.MIN_GAP:g} points above" in DESIGN["hurt"]
+    assert f"at least {report.MIN_DIVERGED:.0%} of its runs diverged" in DESIGN["hurt"]
+    assert (
+        f"at least {family.DIVERGED_WER:g}%, or when train.py skipped more than {family.MAX_SKIPPED:.0%}"
+        in (DESIGN["diverged"])
+    )
     v = report.verdicts(summaries)
     assert v["lr-x3.clean"]["gap"] == pytest.approx(1.99) and not v["lr-x3.clean"]["hurts"]
     assert v["base.mix-10"]["hurts"] and v["base.mix-10"]["learns"]
