@@ -60,6 +60,12 @@ def test_each_cell_changes_one_thing_and_decoding_builds_its_model():
     for name, change in expected.items():
         flags = _pairs(train_command(CELL_BY_NAME[name], 42))
         assert {f: v for f, v in flags.items() if base.get(f) != v and f != "--exp-dir"} == change, name
+    # 12 layers is the ablation's depth condition's model (digits-12), which learns in 2,700 steps.
+    from studies.ablation.arms import CONDITIONS
+
+    assert {f: v for f, v in expected["12-layers.mix-2"].items() if f != "--manifest-dir"} == _pairs(
+        list(CONDITIONS["digits-12"].model_flags)
+    )
     decode = _pairs(decode_command(CELL_BY_NAME["12-layers.mix-2"], 43))
     assert decode["--num-encoder-layers"] == "12" and decode["--iter"] == "600" and decode["--avg"] == "2"
     assert len(CELLS) == 15 and len({c.name for c in CELLS}) == 15
