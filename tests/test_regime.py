@@ -470,7 +470,7 @@ def test_family_answer_where_the_differences_have_no_spread(tmp_path):
 
 
 def test_family_answer_names_pairs_left_out_and_a_baseline_that_did_not_learn(tmp_path):
-    from studies.regime.family import answer, convergence_line, family_stage
+    from studies.regime.family import answer, convergence_line, family_section, family_stage
 
     (tmp_path / "family.json").write_text(json.dumps(FAMILY))
     stage = family_stage(tmp_path / "family.json")
@@ -484,6 +484,10 @@ def test_family_answer_names_pairs_left_out_and_a_baseline_that_did_not_learn(tm
     text = answer(stage, runs)
     assert text.startswith("**The answer.** At a budget where `none` had not learned (above): ")
     assert "over 2 seed pairs (1 left out: their two runs were made on two machines) (Holm p" in text
+    assert (
+        "Seed pairs left out because their two runs were made on two machines: 0 (`filter-25` − `none`), "
+        "1 (`guard` − `none`)." in family_section(stage, runs)
+    )
 
 
 def test_family_answer_states_the_control(tmp_path):

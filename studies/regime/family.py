@@ -413,8 +413,17 @@ def family_section(
         "",
         _table(comp, comparison_rows(stage, summaries)),
         "",
+        _left_out_line(stage, summaries),
+        "",
         answer(stage, summaries, control, control_runs),
     ]
+
+
+def _left_out_line(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> str:
+    """How many seed pairs family.json's order would have paired but the machines kept apart, per comparison."""
+    found = comparisons(stage, summaries)
+    counts = ", ".join(f"{c.left_out} (`{c.arm}` − `{c.baseline}`)" for c in found)
+    return f"Seed pairs left out because their two runs were made on two machines: {counts}."
 
 
 def _paragraphs(*texts: str) -> List[str]:
