@@ -264,7 +264,7 @@ def test_family_stage_runs_each_arm_on_the_picked_cell(tmp_path):
 
 
 def test_family_comparisons_by_hand(tmp_path):
-    from studies.regime.family import comparison_rows, family_section, family_stage
+    from studies.regime.family import comparison_rows, comparisons, family_section, family_stage
 
     (tmp_path / "family.json").write_text(json.dumps(FAMILY))
     stage = family_stage(tmp_path / "family.json")
@@ -273,7 +273,7 @@ def test_family_comparisons_by_hand(tmp_path):
     for arm, ws in wers.items():
         for seed, w in zip([42, 43, 44], ws):
             summaries[("lr-x10.mix-10", arm, seed)] = {**_summary("lr-x10.mix-10", seed, w), "steps": 1800}
-    rows = comparison_rows(stage, summaries)
+    rows = comparison_rows(comparisons(stage, summaries))
     # filter - none: differences 1, 2, 3: mean 2, sd 1, 95% t interval 2 -/+ 4.3027 / sqrt(3) = [-0.48, +4.48],
     # t = 2 / (1 / sqrt(3)) = 3.464 on 2 df: two-sided p 0.0742.
     assert rows[0][:5] == ["`filter-25` − `none`", "3", "+2.00", "[-0.48, +4.48]", "0.074"]
@@ -284,7 +284,7 @@ def test_family_comparisons_by_hand(tmp_path):
     assert float(rows[0][5]) == pytest.approx(min(1.0, 2 * min(0.0742, p_guard)), abs=2e-3)
     # A seed whose two runs were made on two machines is left out of that pair (counted).
     summaries[("lr-x10.mix-10", "filter-25", 44)]["machine"] = {**_summary("x", 0, 0)["machine"], "cpu_flags": "d"}
-    again = comparison_rows(stage, summaries)
+    again = comparison_rows(comparisons(stage, summaries))
     assert again[0][1:3] == ["2 (1 left out: two machines)", "+1.50"]
     for (_, arm, seed), x in summaries.items():
         x["wer_at"] = {"1200": {"test-other": x["wer"]["test-other"] + 1.5}, "1800": x["wer"]}
@@ -420,14 +420,14 @@ def _family_runs(wers: Dict[str, List[float]], steps: int = 1800, late: float = 
 
 
 def test_family_holm_counts_a_comparison_that_cannot_be_tested(tmp_path):
-    from studies.regime.family import comparison_rows, family_stage
+    from studies.regime.family import comparison_rows, comparisons, family_stage
 
     (tmp_path / "family.json").write_text(json.dumps(FAMILY))
     stage = family_stage(tmp_path / "family.json")
     # filter - none: 1, 2, 3 (p 0.0742); guard has one run, so one pair: not testable. family.json fixes a family
     # of two comparisons, so Holm's first step doubles 0.0742 (0.148) rather than leaving it alone.
     runs = _family_runs({"none": [10.0, 11.0, 12.0], "filter-25": [11.0, 13.0, 15.0], "guard": [10.0]})
-    rows = comparison_rows(stage, runs)
+    rows = comparison_rows(comparisons(stage, runs))
     assert rows[0][4:6] == ["0.074", "0.148"]
     assert rows[1][1:6] == ["1", "+0.00", "-", "-", "-"]
     # The exact signed-rank test of 1, 2, 3: all 2^3 sign patterns equally likely; W+ = 6 is reached by the
@@ -436,7 +436,7 @@ def test_family_holm_counts_a_comparison_that_cannot_be_tested(tmp_path):
 
 
 def test_family_divergences_by_fishers_exact_test_by_hand(tmp_path):
-    from studies.regime.family import answer, comparison_rows, family_stage
+    from studies.regime.family import answer, comparison_rows, comparisons, family_stage
 
     (tmp_path / "family.json").write_text(json.dumps({**FAMILY, "seeds": list(range(42, 52))}))
     stage = family_stage(tmp_path / "family.json")
@@ -446,7 +446,7 @@ def test_family_divergences_by_fishers_exact_test_by_hand(tmp_path):
     # 6 of 10 diverged against 0 of 10. The tables with the margins (6 diverged, 10 runs an arm) have
     # P(k) = C(6, k) C(14, 10 - k) / C(20, 10); as or less likely than k = 6 (1001/184756) are k = 6 and k = 0:
     # p = 2002/184756 = 0.0108.
-    assert rows_fisher(comparison_rows(stage, runs)[0]) == ("6/10 vs 0/10", f"{2002 / 184756:.3f}")
+    assert rows_fisher(comparison_rows(comparisons(stage, runs))[0]) == ("6/10 vs 0/10", f"{2002 / 184756:.3f}")
     assert "diverged 6 of 10 against 0 of 10 (Fisher p 0.011)" in answer(stage, runs)
 
 
@@ -455,7 +455,7 @@ def rows_fisher(row: List[str]) -> tuple:
 
 
 def test_family_answer_where_the_differences_have_no_spread(tmp_path):
-    from studies.regime.family import answer, comparison_rows, family_stage
+    from studies.regime.family import answer, comparison_rows, comparisons, family_stage
 
     (tmp_path / "family.json").write_text(json.dumps(FAMILY))
     stage = family_stage(tmp_path / "family.json")
@@ -463,7 +463,7 @@ def test_family_answer_where_the_differences_have_no_spread(tmp_path):
     # are one value, 0.1, with no spread: no t-test (p 0 would claim an effect measured without error).
     assert len({3.1 - 3.0, 10.1 - 10.0, 25.1 - 25.0}) == 3
     runs = _family_runs({"none": [3.0, 10.0, 25.0], "filter-25": [3.1, 10.1, 25.1], "guard": [3.0, 12.0, 30.0]})
-    row = comparison_rows(stage, runs)[0]
+    row = comparison_rows(comparisons(stage, runs))[0]
     assert row[2:6] == ["+0.10", "-", "-", "-"]
     text = answer(stage, runs)
     assert "`filter-25` against `none`: all 3 seed pairs differ by +0.10 points; without spread, not tested." in text

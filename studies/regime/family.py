@@ -134,7 +134,7 @@ def comparisons(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> Li
     return out
 
 
-def comparison_rows(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> List[List[str]]:
+def comparison_rows(found: List[Comparison]) -> List[List[str]]:
     """One row per comparison (:func:`comparisons`)."""
     return [
         [
@@ -148,7 +148,7 @@ def comparison_rows(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -
             f"{c.diverged[0]}/{c.runs[0]} vs {c.diverged[1]}/{c.runs[1]}",
             _p(c.fisher),
         ]
-        for c in comparisons(stage, summaries)
+        for c in found
     ]
 
 
@@ -228,16 +228,18 @@ def answer(
     summaries: Dict[Tuple[str, str, int], Dict],
     control: Optional[Stage] = None,
     control_runs: Optional[Dict[Tuple[str, str, int], Dict]] = None,
+    found: Optional[List[Comparison]] = None,
 ) -> str:
     """The family's answer, once every run is in: per comparison what the paired test resolved (Holm at 0.05),
     the divergences, and the smallest effect it would find with 80% power from its own spread; said to be at
     a budget where the baseline had not learned or not flattened, where so; and what the control says of the
-    premise that the cell hurts the baseline (open while its runs are not in)."""
+    premise that the cell hurts the baseline (open while its runs are not in). ``found``: :func:`comparisons`
+    of the same runs, where the caller has them already."""
     total = len(stage.runs())
     if len(summaries) < total:
         return f"**The answer** is written here once all {total} runs are in."
     change = baseline_change(stage, summaries)
-    found = comparisons(stage, summaries)
+    found = comparisons(stage, summaries) if found is None else found
     alpha = ALPHA / len(found)
     sentences = [_comparison_sentence(c, alpha) for c in found]
     head = "**The answer.**"
@@ -391,6 +393,7 @@ def family_section(
     head += ["steps > 25x", "max seq/median"]
     comp = ["comparison", "pairs", "mean", "95% interval", "p", "Holm p", "signed-rank p", "diverged"]
     comp += ["Fisher p"]
+    found = comparisons(stage, summaries)
     return [
         f"## The family: `{d['cell']}` (fixed {d['fixed']}, [family.json](family.json))",
         "",
@@ -411,17 +414,16 @@ def family_section(
         f"{len(d['comparisons'])} comparisons; the exact signed-rank test beside it, not adjusted; diverged runs "
         "(test-other WER at least 50%, or more than 10% of the steps skipped) with Fisher's exact test.",
         "",
-        _table(comp, comparison_rows(stage, summaries)),
+        _table(comp, comparison_rows(found)),
         "",
-        _left_out_line(stage, summaries),
+        _left_out_line(found),
         "",
-        answer(stage, summaries, control, control_runs),
+        answer(stage, summaries, control, control_runs, found),
     ]
 
 
-def _left_out_line(stage: Stage, summaries: Dict[Tuple[str, str, int], Dict]) -> str:
+def _left_out_line(found: List[Comparison]) -> str:
     """How many seed pairs family.json's order would have paired but the machines kept apart, per comparison."""
-    found = comparisons(stage, summaries)
     counts = ", ".join(f"{c.left_out} (`{c.arm}` − `{c.baseline}`)" for c in found)
     return f"Seed pairs left out because their two runs were made on two machines: {counts}."
 
