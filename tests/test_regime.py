@@ -338,6 +338,11 @@ def test_family_control_by_hand(tmp_path):
     assert f": {welch}runs made on another machine, left out: 1)" in line
     assert line.endswith("diverged 0 of 3 against 0 of 2.")
     assert "`none` on `lr-x10.mix-10` minus `none` on `lr-x10.clean`" in line
+    # The report's provenance counts each stage's runs by machine, the control's on two.
+    text = report.render(_all({}), stage, ours, ctrl, theirs)
+    ours_machine, other = "X (flags abc), 2 threads, torch 2.13.0", "X (flags d), 2 threads, torch 2.13.0"
+    assert f"- The pilot: 30 runs on {ours_machine}.\n- The family: 4 runs on {ours_machine}.\n" in text
+    assert f"- The control: 2 runs on {ours_machine}; 1 run on {other}.\n" in text
     # The runs of the other machine kept instead when most of the baseline's runs were made there.
     for x in ours.values():
         x["machine"] = theirs[("lr-x10.clean", "none", 44)]["machine"]
@@ -348,7 +353,7 @@ def test_family_control_by_hand(tmp_path):
 
 
 def test_family_answer_by_hand(tmp_path):
-    from studies.regime.family import answer, family_section, family_stage
+    from studies.regime.family import answer, comparisons, family_section, family_stage
 
     (tmp_path / "family.json").write_text(json.dumps(FAMILY))
     stage = family_stage(tmp_path / "family.json")
@@ -365,7 +370,9 @@ def test_family_answer_by_hand(tmp_path):
 
     summaries = runs([11.0, 12.1, 12.9])
     partial = dict(list(summaries.items())[:8])
-    assert answer(stage, partial) == "**The answer** is written here once all 9 runs are in."
+    assert (
+        answer(stage, partial, comparisons(stage, partial)) == "**The answer** is written here once all 9 runs are in."
+    )
     # filter - none: 1.0, 1.1, 0.9: mean 1, sd 0.1, t = 10 sqrt(3) on 2 df: p = 1 - t / sqrt(t^2 + 2) = 0.00332,
     # interval 1 -/+ 4.3027 x 0.1 / sqrt(3) = [0.75, 1.25]. guard - none: 0, 0, 68: mean 22.67, sd 39.26,
     # t = 1: p = 1 - 1 / sqrt(3) = 0.4226, interval 22.67 -/+ 4.3027 x 22.67 = [-74.86, +120.19].
@@ -379,11 +386,12 @@ def test_family_answer_by_hand(tmp_path):
         f"0.423); with this spread (sd 39.26) it finds {39.26 * mde:.2f} points with 80% power; diverged 1 of 3 "
         "against 0 of 3 (Fisher p 1.000)."
     )
-    assert answer(stage, summaries) == expected
+    assert answer(stage, summaries, comparisons(stage, summaries)) == expected
     assert expected in family_section(stage, summaries)
     # filter - none: 2, 3, 4: t = 3 sqrt(3), p = 1 - t / sqrt(t^2 + 2) = 0.0351 < 0.05, Holm 0.0702: the
     # interval 3 -/+ 4.3027 / sqrt(3) = [+0.52, +5.48] leaves out 0 only before the adjustment.
-    text = answer(stage, runs([12.0, 14.0, 16.0]))
+    later = runs([12.0, 14.0, 16.0])
+    text = answer(stage, later, comparisons(stage, later))
     assert (
         "`filter-25` against `none`: +3.00 points [+0.52, +5.48] over 3 seed pairs (Holm p 0.070): its interval "
         "leaves out 0 before Holm's adjustment, not after; with this spread" in text
@@ -447,7 +455,7 @@ def test_family_divergences_by_fishers_exact_test_by_hand(tmp_path):
     # P(k) = C(6, k) C(14, 10 - k) / C(20, 10); as or less likely than k = 6 (1001/184756) are k = 6 and k = 0:
     # p = 2002/184756 = 0.0108.
     assert rows_fisher(comparison_rows(comparisons(stage, runs))[0]) == ("6/10 vs 0/10", f"{2002 / 184756:.3f}")
-    assert "diverged 6 of 10 against 0 of 10 (Fisher p 0.011)" in answer(stage, runs)
+    assert "diverged 6 of 10 against 0 of 10 (Fisher p 0.011)" in answer(stage, runs, comparisons(stage, runs))
 
 
 def rows_fisher(row: List[str]) -> tuple:
@@ -465,12 +473,12 @@ def test_family_answer_where_the_differences_have_no_spread(tmp_path):
     runs = _family_runs({"none": [3.0, 10.0, 25.0], "filter-25": [3.1, 10.1, 25.1], "guard": [3.0, 12.0, 30.0]})
     row = comparison_rows(comparisons(stage, runs))[0]
     assert row[2:6] == ["+0.10", "-", "-", "-"]
-    text = answer(stage, runs)
+    text = answer(stage, runs, comparisons(stage, runs))
     assert "`filter-25` against `none`: all 3 seed pairs differ by +0.10 points; without spread, not tested." in text
 
 
 def test_family_answer_names_pairs_left_out_and_a_baseline_that_did_not_learn(tmp_path):
-    from studies.regime.family import answer, convergence_line, family_section, family_stage
+    from studies.regime.family import answer, comparisons, convergence_line, family_section, family_stage
 
     (tmp_path / "family.json").write_text(json.dumps(FAMILY))
     stage = family_stage(tmp_path / "family.json")
@@ -481,7 +489,7 @@ def test_family_answer_names_pairs_left_out_and_a_baseline_that_did_not_learn(tm
     runs[("lr-x10.mix-10", "guard", 44)]["machine"] = {**_summary("x", 0, 0)["machine"], "cpu_flags": "d"}
     line = convergence_line(stage, runs)
     assert "(+0.50); it has not learned (at least 50% at the end) and is flattened by family.json's rule" in line
-    text = answer(stage, runs)
+    text = answer(stage, runs, comparisons(stage, runs))
     assert text.startswith("**The answer.** At a budget where `none` had not learned (above): ")
     assert "over 2 seed pairs (1 left out: their two runs were made on two machines) (Holm p" in text
     assert (
@@ -491,20 +499,21 @@ def test_family_answer_names_pairs_left_out_and_a_baseline_that_did_not_learn(tm
 
 
 def test_family_answer_states_the_control(tmp_path):
-    from studies.regime.family import answer, control_line, control_stage, family_stage
+    from studies.regime.family import answer, comparisons, control_line, control_stage, family_stage
 
     control = {"amended": "2026-12-02 10:00", "cell": "lr-x10.clean", "arm": "none", "seeds": [42, 43, 44]}
     (tmp_path / "family.json").write_text(json.dumps({**FAMILY, "control": control}))
     stage, ctrl = family_stage(tmp_path / "family.json"), control_stage(tmp_path / "family.json")
     runs = _family_runs({"none": [20.0, 22.0, 24.0], "filter-25": [21.0, 23.0, 25.5], "guard": [20.0, 22.0, 24.5]})
     clean = {("lr-x10.clean", "none", s): _summary("lr-x10.clean", s, w) for s, w in zip((42, 43), (10.0, 14.0))}
+    found = comparisons(stage, runs)
     pending = "Whether this cell still hurts `none` at this budget is open: the control (`none` on `lr-x10.clean`) "
-    assert answer(stage, runs, ctrl, {}).endswith(pending + "has 0 of its 3 runs in.")
-    assert answer(stage, runs, ctrl, clean).endswith(pending + "has 2 of its 3 runs in, 2 of them comparable.")
+    assert answer(stage, runs, found, ctrl, {}).endswith(pending + "has 0 of its 3 runs in.")
+    assert answer(stage, runs, found, ctrl, clean).endswith(pending + "has 2 of its 3 runs in, 2 of them comparable.")
     # The third at 12: 20, 22, 24 against 10, 14, 12, both variance 4, mean difference 10; Welch: se^2 = 8/3,
     # df = 4 (equal variances and sizes), interval 10 -/+ t(0.975, 4) sqrt(8/3) = 10 -/+ 4.53.
     clean[("lr-x10.clean", "none", 44)] = _summary("lr-x10.clean", 44, 12.0)
-    assert answer(stage, runs, ctrl, clean).endswith(
+    assert answer(stage, runs, found, ctrl, clean).endswith(
         "Against the control (`none` on `lr-x10.clean`, descriptive, outside Holm), at this budget the cell still "
         "hurts `none`: +10.00 points [+5.47, +14.53] (Welch, 3 against 3 runs)."
     )
@@ -512,7 +521,7 @@ def test_family_answer_states_the_control(tmp_path):
     for s, w in zip((42, 43, 44), (22.0, 20.0, 25.0)):
         clean[("lr-x10.clean", "none", s)] = _summary("lr-x10.clean", s, w)
     assert "at this budget the control does not show the cell hurting `none`: -0.33 points [" in answer(
-        stage, runs, ctrl, clean
+        stage, runs, found, ctrl, clean
     )
     # Every control run made on another machine: nothing to compare, said so.
     for x in clean.values():

@@ -226,20 +226,19 @@ POWER = 0.8
 def answer(
     stage: Stage,
     summaries: Dict[Tuple[str, str, int], Dict],
+    found: List[Comparison],
     control: Optional[Stage] = None,
     control_runs: Optional[Dict[Tuple[str, str, int], Dict]] = None,
-    found: Optional[List[Comparison]] = None,
 ) -> str:
     """The family's answer, once every run is in: per comparison what the paired test resolved (Holm at 0.05),
     the divergences, and the smallest effect it would find with 80% power from its own spread; said to be at
     a budget where the baseline had not learned or not flattened, where so; and what the control says of the
     premise that the cell hurts the baseline (open while its runs are not in). ``found``: :func:`comparisons`
-    of the same runs, where the caller has them already."""
+    of the same runs."""
     total = len(stage.runs())
     if len(summaries) < total:
         return f"**The answer** is written here once all {total} runs are in."
     change = baseline_change(stage, summaries)
-    found = comparisons(stage, summaries) if found is None else found
     alpha = ALPHA / len(found)
     sentences = [_comparison_sentence(c, alpha) for c in found]
     head = "**The answer.**"
@@ -418,7 +417,7 @@ def family_section(
         "",
         _left_out_line(found),
         "",
-        answer(stage, summaries, control, control_runs, found),
+        answer(stage, summaries, found, control, control_runs),
     ]
 
 

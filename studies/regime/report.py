@@ -173,7 +173,8 @@ def verdict_text(summaries: Dict[Tuple[str, int], Dict]) -> List[str]:
     ]
 
 
-def machines(summaries: Dict[Tuple[str, int], Dict]) -> str:
+def machines(summaries: Dict[tuple, Dict]) -> str:
+    """How many of the runs were made on each machine (CPU model and flags, threads, torch)."""
     seen: Dict[str, int] = {}
     for s in summaries.values():
         m = s["machine"]
@@ -269,8 +270,12 @@ def render(
         "",
         "## Provenance",
         "",
-        f"Runs: {machines(summaries)}.",
+        f"- The pilot: {machines(summaries)}.",
     ]
+    if family is not None:
+        lines.append(f"- The family: {machines(family_runs)}.")
+    if control is not None:
+        lines.append(f"- The control: {machines(control_runs or {})}.")
     if example is not None:
         lines += ["", "The commands of one run (from the recipe folder; every run's are in its summary):", ""]
         lines += [f"    {c}" for c in example["commands"]]
