@@ -1,11 +1,13 @@
 """``python -m studies.regime``: the pilot's runs, then (once family.json is written) the family's and its
-control's; resumable, the report rewritten after each run. With ``--report-only``: the report alone, from the
-committed summaries."""
+control's, then (once onset.json is written) the two confirmatory questions' in its order; resumable, the
+report rewritten after each run. With ``--report-only``: the report alone, from the committed summaries."""
 
 import argparse
 import logging
 
 from studies.regime.family import control_stage, family_stage
+from studies.regime.onset import load_design
+from studies.regime.onset import run_all as run_onset
 from studies.regime.pilot import PILOT
 from studies.regime.report import write_report
 
@@ -20,6 +22,9 @@ def main() -> None:
         for stage in (family_stage(), control_stage()):
             if stage is not None:
                 stage.run_all(after_each=write_report)
+        onset = load_design()
+        if onset is not None:
+            run_onset(onset, after_each=write_report)
     logging.info(f"wrote {write_report()}")
 
 

@@ -9,6 +9,7 @@ the batch median: where the filter at that threshold acts on it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -203,10 +204,19 @@ class Stage:
                 "steps": len(ratios),
             },
             "sequences": self.sequence_counts(run),
+            **self.digest(scalars),
             "machine": trained["machine"],
             "wall_s": trained["wall_s"],
             "commands": commands,
         }
+
+    def digest(self, scalars: Dict[str, List[Tuple[int, float]]]) -> Dict:
+        """``{"loss_digest": ...}`` of the first ``design["verify_steps"]`` steps (:func:`loss_digest`), where
+        the design asks for one (a machine is shown to compute alike by retraining those steps); else {}."""
+        steps = self.design.get("verify_steps")
+        if steps is None:
+            return {}
+        return {"loss_digest": {"steps": steps, "sha256": loss_digest(scalars.get(TB_TAGS.loss, []), steps)}}
 
     def run_one(self, run: Run) -> Dict:
         """Train, decode and summarise one run (each part skipped when done); its checkpoints removed after.
@@ -256,10 +266,10 @@ class Stage:
                 out[(run.cell.name, run.arm, run.seed)] = summary
         return out
 
-    def run_all(self, after_each: Optional[Callable[[], object]] = None) -> None:
-        """Every pending run, in order; ``after_each()`` (the report) after each."""
+    def run_all(self, after_each: Optional[Callable[[], object]] = None, only: Optional[List[Run]] = None) -> None:
+        """Every pending run (of ``only``, where given), in order; ``after_each()`` (the report) after each."""
         prepare()
-        todo = self.pending()
+        todo = [r for r in self.pending() if only is None or r in only]
         progress = Progress()
         failed = []
         for i, run in enumerate(todo):
@@ -297,6 +307,13 @@ def corrupted_kinds(cell: Cell) -> Dict[str, str]:
         return {}
     info = json.loads((CORPUS / cell.corruption.manifest_dir / INFO_FILE).read_text())
     return {cut_id: d["kind"] for cut_id, d in info["cuts"].items()}
+
+
+def loss_digest(series: List[Tuple[int, float]], steps: int) -> str:
+    """16 hex digits of the SHA-256 of the per-step training loss of the steps below ``steps`` (TensorBoard's
+    float32 values, exactly): two machines compute alike over those steps when their digests agree."""
+    values = [f"{step}:{value!r}" for step, value in series if step < steps]
+    return hashlib.sha256(" ".join(values).encode()).hexdigest()[:16]
 
 
 def _windows(series: List[Tuple[int, float]]) -> List[Optional[float]]:
