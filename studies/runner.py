@@ -247,6 +247,20 @@ def machine_record() -> Dict[str, str]:
     }
 
 
+def code_commit(root: Path = RECIPE_DIR.parents[2]) -> str:
+    """The commit of the code under ``root`` (default: this checkout), with ``-dirty`` when a tracked Python or
+    shell file differs from it (a study's rewritten report does not count): the code a run was made with.
+    ``unknown`` outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "*.py", "*.sh"], cwd=root, capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
+
+
 def machine_summary() -> str:
     """CPU architecture and cores, torch version, GPU."""
     return (

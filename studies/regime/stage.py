@@ -30,6 +30,7 @@ from studies.runner import (
     RECIPE_DIR,
     Progress,
     StudyError,
+    code_commit,
     decode_flags,
     decoded,
     machine_record,
@@ -204,19 +205,21 @@ class Stage:
                 "steps": len(ratios),
             },
             "sequences": self.sequence_counts(run),
-            **self.digest(scalars),
+            **self.reproduction(scalars),
             "machine": trained["machine"],
             "wall_s": trained["wall_s"],
             "commands": commands,
         }
 
-    def digest(self, scalars: Dict[str, List[Tuple[int, float]]]) -> Dict:
-        """``{"loss_digest": ...}`` of the first ``design["verify_steps"]`` steps (:func:`loss_digest`), where
-        the design asks for one (a machine is shown to compute alike by retraining those steps); else {}."""
+    def reproduction(self, scalars: Dict[str, List[Tuple[int, float]]]) -> Dict:
+        """Where the design asks for it (``verify_steps``): the commit of the code that made the run and the
+        digest of its first ``verify_steps`` steps' training loss (:func:`loss_digest`), with which another
+        machine is shown to compute alike by retraining those steps; else {}."""
         steps = self.design.get("verify_steps")
         if steps is None:
             return {}
-        return {"loss_digest": {"steps": steps, "sha256": loss_digest(scalars.get(TB_TAGS.loss, []), steps)}}
+        digest = loss_digest(scalars.get(TB_TAGS.loss, []), steps)
+        return {"commit": code_commit(), "loss_digest": {"steps": steps, "sha256": digest}}
 
     def run_one(self, run: Run) -> Dict:
         """Train, decode and summarise one run (each part skipped when done); its checkpoints removed after.
