@@ -254,7 +254,10 @@ def code_commit(root: Path = RECIPE_DIR.parents[2]) -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "*.py", "*.sh"], cwd=root, capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "*.py", "*.sh"],
+            cwd=root,
+            capture_output=True,
+            text=True,
         )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
