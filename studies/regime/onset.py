@@ -1,34 +1,31 @@
-"""The regime study's confirmatory stage (``onset.json``, fixed before its runs): two questions with a design
-each, run as two stages of :class:`studies.regime.stage.Stage`.
+"""The regime study's confirmatory stage (``onset.json``, fixed before its runs): two questions, each run as a
+:class:`studies.regime.stage.Stage`, in onset.json's order; and the machines their runs may come from.
 
-- *slow-start*: does gradient control shorten the 12-layer model's slow start? Measured by the plateau exit
-  (:func:`plateau_exit`), censored at the budget; log-rank test and Cox hazard ratio per arm against ``none``.
-- *rescue*: where training without control collapses (``lr-x10.clean``), does a control save it? Measured by
-  the share of runs that collapse (the studies' divergence rule), Fisher's exact test per arm against ``none``;
-  only once ``none`` collapsed in most of its runs (the gate, run first).
+- *slow-start*: does gradient control shorten the 12-layer model's slow start? (the plateau exit,
+  :mod:`studies.regime.onset_stats`)
+- *rescue*: where training without control collapses (``lr-x10.clean``), does a control save it? Its gate
+  (``none``'s runs) comes first: the other arms run only where ``none`` collapsed in most of its runs.
 
-The statistics are the field's libraries': statsmodels' log-rank test (``survdiff``) and Cox regression
-(``PHReg``), SciPy's Fisher test, statsmodels' Holm adjustment.
+A question's runs are compared only when made on one machine, its first run's, or on a machine that
+:func:`verify_machine` showed to compute alike: it retrains that first run's first ``verify_steps`` steps and
+compares the digest of their training loss with the one in the run's summary.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import random
-from dataclasses import dataclass
+import logging
+import os
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
-import numpy as np
-from scipy import stats
-from statsmodels.duration.hazard_regression import PHReg
-from statsmodels.duration.survfunc import survdiff
-from statsmodels.stats.multitest import multipletests
-
+from icefall_lite.train.tb_tags import TB_TAGS
+from icefall_lite.utils import remove_path
 from studies.regime.family import diverged
 from studies.regime.grid import CELL_BY_NAME
-from studies.regime.stage import HERE, WINDOW, Run, Stage
+from studies.regime.stage import CORPUS, EXP_ROOT, HERE, SUMMARIES, Run, Stage, loss_digest, shown
+from studies.runner import StudyError, code_commit, machine_record, run_command, today, write_json_atomic
+from studies.tb_reader import read_scalars
 
 DESIGN_FILE = HERE / "onset.json"
 QUESTIONS = ("slow-start", "rescue")
@@ -64,172 +61,131 @@ def gate_passed(rescue: Stage, summaries: Summaries) -> Optional[bool]:
 def run_all(design: Dict, after_each: Callable[[], object]) -> None:
     """onset.json's order: rescue's gate, slow-start seed by seed, then (the gate passed) rescue's other arms."""
     slow, rescue = (question_stage(q, design) for q in QUESTIONS)
+    for stage in (slow, rescue):
+        check_here(stage)
     rescue.run_all(after_each, only=gate_runs(rescue))
     slow.run_all(after_each)
     if gate_passed(rescue, rescue.load_summaries()):
         rescue.run_all(after_each)
 
 
-# --------------------------------------------------------------------------
-# The primary measure of slow-start (a secondary of rescue): the plateau exit
-# --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Exit:
-    """When a run left the plateau: ``step`` (the last step of the first window below the level), or the
-    budget with ``observed`` False (censored: still on the plateau at the last full window)."""
-
-    step: int
-    observed: bool
-
-
-def plateau_exit(windows: Sequence[Optional[float]], rule: Dict, budget: int) -> Exit:
-    """onset.json's plateau exit of a run from its summary's ``loss_per_50_steps`` (window ``i``: the mean
-    training loss of steps ``50 i`` to ``50 i + 49``): the end ``50 (i + 1)`` of the first full window that
-    starts at or after ``rule["from_step"]`` and whose mean is below ``rule["level"]``; censored at ``budget``
-    when no full window up to the budget is."""
-    if rule["window"] != WINDOW:
-        raise ValueError(f"onset.json's window is {rule['window']} steps; the summaries' is {WINDOW}")
-    for i, value in enumerate(windows):
-        end = WINDOW * (i + 1)
-        if end > budget:
-            break
-        if WINDOW * i >= rule["from_step"] and value is not None and value < rule["level"]:
-            return Exit(end, True)
-    return Exit(budget, False)
+def check_here(stage: Stage) -> None:
+    """StudyError unless this checkout's code is the commit of the question's runs so far and this machine is
+    their home or shown alike: a run made otherwise would be left out of its tests."""
+    first = first_run(stage, stage.load_summaries())
+    if first is None:
+        return
+    summary, here, commit = first[1], machine_name(machine_record()), code_commit()
+    if summary["commit"] != commit:
+        raise StudyError(
+            f"{stage.name}'s runs were made with the code of commit {summary['commit']}; this checkout is {commit}. "
+            f"Run the study from a worktree of that commit: {worktree_command(summary['commit'])}"
+        )
+    home = machine_name(summary["machine"])
+    if home != here and not any(r["machine"] == here and r["of"] == home and r["alike"] for r in alike(stage)):
+        raise StudyError(
+            f"{stage.name}'s runs were made on {home}; this is {here}, not shown to compute alike, so its runs "
+            "would be left out of the tests. Show it first: python -m studies.regime --verify-machine"
+        )
 
 
 # --------------------------------------------------------------------------
-# Tests
+# One machine per question, or machines shown to compute alike
 # --------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class SurvivalComparison:
-    """An arm against the baseline on plateau exits: Kaplan-Meier medians (None: not reached), the Cox hazard
-    ratio of leaving the plateau (above 1: the arm leaves sooner) with its 95% interval, the log-rank p and its
-    Holm adjustment."""
-
-    arm: str
-    baseline: str
-    runs: Tuple[int, int]
-    censored: Tuple[int, int]
-    medians: Tuple[Optional[float], Optional[float]]
-    hazard_ratio: float
-    low: float
-    high: float
-    p: float
-    holm: float
+MACHINES_FILE = "machines.json"  # in summaries/<question>/: the machines verify_machine showed to compute alike
 
 
-def km_median(exits: Sequence[Exit]) -> Optional[float]:
-    """The Kaplan-Meier median exit step: the first step at which the estimated share still on the plateau is at
-    most one half; None when it is not reached (half or more censored before)."""
-    at_risk, share = len(exits), 1.0
-    for step in sorted({e.step for e in exits}):
-        events = sum(e.observed and e.step == step for e in exits)
-        if events:
-            share *= 1.0 - events / at_risk
-            if share <= 0.5:
-                return float(step)
-        at_risk -= sum(e.step == step for e in exits)
+def machine_name(record: Dict[str, str]) -> str:
+    """A machine as the reports name it (studies.runner.machine_record's fields)."""
+    return f"{record['cpu_model']} (flags {record['cpu_flags']}), {record['threads']} threads, torch {record['torch']}"
+
+
+def first_run(stage: Stage, summaries: Summaries) -> Optional[Tuple[Run, Dict]]:
+    """The question's first run in its design's order (for rescue: the gate's first) with its summary."""
+    order = gate_runs(stage) + stage.runs() if stage.name == "rescue" else stage.runs()
+    for run in order:
+        s = summaries.get((run.cell.name, run.arm, run.seed))
+        if s is not None:
+            return run, s
     return None
 
 
-def logrank(a: Sequence[Exit], b: Sequence[Exit]) -> float:
-    """The two-sided log-rank p-value of two groups of exits (statsmodels' ``survdiff``); nan where no run of
-    either left the plateau."""
-    exits = [*a, *b]
-    if not any(e.observed for e in exits):
-        return math.nan
-    time = np.array([e.step for e in exits], dtype=float)
-    status = np.array([e.observed for e in exits], dtype=float)
-    group = np.array([1] * len(a) + [0] * len(b))
-    return float(survdiff(time, status, group)[1])
+def alike(stage: Stage) -> List[Dict]:
+    """verify_machine's records of the question (each: ``machine``, ``of``, ``alike``, ``date``, ``command``)."""
+    path = stage.summaries / MACHINES_FILE
+    return json.loads(path.read_text())["verified"] if path.is_file() else []
 
 
-def hazard_ratio(a: Sequence[Exit], b: Sequence[Exit]) -> Tuple[float, float, float]:
-    """Cox regression (statsmodels' ``PHReg``, Breslow's ties) of the exits on an indicator of ``a``: the hazard
-    ratio of ``a`` against ``b`` and its 95% interval; nans where it cannot be fitted (no event, or one group
-    without an event or censoring that separates them)."""
-    exits = [*a, *b]
-    time = np.array([e.step for e in exits], dtype=float)
-    status = np.array([e.observed for e in exits], dtype=float)
-    exog = np.array([[1.0]] * len(a) + [[0.0]] * len(b))
-    if not status.any() or not status[: len(a)].any() or not status[len(a) :].any():
-        return math.nan, math.nan, math.nan
-    with np.errstate(all="ignore"):
-        fit = PHReg(time, exog, status=status, ties="breslow").fit(disp=False)
-    low, high = fit.conf_int()[0]
-    return float(math.exp(fit.params[0])), float(math.exp(low)), float(math.exp(high))
+def comparable(stage: Stage, summaries: Summaries) -> Tuple[Summaries, int]:
+    """The runs made on the question's home machine (its first run's) or on one shown to compute alike, and the
+    count of the others (left out of every test)."""
+    first = first_run(stage, summaries)
+    if first is None:
+        return {}, 0
+    home = machine_name(first[1]["machine"])
+    ok = {home} | {r["machine"] for r in alike(stage) if r["of"] == home and r["alike"]}
+    kept = {k: s for k, s in summaries.items() if machine_name(s["machine"]) in ok}
+    return kept, len(summaries) - len(kept)
 
 
-def holm(ps: Sequence[float]) -> List[float]:
-    """Holm's adjustment (statsmodels) of the finite p-values; nan stays nan."""
-    finite = [i for i, p in enumerate(ps) if math.isfinite(p)]
-    out = [math.nan] * len(ps)
-    if finite:
-        adjusted = multipletests([ps[i] for i in finite], method="holm")[1]
-        for i, p in zip(finite, adjusted):
-            out[i] = float(p)
+def worktree_command(commit: str) -> str:
+    """The commands that run the study with the code of ``commit`` and this checkout's summaries."""
+    return (
+        f"git worktree add ../onset-wt {commit[:12]} && cd ../onset-wt && PYTHONPATH=. "
+        f"REGIME_SUMMARIES={SUMMARIES} python -m studies.regime"
+    )
+
+
+def verify_machine(design: Dict) -> List[Dict]:
+    """For each question whose first run was made on another machine than this one (and not yet shown alike
+    here): retrain that run's first ``verify_steps`` steps here with its command, compare the digest of their
+    training loss with its summary's and record the outcome in ``summaries/<question>/machines.json``. Returns
+    the new records. The code must be the run's commit (a study's runs come from one commit: check it out in a
+    worktree), else StudyError says which."""
+    here, commit, out = machine_name(machine_record()), code_commit(), []
+    for name in QUESTIONS:
+        stage = question_stage(name, design)
+        first = first_run(stage, stage.load_summaries())
+        if first is None:
+            continue
+        run, summary = first
+        home = machine_name(summary["machine"])
+        if home == here or any(r["machine"] == here and r["of"] == home for r in alike(stage)):
+            logging.info(f"{name}: this machine is its home or shown alike already ({here})")
+            continue
+        if summary["commit"] != commit:
+            raise StudyError(
+                f"{name}'s first run was made with the code of commit {summary['commit']}, this checkout is "
+                f"{commit}: verify from a worktree of that commit: {worktree_command(summary['commit'])} "
+                "--verify-machine"
+            )
+        steps = design["verify_steps"]
+        folder = EXP_ROOT / "verify-machine" / stage.relpath(run)
+        remove_path(folder)
+        cmd = _with_flags(stage.train_command(run), {"--exp-dir": os.path.relpath(folder, CORPUS)})
+        cmd = _with_flags(cmd, {"--max-batches": str(steps)})
+        run_command(cmd, CORPUS, f"{name}: retrain {stage.relpath(run)} for {steps} steps", shown=shown(cmd))
+        digest = loss_digest(read_scalars(folder / "tensorboard").get(TB_TAGS.loss, []), steps)
+        record = {
+            "machine": here,
+            "of": home,
+            "alike": digest == summary["loss_digest"]["sha256"],
+            "run": stage.relpath(run),
+            "steps": steps,
+            "date": today(),
+            "command": shown(cmd),
+        }
+        logging.info(f"{name}: {here} {'computes' if record['alike'] else 'does not compute'} alike {home}")
+        write_json_atomic(stage.summaries / MACHINES_FILE, {"verified": [*alike(stage), record]})
+        remove_path(folder)
+        out.append(record)
     return out
 
 
-def fisher(a: Tuple[int, int], b: Tuple[int, int]) -> float:
-    """Fisher's exact two-sided p of ``(events, runs)`` in two groups (SciPy); nan without any event or any
-    non-event."""
-    table = [[a[0], a[1] - a[0]], [b[0], b[1] - b[0]]]
-    if a[0] + b[0] == 0 or a[0] + b[0] == a[1] + b[1]:
-        return math.nan
-    return float(stats.fisher_exact(table).pvalue)
-
-
-# --------------------------------------------------------------------------
-# Power, for the design
-# --------------------------------------------------------------------------
-
-
-def resampled_power(
-    arm: Sequence[int], baseline: Sequence[int], n: int, alpha: float, draws: int = 4000, seed: int = 0
-) -> float:
-    """The share of ``draws`` resampled experiments (``n`` runs an arm, drawn with replacement from the observed
-    exit steps ``arm`` and ``baseline``, none censored) in which the log-rank test rejects at ``alpha``."""
-    rng = random.Random(seed)
-    hits = 0
-    for _ in range(draws):
-        a = [Exit(rng.choice(arm), True) for _ in range(n)]
-        b = [Exit(rng.choice(baseline), True) for _ in range(n)]
-        p = logrank(a, b)
-        hits += math.isfinite(p) and p < alpha
-    return hits / draws
-
-
-def fisher_largest_rate(baseline: int, n: int, alpha: float) -> Optional[int]:
-    """The most collapses of ``n`` an arm may have for Fisher's test against ``baseline`` of ``n`` to reject at
-    ``alpha``; None when no count does."""
-    for k in range(baseline, -1, -1):
-        p = fisher((k, n), (baseline, n))
-        if math.isfinite(p) and p < alpha:
-            return k
-    return None
-
-
-def exploratory_exits(rule: Dict, budget: int) -> Dict[str, List[int]]:
-    """The regime family's runs (``12-layers.mix-2``, 2,700 steps), the exploratory data that prompted the
-    slow-start question: each arm's plateau exits by onset.json's rule (none censored there)."""
-    out: Dict[str, List[int]] = {}
-    for path in sorted((HERE / "summaries" / "family").glob("*/*/seed-*.json")):
-        s = json.loads(path.read_text())
-        e = plateau_exit(s["loss_per_50_steps"], rule, budget)
-        out.setdefault(s["key"]["arm"], []).append(e.step if e.observed else math.inf)
+def _with_flags(cmd: List[str], values: Dict[str, str]) -> List[str]:
+    """``cmd`` with the value after each flag of ``values`` replaced (each flag must be in it)."""
+    out = list(cmd)
+    for flag, value in values.items():
+        out[out.index(flag) + 1] = value
     return out
-
-
-def design_power(design: Dict) -> Dict[str, float]:
-    """slow-start's power per arm at Holm's first step (alpha / comparisons), by :func:`resampled_power` from
-    :func:`exploratory_exits`: the figures onset.json states."""
-    q = design["slow-start"]
-    rule, alpha = q["plateau"], 0.05 / len(q["comparisons"])
-    exits = exploratory_exits(rule, q["steps"])
-    return {arm: resampled_power(exits[arm], exits[base], len(q["seeds"]), alpha) for arm, base in q["comparisons"]}

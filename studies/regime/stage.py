@@ -42,6 +42,10 @@ from studies.runner import (
 from studies.tb_reader import read_scalars
 
 HERE = Path(__file__).resolve().parent
+# Where the stages' run summaries are read and written: this folder's summaries/, or $REGIME_SUMMARIES. A study
+# whose runs must all come from one commit runs from a worktree of that commit with REGIME_SUMMARIES pointing at
+# the main checkout's summaries/, so that it resumes from every run committed there.
+SUMMARIES = Path(os.environ.get("REGIME_SUMMARIES", HERE / "summaries"))
 CORPUS = RECIPE_DIR / CORPUS_DIR
 EXP_ROOT = RECIPE_DIR / "lstm_transducer_stateless" / "exp-regime"
 TRAINED = "regime-trained.json"  # in a run folder once train.py has finished: its machine and wall time
@@ -85,7 +89,7 @@ class Stage:
 
     @property
     def summaries(self) -> Path:
-        return HERE / "summaries" / self.name
+        return SUMMARIES / self.name
 
     def decoding(self, point: int) -> Tuple[int, int, bool]:
         """``(iteration, avg, use_averaged_model)`` at ``point``."""

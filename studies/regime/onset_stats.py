@@ -1,0 +1,174 @@
+"""The onset study's measures and tests (onset.json): the plateau exit of a run, the log-rank test and the Cox
+hazard ratio of two arms' exits, Fisher's test of two arms' collapses, and the design's power.
+
+The statistics are the field's libraries': statsmodels' log-rank test (``survdiff``) and Cox regression
+(``PHReg``), SciPy's Fisher test; Holm's adjustment is studies.stats.paired's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from scipy import stats
+from statsmodels.duration.hazard_regression import PHReg
+from statsmodels.duration.survfunc import survdiff
+
+from studies.regime.stage import SUMMARIES, WINDOW
+
+# --------------------------------------------------------------------------
+# The primary measure of slow-start (a secondary of rescue): the plateau exit
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Exit:
+    """When a run left the plateau: ``step`` (the last step of the first window below the level), or the
+    budget with ``observed`` False (censored: still on the plateau at the last full window)."""
+
+    step: int
+    observed: bool
+
+
+def plateau_exit(windows: Sequence[Optional[float]], rule: Dict, budget: int) -> Exit:
+    """onset.json's plateau exit of a run from its summary's ``loss_per_50_steps`` (window ``i``: the mean
+    training loss of steps ``50 i`` to ``50 i + 49``): the end ``50 (i + 1)`` of the first full window that
+    starts at or after ``rule["from_step"]`` and whose mean is below ``rule["level"]``; censored at ``budget``
+    when no full window up to the budget is."""
+    if rule["window"] != WINDOW:
+        raise ValueError(f"onset.json's window is {rule['window']} steps; the summaries' is {WINDOW}")
+    for i, value in enumerate(windows):
+        end = WINDOW * (i + 1)
+        if end > budget:
+            break
+        if WINDOW * i >= rule["from_step"] and value is not None and value < rule["level"]:
+            return Exit(end, True)
+    return Exit(budget, False)
+
+
+# --------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SurvivalComparison:
+    """An arm against the baseline on plateau exits: Kaplan-Meier medians (None: not reached), the Cox hazard
+    ratio of leaving the plateau (above 1: the arm leaves sooner) with its 95% interval, the log-rank p and its
+    Holm adjustment."""
+
+    arm: str
+    baseline: str
+    runs: Tuple[int, int]
+    censored: Tuple[int, int]
+    medians: Tuple[Optional[float], Optional[float]]
+    hazard_ratio: float
+    low: float
+    high: float
+    p: float
+    holm: float
+
+
+def km_median(exits: Sequence[Exit]) -> Optional[float]:
+    """The Kaplan-Meier median exit step: the first step at which the estimated share still on the plateau is at
+    most one half; None when it is not reached (half or more censored before)."""
+    at_risk, share = len(exits), 1.0
+    for step in sorted({e.step for e in exits}):
+        events = sum(e.observed and e.step == step for e in exits)
+        if events:
+            share *= 1.0 - events / at_risk
+            if share <= 0.5:
+                return float(step)
+        at_risk -= sum(e.step == step for e in exits)
+    return None
+
+
+def logrank(a: Sequence[Exit], b: Sequence[Exit]) -> float:
+    """The two-sided log-rank p-value of two groups of exits (statsmodels' ``survdiff``); nan where no run of
+    either left the plateau."""
+    exits = [*a, *b]
+    if not any(e.observed for e in exits):
+        return math.nan
+    time = np.array([e.step for e in exits], dtype=float)
+    status = np.array([e.observed for e in exits], dtype=float)
+    group = np.array([1] * len(a) + [0] * len(b))
+    return float(survdiff(time, status, group)[1])
+
+
+def hazard_ratio(a: Sequence[Exit], b: Sequence[Exit]) -> Tuple[float, float, float]:
+    """Cox regression (statsmodels' ``PHReg``, Breslow's ties) of the exits on an indicator of ``a``: the hazard
+    ratio of ``a`` against ``b`` and its 95% interval; nans where it cannot be fitted (no event, or one group
+    without an event or censoring that separates them)."""
+    exits = [*a, *b]
+    time = np.array([e.step for e in exits], dtype=float)
+    status = np.array([e.observed for e in exits], dtype=float)
+    exog = np.array([[1.0]] * len(a) + [[0.0]] * len(b))
+    if not status.any() or not status[: len(a)].any() or not status[len(a) :].any():
+        return math.nan, math.nan, math.nan
+    with np.errstate(all="ignore"):
+        fit = PHReg(time, exog, status=status, ties="breslow").fit(disp=False)
+    low, high = fit.conf_int()[0]
+    return float(math.exp(fit.params[0])), float(math.exp(low)), float(math.exp(high))
+
+
+def fisher(a: Tuple[int, int], b: Tuple[int, int]) -> float:
+    """Fisher's exact two-sided p of ``(events, runs)`` in two groups (SciPy); nan without any event or any
+    non-event."""
+    table = [[a[0], a[1] - a[0]], [b[0], b[1] - b[0]]]
+    if a[0] + b[0] == 0 or a[0] + b[0] == a[1] + b[1]:
+        return math.nan
+    return float(stats.fisher_exact(table).pvalue)
+
+
+# --------------------------------------------------------------------------
+# Power, for the design
+# --------------------------------------------------------------------------
+
+
+def resampled_power(
+    arm: Sequence[int], baseline: Sequence[int], n: int, alpha: float, draws: int = 4000, seed: int = 0
+) -> float:
+    """The share of ``draws`` resampled experiments (``n`` runs an arm, drawn with replacement from the observed
+    exit steps ``arm`` and ``baseline``, none censored) in which the log-rank test rejects at ``alpha``."""
+    rng = random.Random(seed)
+    hits = 0
+    for _ in range(draws):
+        a = [Exit(rng.choice(arm), True) for _ in range(n)]
+        b = [Exit(rng.choice(baseline), True) for _ in range(n)]
+        p = logrank(a, b)
+        hits += math.isfinite(p) and p < alpha
+    return hits / draws
+
+
+def fisher_largest_rate(baseline: int, n: int, alpha: float) -> Optional[int]:
+    """The most collapses of ``n`` an arm may have for Fisher's test against ``baseline`` of ``n`` to reject at
+    ``alpha``; None when no count does."""
+    for k in range(baseline, -1, -1):
+        p = fisher((k, n), (baseline, n))
+        if math.isfinite(p) and p < alpha:
+            return k
+    return None
+
+
+def exploratory_exits(rule: Dict, budget: int) -> Dict[str, List[int]]:
+    """The regime family's runs (``12-layers.mix-2``, 2,700 steps), the exploratory data that prompted the
+    slow-start question: each arm's plateau exits by onset.json's rule (none censored there)."""
+    out: Dict[str, List[int]] = {}
+    for path in sorted((SUMMARIES / "family").glob("*/*/seed-*.json")):
+        s = json.loads(path.read_text())
+        e = plateau_exit(s["loss_per_50_steps"], rule, budget)
+        out.setdefault(s["key"]["arm"], []).append(e.step if e.observed else math.inf)
+    return out
+
+
+def design_power(design: Dict) -> Dict[str, float]:
+    """slow-start's power per arm at Holm's first step (alpha / comparisons), by :func:`resampled_power` from
+    :func:`exploratory_exits`: the figures onset.json states."""
+    q = design["slow-start"]
+    rule, alpha = q["plateau"], 0.05 / len(q["comparisons"])
+    exits = exploratory_exits(rule, q["steps"])
+    return {arm: resampled_power(exits[arm], exits[base], len(q["seeds"]), alpha) for arm, base in q["comparisons"]}
