@@ -39,8 +39,9 @@ def load_design(path: Path = DESIGN_FILE) -> Optional[Dict]:
 
 def question_stage(name: str, design: Dict) -> Stage:
     """The stage of question ``name`` (a key of onset.json); its summaries keep the digest of the first
-    ``verify_steps`` steps' training loss."""
+    ``verify_steps`` steps' training loss; a question without a plateau rule of its own takes slow-start's."""
     q = {**design[name], "verify_steps": design["verify_steps"]}
+    q.setdefault("plateau", design["slow-start"]["plateau"])
     return Stage(name, q, (CELL_BY_NAME[q["cell"]],), tuple(q["arms"].items()))
 
 
