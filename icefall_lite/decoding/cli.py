@@ -26,11 +26,9 @@ from icefall_lite.utils import AttributeDict, check_positive, script_parser
 # --------------------------------------------------------------------------
 
 
-def get_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
-    """decode.py's flags: icefall's decode.py flags plus the model-size and datamodule flags; ``description``
-    (the script's docstring) heads ``--help``."""
-    parser = script_parser(description)
-    add_decoding_method_argument(parser, DECODING_METHODS)
+def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """The searches' settings besides ``--beam-size`` (decode.py, pretrained.py): ``--beam``, ``--max-contexts``,
+    ``--max-states`` (fast beam search), ``--max-sym-per-frame`` (greedy search) and ``--blank-penalty``."""
     parser.add_argument(
         "--beam",
         type=float,
@@ -59,6 +57,14 @@ def get_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
         help="Subtracted from the blank logit before every search step (icefall's flag); > 0 "
         "makes hypotheses longer (against deletions). (default: 0.0)",
     )
+
+
+def get_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
+    """decode.py's flags: icefall's decode.py flags plus the model-size and datamodule flags; ``description``
+    (the script's docstring) heads ``--help``."""
+    parser = script_parser(description)
+    add_decoding_method_argument(parser, DECODING_METHODS)
+    add_search_arguments(parser)
     add_checkpoint_arguments(parser, epoch=NUM_EPOCHS, avg=AVG, exp_dir=EXP_DIR)
     add_decoding_arguments(parser)
     return parser

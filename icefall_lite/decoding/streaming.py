@@ -175,7 +175,7 @@ def chunk_starts(num_frames: int, chunk_size: int, chunk_shift: int) -> range:
     return range(0, num_frames - chunk_size, chunk_shift)
 
 
-def _make_search(
+def make_frame_search(
     model: StreamingModel,
     decoding_method: str,
     num_streams: int,
@@ -184,7 +184,8 @@ def _make_search(
     beam_size: int,
     device: torch.device,
 ) -> Union[GreedyBatchSearch, ModifiedBeamSearch]:
-    """The frame-by-frame search of ``decoding_method`` over the model's decoder and joiner."""
+    """The frame-by-frame search of ``decoding_method`` over the model's decoder and joiner, for ``num_streams``
+    streams (streaming decoding here and the chunked decoding of long files: :mod:`icefall_lite.decoding.chunked`)."""
     # sherpa-onnx's first context (GetEmptyResult); -1 embeds to zero, blank's row is learned.
     initial_context = [-1] * (model.meta.context_size - 1) + [blank_id]
     if decoding_method == "greedy_search":
@@ -231,7 +232,7 @@ def streaming_search(
     order, _, batch_sizes = sort_by_length([len(s) for s in starts])
     h, c = model.init_states(batch_size=n)
     skip_ids = (blank_id,) if unk_id is None else (blank_id, unk_id)
-    search = _make_search(model, decoding_method, n, skip_ids, blank_id, beam_size, h.device)
+    search = make_frame_search(model, decoding_method, n, skip_ids, blank_id, beam_size, h.device)
     for k, b in enumerate(batch_sizes):
         active = order[:b]  # the utterances with more than k chunks
         x = torch.stack([features[i][starts[i][k] : starts[i][k] + meta.T] for i in active]).to(h.device)
@@ -242,4 +243,11 @@ def streaming_search(
     return unsort(search.results(), order)
 
 
-__all__ = ["StreamingMeta", "StreamingModel", "TorchStreamingModel", "chunk_starts", "streaming_search"]
+__all__ = [
+    "StreamingMeta",
+    "StreamingModel",
+    "TorchStreamingModel",
+    "chunk_starts",
+    "make_frame_search",
+    "streaming_search",
+]
