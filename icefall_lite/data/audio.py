@@ -16,6 +16,7 @@ a file is an :class:`AudioFileError` that names it and the reason.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Union
 
@@ -74,15 +75,17 @@ def _mono(block: np.ndarray) -> np.ndarray:
     return block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
 
 
-def audio_blocks(path: PathLike, block_seconds: Optional[float] = BLOCK_SECONDS) -> Iterator[np.ndarray]:
-    """The 16 kHz mono float32 samples of ``path``, about ``block_seconds`` of the file at a time (None: all).
+def audio_blocks(path: PathLike, block_seconds: Optional[float] = None) -> Iterator[np.ndarray]:
+    """The 16 kHz mono float32 samples of ``path``, about ``block_seconds`` of the file at a time (None:
+    :data:`BLOCK_SECONDS`; inf: all at once).
 
     Memory is bounded by the block, whatever the file's length. Concatenated,
     the blocks equal :func:`read_audio` of the file.
     """
     info = audio_info(path)
     resampler = None if info.samplerate == SAMPLE_RATE else soxr.ResampleStream(info.samplerate, SAMPLE_RATE, 1)
-    block_frames = info.frames if block_seconds is None else max(1, int(block_seconds * info.samplerate))
+    seconds = BLOCK_SECONDS if block_seconds is None else block_seconds
+    block_frames = info.frames if math.isinf(seconds) else max(1, int(seconds * info.samplerate))
     try:
         with sf.SoundFile(str(path)) as f:
             while True:
@@ -101,7 +104,7 @@ def audio_blocks(path: PathLike, block_seconds: Optional[float] = BLOCK_SECONDS)
 
 def read_audio(path: PathLike) -> np.ndarray:
     """The whole of ``path`` as 16 kHz mono float32 samples (num_samples,)."""
-    blocks = list(audio_blocks(path, block_seconds=None))
+    blocks = list(audio_blocks(path, block_seconds=math.inf))
     return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
 
 
