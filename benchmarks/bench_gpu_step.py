@@ -7,9 +7,10 @@ same length, as a bucketing sampler makes them), in float32 and under float16 an
 batch and precision: the median wall time of a step, the GPU's busy time in one profiled step (the union of
 its kernels' intervals) against that median, the CUDA kernels launched and the host synchronisations in a
 step, seconds of audio trained per second, and peak memory. Then the loss alone at B 28, T 350, S 80,
-V 500 in float32: the pruned path as train.py runs it, the library's full ``rnnt_loss`` on the same
-lattice, and torchaudio's CUDA ``rnnt_loss`` where torchaudio is installed; and the mutual-information
-recursion inside them alone, the PyTorch recursion beside the Triton kernel (with their largest difference).
+V 500 in float32: the pruned path as train.py runs it, its recursion by the Triton kernel (the CUDA default)
+and by the PyTorch recursion, the library's full ``rnnt_loss`` on the same lattice, and torchaudio's CUDA
+``rnnt_loss`` where torchaudio is installed; and the mutual-information recursion inside them alone, the
+PyTorch recursion beside the Triton kernel (with their largest difference).
 
 Without a CUDA GPU it refuses. ``--dry-run`` runs the same measurements on the CPU at tiny shapes, to check
 the script itself: its figures mean nothing, and it writes no section.
@@ -27,8 +28,9 @@ import math
 import os
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -45,6 +47,7 @@ from benchmarks.common import (
 )
 from benchmarks.gpu_probes import count_host_syncs, kernel_profile, loss_on, random_lattice
 from benchmarks.train_setup import FRAMES_PER_SECOND, Batch, TokenTable, Trainer
+from icefall_lite.nn import mutual_information
 from icefall_lite.nn.mutual_information import mutual_information_recursion
 from icefall_lite.nn.rnnt_loss import rnnt_loss
 from icefall_lite.train.loop import train_step
@@ -185,15 +188,41 @@ def torchaudio_loss_on(device: torch.device, shape: Tuple[int, int, int, int], s
     return call
 
 
+@contextmanager
+def recursion_by(backend: str) -> Iterator[None]:
+    """The mutual-information recursion run by ``backend`` ("pytorch" or "triton") inside the block."""
+    saved, mutual_information.BACKEND = mutual_information.BACKEND, backend
+    try:
+        yield
+    finally:
+        mutual_information.BACKEND = saved
+
+
+def _by(backend: str, fn: Callable[..., object]) -> Callable[..., object]:
+    """``fn`` with the recursion run by ``backend``."""
+
+    def wrapped(*args: object, **kwargs: object) -> object:
+        with recursion_by(backend):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
 def loss_table(device: torch.device, shape: Tuple[int, int, int, int], reps: int) -> str:
-    """The loss alone: each path timed, profiled and measured on the same lattice shape."""
+    """The loss alone: each path timed, profiled and measured on the same lattice shape; the pruned path
+    with its recursion by the Triton kernel (the CUDA default) and by the PyTorch recursion."""
+    pruned = "pruned (simple loss, ranges, pruning, tanh joiner, pruned loss)"
     paths: Dict[str, Callable[[], Callable[[], object]]] = {
-        "pruned (simple loss, ranges, pruning, tanh joiner, pruned loss)": lambda: loss_on(device, shape, 0)[0],
-        "full `rnnt_loss` (the library)": lambda: full_loss_on(device, shape, 0),
+        f"{pruned}, Triton recursion": lambda: _by("triton", loss_on(device, shape, 0)[0]),
+        f"{pruned}, PyTorch recursion": lambda: _by("pytorch", loss_on(device, shape, 0)[0]),
+        "full `rnnt_loss` (the library, its default recursion)": lambda: full_loss_on(device, shape, 0),
         "torchaudio's `rnnt_loss`": lambda: torchaudio_loss_on(device, shape, 0),
     }
     rows = []
     for name, make in paths.items():
+        if "Triton" in name and mutual_information._triton_kernel() is None:
+            rows.append([name, "not run: triton is not installed", "-", "-"])
+            continue
         try:
             call = make()
         except (ImportError, OSError) as e:  # OSError: a torchaudio built for another torch
@@ -217,18 +246,15 @@ def recursion_table(device: torch.device, shape: Tuple[int, int, int, int], reps
     px = torch.randn(B, S, T + 1, generator=gen).to(device)
     px[:, :, T] = float("-inf")
     py = torch.randn(B, S + 1, T, generator=gen).to(device)
-    paths: Dict[str, Callable] = {"PyTorch (the CPU path)": mutual_information_recursion}
+    paths: Dict[str, Callable] = {"PyTorch (the CPU path)": _by("pytorch", mutual_information_recursion)}
     missing = []
-    try:
-        from icefall_lite.nn.mutual_information_triton import mutual_information_recursion_triton
-
-        paths["Triton kernel"] = mutual_information_recursion_triton
-    except ModuleNotFoundError as e:
-        if e.name != "triton":
-            raise
+    if mutual_information._triton_kernel() is None:
         missing.append(["Triton kernel", "not run: triton is not installed", "-", "-", "-"])
+    else:
+        paths["Triton kernel"] = _by("triton", mutual_information_recursion)
     rows = []
-    want = mutual_information_recursion(px, py, return_grad=True)
+    with recursion_by("pytorch"):
+        want = mutual_information_recursion(px, py, return_grad=True)
     for name, fn in paths.items():
         call = lambda fn=fn: fn(px, py, return_grad=True)  # noqa: E731
         try:  # the kernel's first call compiles it (Triton needs a C compiler on the host for its launcher)

@@ -23,10 +23,12 @@ import inspect
 import itertools
 import math
 from typing import Callable, Dict, List, Optional, Tuple
+from unittest import mock
 
 import pytest
 import torch
 
+from icefall_lite.nn import mutual_information
 from icefall_lite.nn import rnnt_loss as k2api
 from icefall_lite.nn.rnnt_loss import (
     do_rnnt_pruning,
@@ -229,13 +231,12 @@ def _random_corners(g: torch.Generator, S: int, T: int, modified: bool) -> List[
 
 
 def _on_triton_device(px: Tensor, py: Tensor, boundary: Optional[Tensor] = None, return_grad: bool = False):
-    """The Triton kernel on the device it runs on here (CUDA, else the CPU in Triton's interpreter), its
-    results back on the CPU (autograd flows through the copies)."""
-    from icefall_lite.nn.mutual_information_triton import mutual_information_recursion_triton
-
+    """The recursion by the Triton kernel on the device it runs on here (CUDA, else the CPU in Triton's
+    interpreter), its results back on the CPU (autograd flows through the copies)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on = None if boundary is None else boundary.to(device)
-    out = mutual_information_recursion_triton(px.to(device), py.to(device), on, return_grad)
+    with mock.patch.object(mutual_information, "BACKEND", "triton"):
+        out = mutual_information_recursion(px.to(device), py.to(device), on, return_grad)
     if not return_grad:
         return out.cpu()
     return out[0].cpu(), (out[1][0].cpu(), out[1][1].cpu())

@@ -6,13 +6,16 @@ boundary from lengths (:mod:`icefall_lite.nn.boundary`, re-exported here as k2's
 module has it); :func:`mutual_information_recursion` is the recursion
 every RNN-T loss reduces to (k2's arguments, shapes and results, for the
 regular and the modified lattice), with an analytic backward computed in
-float64 whatever the input dtype; :func:`joint_mutual_information_recursion`
+float64 whatever the input dtype, on CUDA by the Triton kernel of
+:mod:`icefall_lite.nn.mutual_information_triton` (``BACKEND``);
+:func:`joint_mutual_information_recursion`
 splits the total score into the contributions of several ``px``/``py`` terms.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+import functools
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -364,12 +367,12 @@ def _broken_sequences(px: Tensor, py: Tensor) -> Optional[Tensor]:
 
 
 class _MutualInformationFunction(torch.autograd.Function):
-    """Autograd wrapper: forward computes scores and posteriors; backward is
-    ``grad_score[b] * posterior`` (no per-step graph is stored)."""
+    """Autograd wrapper: forward computes scores and posteriors (by ``compute``, an implementation of
+    :func:`_mutual_information`); backward is ``grad_score[b] * posterior`` (no per-step graph is stored)."""
 
     @staticmethod
-    def forward(ctx, px: Tensor, py: Tensor, boundary: Tensor):  # type: ignore[override]
-        scores, px_grad, py_grad = _mutual_information(px, py, boundary, with_grad=True)
+    def forward(ctx, px: Tensor, py: Tensor, boundary: Tensor, compute: Callable):  # type: ignore[override]
+        scores, px_grad, py_grad = compute(px, py, boundary, True)
         ctx.save_for_backward(px_grad, py_grad)
         ctx.mark_non_differentiable(px_grad, py_grad)
         return scores, px_grad, py_grad
@@ -378,7 +381,44 @@ class _MutualInformationFunction(torch.autograd.Function):
     def backward(ctx, grad_scores: Tensor, _g1: Tensor, _g2: Tensor):  # type: ignore[override]
         px_grad, py_grad = ctx.saved_tensors
         g = grad_scores.reshape(-1, 1, 1)
-        return g * px_grad, g * py_grad, None
+        return g * px_grad, g * py_grad, None, None
+
+
+# Which implementation runs the recursion: "auto" takes the Triton kernel
+# (icefall_lite.nn.mutual_information_triton) for CUDA tensors when Triton
+# imports, and this module's PyTorch recursion (the CPU path, and the kernel's
+# oracle) otherwise; "pytorch" or "triton" forces one (tests and benchmarks set
+# it; the kernel on CPU tensors needs TRITON_INTERPRET=1 set before it is first
+# imported).
+BACKEND = "auto"
+_BACKENDS = ("auto", "pytorch", "triton")
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_kernel() -> Optional[Callable]:
+    """The kernel's entry point, or None where Triton is not installed. Imported on first use: Triton is
+    optional, and the kernel module builds on this one's helpers."""
+    try:
+        from icefall_lite.nn.mutual_information_triton import mutual_information_kernel
+    except ModuleNotFoundError as e:
+        if e.name != "triton":
+            raise
+        return None
+    return mutual_information_kernel
+
+
+def _implementation(device: torch.device) -> Callable:
+    """The function that computes the recursion for tensors on ``device``, as ``BACKEND`` says."""
+    if BACKEND not in _BACKENDS:
+        raise ValueError(f"mutual_information.BACKEND must be one of {_BACKENDS}, got {BACKEND!r}")
+    if BACKEND == "pytorch" or (BACKEND == "auto" and device.type != "cuda"):
+        return _mutual_information
+    kernel = _triton_kernel()
+    if kernel is not None:
+        return kernel
+    if BACKEND == "triton":
+        raise RuntimeError("mutual_information.BACKEND is 'triton', but Triton is not installed (pip install triton)")
+    return _mutual_information
 
 
 def _check_px_py(px: Tensor, py: Tensor) -> Tuple[int, int, int]:
@@ -433,7 +473,9 @@ def mutual_information_recursion(
     large (~1000), and their rounding made float32 posteriors wrong by ~1e-4
     relative (issue 28); in float64 they are exact to float32 precision and
     each sequence's posteriors sum to its number of symbols and frames.
-    Memory is ``O(B * S * (S + T))``.
+    Memory is ``O(B * S * (S + T))``.  That is the CPU path; CUDA tensors go
+    to a Triton kernel that computes the same (forward and backward as
+    separate programs of each sequence, in float64), as ``BACKEND`` says.
 
     Args:
       px: ``(B, S, T+1)`` (regular) or ``(B, S, T)`` (modified),
@@ -464,12 +506,13 @@ def mutual_information_recursion(
         boundary = boundary.to(device=px.device, dtype=torch.int64)
     px_c, py_c = px.contiguous(), py.contiguous()
 
+    compute = _implementation(px.device)
     needs_autograd = torch.is_grad_enabled() and (px.requires_grad or py.requires_grad)
     if needs_autograd:
-        scores, px_grad, py_grad = _MutualInformationFunction.apply(px_c, py_c, boundary)
+        scores, px_grad, py_grad = _MutualInformationFunction.apply(px_c, py_c, boundary, compute)
     else:
         with torch.no_grad():
-            scores, px_grad, py_grad = _mutual_information(px_c, py_c, boundary, return_grad)
+            scores, px_grad, py_grad = compute(px_c, py_c, boundary, return_grad)
     if return_grad:
         assert px_grad is not None and py_grad is not None
         return scores, (px_grad, py_grad)
