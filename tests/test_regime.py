@@ -380,11 +380,12 @@ def test_family_answer_by_hand(tmp_path):
     mde = _effect_for_power_by_search(3, 0.025, 0.8)
     expected = (
         "**The answer.** At a budget where `none` had not flattened (above): `filter-25` raised endpoint "
-        "test-other WER against `none` by 1.00 points [+0.75, +1.25] over 3 seed pairs (Holm p 0.007); with this "
-        f"spread (sd 0.10) it finds {0.1 * mde:.2f} points with 80% power; no run of either diverged. `guard` "
-        "against `none`: no difference resolved, +22.67 points [-74.86, +120.19] over 3 seed pairs (Holm p "
-        f"0.423); with this spread (sd 39.26) it finds {39.26 * mde:.2f} points with 80% power; diverged 1 of 3 "
-        "against 0 of 3 (Fisher p 1.000)."
+        "test-other WER against `none` by 1.00 points [+0.75, +1.25] over 3 seed pairs (Holm p 0.007); after the "
+        f"fact, at the observed sd 0.10 of the differences and alpha 0.05 / 2, 80% power would need {0.1 * mde:.2f} "
+        "points; no run of either diverged. `guard` against `none`: no difference resolved at 1,800 steps, +22.67 "
+        "points [-74.86, +120.19] over 3 seed pairs (Holm p 0.423); after the fact, at the observed sd 39.26 of the "
+        f"differences and alpha 0.05 / 2, 80% power would need {39.26 * mde:.2f} points; diverged 1 of 3 against 0 "
+        "of 3 (Fisher p 1.000)."
     )
     assert answer(stage, summaries, comparisons(stage, summaries)) == expected
     assert expected in family_section(stage, summaries)
@@ -394,7 +395,7 @@ def test_family_answer_by_hand(tmp_path):
     text = answer(stage, later, comparisons(stage, later))
     assert (
         "`filter-25` against `none`: +3.00 points [+0.52, +5.48] over 3 seed pairs (Holm p 0.070): its interval "
-        "leaves out 0 before Holm's adjustment, not after; with this spread" in text
+        "leaves out 0 before Holm's adjustment, not after; after the fact, at the observed sd" in text
     )
 
 

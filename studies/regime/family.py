@@ -240,7 +240,7 @@ def answer(
         return f"**The answer** is written here once all {total} runs are in."
     change = baseline_change(stage, summaries)
     alpha = ALPHA / len(found)
-    sentences = [_comparison_sentence(c, alpha) for c in found]
+    sentences = [_comparison_sentence(c, alpha, stage.steps, len(found)) for c in found]
     head = "**The answer.**"
     base = f"`{stage.design['baseline']}`"
     if change is not None and not learned(change):
@@ -250,7 +250,7 @@ def answer(
     return " ".join([head, *sentences, *_control_sentence(stage, summaries, control, control_runs or {})])
 
 
-def _comparison_sentence(c: Comparison, alpha: float) -> str:
+def _comparison_sentence(c: Comparison, alpha: float, steps: int, family: int) -> str:
     d, name = c.difference, f"`{c.arm}` against `{c.baseline}`"
     pairs = f"{d.n} seed pair{'s' if d.n != 1 else ''}"
     if c.left_out:
@@ -267,10 +267,13 @@ def _comparison_sentence(c: Comparison, alpha: float) -> str:
         what = f"{name}: {d.mean:+.2f} points"
         caveat = ": its interval leaves out 0 before Holm's adjustment, not after"
     else:
-        what = f"{name}: no difference resolved, {d.mean:+.2f} points"
+        what = f"{name}: no difference resolved at {steps:,} steps, {d.mean:+.2f} points"
     what += f" {d.interval(2)} over {pairs} (Holm p {_p(c.holm)}){caveat}"
     mde = minimum_detectable_effect(c.sd, d.n, alpha, POWER)
-    what += f"; with this spread (sd {c.sd:.2f}) it finds {mde:.2f} points with {POWER:.0%} power"
+    what += (
+        f"; after the fact, at the observed sd {c.sd:.2f} of the differences and alpha {ALPHA:g} / {family}, "
+        f"{POWER:.0%} power would need {mde:.2f} points"
+    )
     if sum(c.diverged):
         what += (
             f"; diverged {c.diverged[0]} of {c.runs[0]} against {c.diverged[1]} of {c.runs[1]} "

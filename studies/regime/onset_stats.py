@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy import stats
 from statsmodels.duration.hazard_regression import PHReg
-from statsmodels.duration.survfunc import survdiff
+from statsmodels.duration.survfunc import SurvfuncRight, survdiff
 
 from studies.regime.stage import SUMMARIES, WINDOW
 
@@ -74,17 +74,14 @@ class SurvivalComparison:
 
 
 def km_median(exits: Sequence[Exit]) -> Optional[float]:
-    """The Kaplan-Meier median exit step: the first step at which the estimated share still on the plateau is at
-    most one half; None when it is not reached (half or more censored before)."""
-    at_risk, share = len(exits), 1.0
-    for step in sorted({e.step for e in exits}):
-        events = sum(e.observed and e.step == step for e in exits)
-        if events:
-            share *= 1.0 - events / at_risk
-            if share <= 0.5:
-                return float(step)
-        at_risk -= sum(e.step == step for e in exits)
-    return None
+    """The Kaplan-Meier median exit step (statsmodels' ``SurvfuncRight.quantile(0.5)``); None when it is not
+    reached (half or more of the runs still on the plateau) or there is no run."""
+    if not exits:
+        return None
+    time = np.array([e.step for e in exits], dtype=float)
+    status = np.array([e.observed for e in exits], dtype=float)
+    median = SurvfuncRight(time, status).quantile(0.5)
+    return None if not np.isfinite(median) else float(median)
 
 
 def logrank(a: Sequence[Exit], b: Sequence[Exit]) -> float:
@@ -101,18 +98,25 @@ def logrank(a: Sequence[Exit], b: Sequence[Exit]) -> float:
 
 def hazard_ratio(a: Sequence[Exit], b: Sequence[Exit]) -> Tuple[float, float, float]:
     """Cox regression (statsmodels' ``PHReg``, Breslow's ties) of the exits on an indicator of ``a``: the hazard
-    ratio of ``a`` against ``b`` and its 95% interval; nans where it cannot be fitted (no event, or one group
-    without an event or censoring that separates them)."""
+    ratio of ``a`` against ``b`` and its 95% interval; nans where a group has no event; infinite (or 0) without
+    an interval where every run of ``a`` left before every run of ``b`` (or after)."""
     exits = [*a, *b]
     time = np.array([e.step for e in exits], dtype=float)
     status = np.array([e.observed for e in exits], dtype=float)
     exog = np.array([[1.0]] * len(a) + [[0.0]] * len(b))
     if not status.any() or not status[: len(a)].any() or not status[len(a) :].any():
         return math.nan, math.nan, math.nan
+    if _separated(a, b) or _separated(b, a):  # the likelihood has no maximum: the ratio is 0 or infinite
+        return (math.inf if _separated(a, b) else 0.0), math.nan, math.nan
     with np.errstate(all="ignore"):
         fit = PHReg(time, exog, status=status, ties="breslow").fit(disp=False)
     low, high = fit.conf_int()[0]
     return float(math.exp(fit.params[0])), float(math.exp(low)), float(math.exp(high))
+
+
+def _separated(a: Sequence[Exit], b: Sequence[Exit]) -> bool:
+    """Whether every run of ``a`` left the plateau before any run of ``b`` left it or was censored."""
+    return all(e.observed for e in a) and max(e.step for e in a) < min(e.step for e in b)
 
 
 def fisher(a: Tuple[int, int], b: Tuple[int, int]) -> float:

@@ -254,12 +254,11 @@ def bound_sentence(row: FamilyRow, baseline_runs: Sequence[RunResult], c: StudyC
     alpha = c.alpha / len(c.family)
     mde = minimum_detectable_effect(sd, len(diffs), alpha, c.power_target)
     text = (
-        f" On this setup the filter (`{row.comparison.arm}` − `{row.comparison.baseline}`) changes "
-        f"{wer_name(*c.metric)} WER by no more than {d.interval(2)} points (its {100 * c.confidence:g}% interval, "
-        f"{d.n} pairs{without_linked(row, c)}); the study resolves about {mde:.1f} points (its minimum detectable "
-        f"effect at power "
-        f"{c.power_target:g}, alpha {c.alpha:g} / {len(c.family)}, at the standard deviation {sd:.2f} of its per-seed "
-        "differences)"
+        f" On this setup the filter's change of {wer_name(*c.metric)} WER (`{row.comparison.arm}` − "
+        f"`{row.comparison.baseline}`) has the {100 * c.confidence:g}% interval {d.interval(2)} points ({d.n} "
+        f"pairs{without_linked(row, c)}); after the fact, at the observed standard deviation {sd:.2f} of its "
+        f"per-seed differences, the study would have found about {mde:.1f} points with power {c.power_target:g} "
+        f"at alpha {c.alpha:g} / {len(c.family)}"
     )
     greedy = icefall_greedy()
     (_, without), (_, filtered) = list(greedy.items())[:2]

@@ -1,0 +1,237 @@
+"""The regime study's confirmatory stage (studies/regime/onset*.py, onset.json): the plateau exit by hand, the
+survival and Fisher tests against formulas worked here, the gate, the one-machine and one-commit rules, and the
+report's answers on made-up runs."""
+
+import json
+import math
+from fractions import Fraction
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import pytest
+
+from studies.regime import onset, onset_report, onset_stats
+from studies.regime.onset_stats import Exit, plateau_exit
+from studies.regime.stage import shown
+from studies.runner import StudyError
+
+RULE = {"level": 0.30, "from_step": 100, "window": 50}
+MACHINE = {"cpu_model": "X", "cpu_flags": "abc", "threads": "2", "torch": "2.13.0"}
+
+
+def test_plateau_exit_is_the_end_of_the_first_full_window_below_the_level_from_step_100():
+    # Windows 0 and 1 (steps 0-99) are below the level before the pruned loss has its weight: not counted.
+    windows = [0.23, 0.25, 0.45, 0.44, 0.31, 0.29, 0.10]
+    assert plateau_exit(windows, RULE, 1200) == Exit(300, True)  # window 5: steps 250-299
+    assert plateau_exit([0.2, 0.2, 0.28], RULE, 1200) == Exit(150, True)  # leaves as the ramp ends
+    # Never below the level up to the budget: censored at it; a window past the budget does not count.
+    assert plateau_exit([0.44] * 6 + [0.1], RULE, 300) == Exit(300, False)
+    assert plateau_exit([0.44] * 6 + [0.1], RULE, 350) == Exit(350, True)
+    # The budget's own step opens a partial window (step 1200 alone): it is not a full window.
+    assert plateau_exit([0.44] * 24 + [0.1], RULE, 1200) == Exit(1200, False)
+    assert plateau_exit([0.44, None, 0.44, None, 0.2], RULE, 1200) == Exit(250, True)
+    with pytest.raises(ValueError, match="window"):
+        plateau_exit([0.1], {**RULE, "window": 100}, 1200)
+
+
+def _logrank_by_hand(a: Sequence[Exit], b: Sequence[Exit]) -> float:
+    """Mantel's log-rank chi-square (1 df) worked out here: at each event time, group a's observed minus expected
+    events and the hypergeometric variance; p from the chi-square's survival function via erfc."""
+    times = sorted({e.step for e in [*a, *b] if e.observed})
+    o_minus_e, var = 0.0, 0.0
+    for t in times:
+        n_a = sum(e.step >= t for e in a)
+        n_b = sum(e.step >= t for e in b)
+        d_a = sum(e.step == t and e.observed for e in a)
+        d = d_a + sum(e.step == t and e.observed for e in b)
+        n = n_a + n_b
+        o_minus_e += d_a - d * n_a / n
+        if n > 1:
+            var += d * (n_a / n) * (n_b / n) * (n - d) / (n - 1)
+    chi2 = o_minus_e**2 / var
+    return math.erfc(math.sqrt(chi2 / 2))  # P(chi-square with 1 df > chi2)
+
+
+def test_logrank_is_mantels_test_worked_by_hand_with_ties_and_censoring():
+    a = [Exit(s, True) for s in (150, 350, 350, 400, 450, 500)] + [Exit(1200, False)]
+    b = [Exit(s, True) for s in (400, 600, 700, 700, 750, 900)] + [Exit(1200, False)] * 2
+    assert onset_stats.logrank(a, b) == pytest.approx(_logrank_by_hand(a, b), rel=1e-9)
+    assert onset_stats.logrank(a, a) == pytest.approx(1.0)
+    assert math.isnan(onset_stats.logrank([Exit(1200, False)], [Exit(1200, False)]))
+
+
+def test_hazard_ratio_is_above_1_for_the_group_that_leaves_sooner_and_inverts_when_swapped():
+    early = [Exit(s, True) for s in (150, 300, 350, 400, 450, 500, 550)]
+    late = [Exit(s, True) for s in (400, 600, 700, 750, 800)] + [Exit(1200, False)] * 2
+    hr, low, high = onset_stats.hazard_ratio(early, late)
+    assert hr > 1 and low < hr < high
+    back = onset_stats.hazard_ratio(late, early)
+    assert back[0] == pytest.approx(1 / hr, rel=1e-6)
+    assert (back[1], back[2]) == pytest.approx((1 / high, 1 / low), rel=1e-6)
+    # No event in one group: not fitted; every exit of one group before every exit of the other (no maximum of the
+    # likelihood): infinite, or 0, without an interval.
+    assert math.isnan(onset_stats.hazard_ratio(early, [Exit(1200, False)] * 3)[0])
+    apart = [Exit(s, True) for s in (700, 800, 900)]
+    separated = onset_stats.hazard_ratio(early, apart)
+    assert separated[0] == math.inf and math.isnan(separated[1]) and math.isnan(separated[2])
+    assert onset_stats.hazard_ratio(apart, early)[0] == 0.0
+
+
+def _fisher_by_hand(a: int, n: int, b: int, m: int) -> float:
+    """Two-sided Fisher: the sum of the hypergeometric probabilities of every table with the same margins that
+    is no more likely than the observed one (exact fractions)."""
+    k = a + b
+
+    def prob(x: int) -> Fraction:
+        return Fraction(math.comb(n, x) * math.comb(m, k - x), math.comb(n + m, k))
+
+    observed = prob(a)
+    return float(sum(prob(x) for x in range(max(0, k - m), min(k, n) + 1) if prob(x) <= observed))
+
+
+@pytest.mark.parametrize("a, b", [(4, 10), (2, 9), (1, 8), (0, 6), (3, 3)])
+def test_fisher_is_the_hypergeometric_sum_worked_by_hand(a, b):
+    assert onset_stats.fisher((a, 10), (b, 10)) == pytest.approx(_fisher_by_hand(a, 10, b, 10), rel=1e-9)
+
+
+def test_the_designs_fisher_power_sentences_hold():
+    # onset.json's rescue power: from 10 of 10, at most 4 of 10; from 9, 2; from 8, 1; from 6 or 7, only 0.
+    alpha = 0.05 / 3
+    assert [onset_stats.fisher_largest_rate(k, 10, alpha) for k in (10, 9, 8, 7, 6)] == [4, 2, 1, 0, 0]
+    assert onset_stats.fisher_largest_rate(5, 10, alpha) is None
+
+
+def test_loss_digest_covers_exactly_the_steps_below_its_bound():
+    from studies.regime.stage import loss_digest
+
+    series = [(s, 0.5 - s / 1000) for s in range(400)]
+    d = loss_digest(series, 300)
+    assert d == loss_digest(series[:300], 300)  # later steps do not count
+    changed = list(series)
+    changed[299] = (299, changed[299][1] + 1e-7)
+    assert loss_digest(changed, 300) != d and len(d) == 16
+
+
+DESIGN = json.loads((Path(onset.__file__).parent / "onset.json").read_text())
+
+
+def _summary(stage, arm: str, seed: int, windows: List[float], wer: Dict[int, float], machine=MACHINE) -> Dict:
+    return {
+        "key": {"cell": stage.cells[0].name, "arm": arm, "seed": seed},
+        "steps": stage.steps,
+        "wer": {"test-clean": 1.0, "test-other": wer[stage.points[-1]]},
+        "wer_at": {str(p): {"test-clean": 1.0, "test-other": w} for p, w in wer.items()},
+        "skipped_steps": 0,
+        "loss_per_50_steps": windows,
+        "machine": dict(machine),
+        "commit": "c0ffee",
+        "loss_digest": {"steps": 300, "sha256": "0" * 16},
+    }
+
+
+def _curve(exit_window: int) -> List[float]:
+    """Windows on the plateau (0.44) until ``exit_window``, then learned (0.1); 25 windows."""
+    return [0.23, 0.25] + [0.44 if i < exit_window else 0.1 for i in range(2, 25)]
+
+
+def test_the_gate_needs_every_none_run_and_most_of_them_collapsed():
+    rescue = onset.question_stage("rescue", DESIGN)
+    assert [r.arm for r in onset.gate_runs(rescue)] == ["none"] * 10
+    runs = {}
+    for i, seed in enumerate(rescue.seeds):
+        wer = 100.0 if i < 6 else 20.0
+        runs[(rescue.cells[0].name, "none", seed)] = _summary(rescue, "none", seed, _curve(30), {1200: wer})
+    assert onset.gate_passed(rescue, runs) is True
+    runs[(rescue.cells[0].name, "none", 101)]["wer"]["test-other"] = 20.0  # now 5 of 10 collapsed
+    assert onset.gate_passed(rescue, runs) is False
+    del runs[(rescue.cells[0].name, "none", 110)]
+    assert onset.gate_passed(rescue, runs) is None
+    text = " ".join(onset_report.rescue_section(rescue, runs))
+    assert "**The gate**: 9 of 10 `none` runs in, 5 collapsed" in text
+
+
+def test_slow_start_answer_on_made_up_runs():
+    slow = onset.question_stage("slow-start", DESIGN)
+    cell = slow.cells[0].name
+    runs = {}
+    for i, seed in enumerate(slow.seeds):
+        # none leaves late (window 14-16), filter-25 with none, guard early (window 4-6), zclip as none;
+        # one none run never leaves (censored).
+        late, early = 14 + i % 3, 4 + i % 3 + (12 if i == 9 else 0)  # one guard run as late as none's
+        for arm, w in (("none", 30 if i == 0 else late), ("filter-25", late), ("guard", early), ("zclip", late)):
+            runs[(cell, arm, seed)] = _summary(slow, arm, seed, _curve(w), {900: 60.0 - i, 1200: 10.0 + i / 10})
+    rows = onset_report.exit_rows(slow, runs)
+    assert [r.arm for r in rows] == ["none", "filter-25", "guard", "zclip"]
+    assert rows[0].exits[101] == Exit(1200, False) and rows[2].exits[101] == Exit(250, True)
+    text = "\n".join(onset_report.slow_start_section(slow, runs, None, {}))
+    assert "`guard`: confirmed, hazard ratio of leaving the plateau" in text
+    assert "`filter-25`: not resolved" in text and "`zclip`: not resolved" in text
+    assert "Runs: 40 on X (flags abc), 2 threads, torch 2.13.0; left out of the tests for another machine: 0." in text
+    # A run made on another machine is left out (and the answer waits for it), unless shown alike.
+    other = {**MACHINE, "cpu_flags": "def"}
+    runs[(cell, "zclip", 110)]["machine"] = other
+    kept, left_out = onset.comparable(slow, runs)
+    assert left_out == 1 and (cell, "zclip", 110) not in kept
+    assert "once all 40 runs are in (39 in)" in "\n".join(onset_report.slow_start_section(slow, runs, None, {}))
+
+
+def test_runs_from_another_machine_count_once_verified_alike(tmp_path, monkeypatch):
+    slow = onset.question_stage("slow-start", DESIGN)
+    monkeypatch.setattr(type(slow), "summaries", property(lambda self: tmp_path / self.name))
+    cell = slow.cells[0].name
+    other = {**MACHINE, "cpu_flags": "def"}
+    runs = {(cell, "none", 101): _summary(slow, "none", 101, _curve(10), {900: 1, 1200: 1})}
+    runs[(cell, "guard", 101)] = _summary(slow, "guard", 101, _curve(10), {900: 1, 1200: 1}, machine=other)
+    assert onset.comparable(slow, runs)[1] == 1
+    record = {"machine": onset.machine_name(other), "of": onset.machine_name(MACHINE), "alike": True}
+    (tmp_path / "slow-start").mkdir()
+    (tmp_path / "slow-start" / onset.MACHINES_FILE).write_text(json.dumps({"verified": [record]}))
+    assert onset.comparable(slow, runs) == (runs, 0)
+    (tmp_path / "slow-start" / onset.MACHINES_FILE).write_text(json.dumps({"verified": [{**record, "alike": False}]}))
+    assert onset.comparable(slow, runs)[1] == 1
+
+
+def test_the_study_refuses_another_commit_or_an_unverified_machine(tmp_path, monkeypatch):
+    slow = onset.question_stage("slow-start", DESIGN)
+    monkeypatch.setattr(type(slow), "summaries", property(lambda self: tmp_path / self.name))
+    first = _summary(slow, "none", 101, _curve(10), {900: 1, 1200: 1})
+    path = tmp_path / "slow-start" / slow.relpath(slow.runs()[0])
+    path.parent.mkdir(parents=True)
+    path.with_suffix(".json").write_text(json.dumps(first))
+    monkeypatch.setattr(onset, "machine_record", lambda: dict(MACHINE))
+    monkeypatch.setattr(onset, "code_commit", lambda: "c0ffee")
+    onset.check_here(slow)  # the runs' machine and commit: nothing to say
+    monkeypatch.setattr(onset, "code_commit", lambda: "beef")
+    with pytest.raises(StudyError, match="commit c0ffee; this checkout is beef.*git worktree add"):
+        onset.check_here(slow)
+    monkeypatch.setattr(onset, "code_commit", lambda: "c0ffee")
+    monkeypatch.setattr(onset, "machine_record", lambda: {**MACHINE, "cpu_model": "Y"})
+    with pytest.raises(StudyError, match="not shown to compute alike.*--verify-machine"):
+        onset.check_here(slow)
+
+
+def test_every_committed_onset_run_was_made_with_the_commands_onset_json_gives_it():
+    for name in onset.QUESTIONS:
+        stage = onset.question_stage(name, DESIGN)
+        runs = {(r.cell.name, r.arm, r.seed): r for r in stage.runs()}
+        for key, s in stage.load_summaries().items():
+            run = runs[key]
+            expected = [stage.train_command(run), *(stage.decode_command(run, p) for p in stage.points)]
+            assert s["commands"] == [shown(c) for c in expected], key
+            assert s["steps"] == stage.steps and s["loss_digest"]["steps"] == DESIGN["verify_steps"]
+            assert not s["commit"].endswith("-dirty"), key
+
+
+def test_the_design_states_the_exploratory_medians_and_rescues_guard_from_the_pilot():
+    # onset.json's prompted_by: none 700, filter-25 550, guard 475, zclip 525 (medians of the family's exits).
+    exits = onset_stats.exploratory_exits(DESIGN["slow-start"]["plateau"], DESIGN["slow-start"]["steps"])
+    medians = {arm: sorted(x)[4:6] for arm, x in exits.items()}
+    assert {arm: sum(m) / 2 for arm, m in medians.items()} == {
+        "none": 700,
+        "filter-25": 550,
+        "guard": 475,
+        "zclip": 525,
+    }
+    pilot = Path(onset.__file__).parent / "summaries" / "pilot" / "lr-x10.clean"
+    norms = [json.loads((pilot / f"seed-{s}.json").read_text())["grad_norm"]["median"] for s in (42, 43)]
+    assert float(f"{4 * sum(norms) / 2:.2g}") == 540 and DESIGN["rescue"]["arms"]["guard"] == "clip-grad-norm=540"
