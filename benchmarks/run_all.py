@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run all ten benchmarks and rewrite benchmarks/RESULTS.md.
+"""Run all eleven benchmarks and rewrite benchmarks/RESULTS.md.
 
 Each benchmark runs in its own process (so peak-memory accounting and thread
 settings do not leak between them) with ``--markdown-out``; the sections are
@@ -45,6 +45,7 @@ BENCHMARKS: Dict[str, str] = {
     "precision": "bench_precision.py",
     "real-batches": "bench_real_batches.py",
     "recurrent-clip": "bench_recurrent_clip.py",
+    "pretrained": "bench_pretrained.py",
 }
 
 PREAMBLE = """# Benchmarks
