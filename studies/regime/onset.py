@@ -60,12 +60,13 @@ def gate_passed(rescue: Stage, summaries: Summaries) -> Optional[bool]:
 
 
 def run_all(design: Dict, after_each: Callable[[], object]) -> None:
-    """onset.json's order: rescue's gate, slow-start seed by seed, then (the gate passed) rescue's other arms."""
+    """onset.json's order as amended: slow-start seed by seed, rescue's gate, then (the gate passed) rescue's
+    other arms."""
     slow, rescue = (question_stage(q, design) for q in QUESTIONS)
     for stage in (slow, rescue):
         check_here(stage)
-    rescue.run_all(after_each, only=gate_runs(rescue))
     slow.run_all(after_each)
+    rescue.run_all(after_each, only=gate_runs(rescue))
     if gate_passed(rescue, rescue.load_summaries()):
         rescue.run_all(after_each)
 

@@ -422,7 +422,8 @@ def onset_section(design: Optional[Dict], family: Optional[Stage], family_runs: 
     return [
         f"## Two confirmatory questions (fixed {design['fixed']} before their runs: [onset.json](onset.json))",
         "",
-        f"Order: {design['order']} Machines: {design['machine']}",
+        f"Order (amended {design['order_amended']['date'][:10]} before any run finished): "
+        f"{design['order_amended']['order']} Machines: {design['machine']}",
         "",
         *slow_start_section(slow, slow.load_summaries(), family, family_runs),
         *rescue_section(rescue, rescue.load_summaries()),
