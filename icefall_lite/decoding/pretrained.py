@@ -84,21 +84,27 @@ def get_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--bpe-model", type=Path, default=Path(DEFAULT_BPE_MODEL), help=f"(default: {DEFAULT_BPE_MODEL})"
     )
+    add_method_arguments(parser, DECODING_METHODS)
+    add_search_arguments(parser)
+    add_sound_file_arguments(parser)
+    add_model_arguments(parser)
+    return parser
+
+
+def add_method_arguments(parser: argparse.ArgumentParser, methods: Sequence[str]) -> None:
+    """``--method`` (icefall's pretrained.py's name; decode.py's ``--decoding-method`` too) among ``methods``, and
+    ``--beam-size``: pretrained.py's and onnx_pretrained.py's."""
     parser.add_argument(
         "--method",
         "--decoding-method",
         dest="decoding_method",
         default="greedy_search",
-        choices=DECODING_METHODS,
+        choices=list(methods),
         help="The search (icefall's pretrained.py: --method). (default: greedy_search)",
     )
     parser.add_argument(
         "--beam-size", type=int, default=4, help="Hypotheses kept per frame by modified_beam_search. (default: 4)"
     )
-    add_search_arguments(parser)
-    add_sound_file_arguments(parser)
-    add_model_arguments(parser)
-    return parser
 
 
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -29,7 +29,7 @@ from icefall_lite.data.features import fbank_extractor
 from icefall_lite.decoding.chunked import chunked_search
 from icefall_lite.decoding.constants import STREAMING_METHODS
 from icefall_lite.decoding.decode_run import add_num_threads_argument
-from icefall_lite.decoding.pretrained import add_sound_file_arguments
+from icefall_lite.decoding.pretrained import add_method_arguments, add_sound_file_arguments
 from icefall_lite.decoding.streaming import make_frame_search, streaming_search
 from icefall_lite.decoding.transcribe import ProgressFn
 from icefall_lite.export.onnx_runtime import OnnxRuntimeTransducer
@@ -53,17 +53,7 @@ def get_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
             help=f"The {part} of export_onnx.py, e.g. exp/{part}-epoch-5-avg-2.onnx (or its .int8.onnx).",
         )
     parser.add_argument("--tokens", type=Path, required=True, help="tokens.txt of export_onnx.py.")
-    parser.add_argument(
-        "--method",
-        "--decoding-method",
-        dest="decoding_method",
-        default="greedy_search",
-        choices=STREAMING_METHODS,
-        help="The search, as sherpa-onnx runs it. (default: greedy_search)",
-    )
-    parser.add_argument(
-        "--beam-size", type=int, default=4, help="modified_beam_search: hypotheses kept per frame. (default: 4)"
-    )
+    add_method_arguments(parser, STREAMING_METHODS)  # the searches sherpa-onnx runs
     add_num_threads_argument(parser)
     add_sound_file_arguments(parser)
     return parser

@@ -295,10 +295,7 @@ def slow_start_section(stage: Stage, summaries: Summaries, family: Optional[Stag
         "",
         *_table(head2, secondary),
         "",
-        f"![training loss by step, median and interquartile range over seeds](plots/onset-{stage.name}.png)",
-        "",
-        provenance_line(stage, summaries, left_out),
-        "",
+        *_curves_and_provenance(stage, summaries, left_out),
     ]
 
 
@@ -388,6 +385,13 @@ def rescue_section(stage: Stage, summaries: Summaries) -> List[str]:
         "",
         *_table(head, table),
         "",
+        *_curves_and_provenance(stage, summaries, left_out),
+    ]
+
+
+def _curves_and_provenance(stage: Stage, summaries: Summaries, left_out: int) -> List[str]:
+    """A question's plot and where its runs were made."""
+    return [
         f"![training loss by step, median and interquartile range over seeds](plots/onset-{stage.name}.png)",
         "",
         provenance_line(stage, summaries, left_out),
