@@ -235,3 +235,43 @@ def test_the_design_states_the_exploratory_medians_and_rescues_guard_from_the_pi
     pilot = Path(onset.__file__).parent / "summaries" / "pilot" / "lr-x10.clean"
     norms = [json.loads((pilot / f"seed-{s}.json").read_text())["grad_norm"]["median"] for s in (42, 43)]
     assert float(f"{4 * sum(norms) / 2:.2g}") == 540 and DESIGN["rescue"]["arms"]["guard"] == "clip-grad-norm=540"
+
+
+def test_verify_machine_retrains_the_first_run_and_records_whether_its_loss_digest_agrees(tmp_path, monkeypatch):
+    from studies.regime.stage import loss_digest
+
+    monkeypatch.setattr(onset.Stage, "summaries", property(lambda self: tmp_path / self.name))
+    series = [(s, 0.44 - s / 1e4) for s in range(1, 400)]
+    slow = onset.question_stage("slow-start", DESIGN)
+    first = _summary(slow, "none", 101, _curve(10), {900: 1, 1200: 1})
+    first["loss_digest"]["sha256"] = loss_digest(series, DESIGN["verify_steps"])
+    path = tmp_path / "slow-start" / f"{slow.relpath(slow.runs()[0])}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(first))
+    here = {**MACHINE, "cpu_flags": "def"}
+    ran: List[List[str]] = []
+    monkeypatch.setattr(onset, "machine_record", lambda: dict(here))
+    monkeypatch.setattr(onset, "code_commit", lambda: "c0ffee")
+    monkeypatch.setattr(onset, "run_command", lambda cmd, cwd, what, shown: ran.append(cmd))
+    monkeypatch.setattr(onset, "read_scalars", lambda folder: {onset.TB_TAGS.loss: series})
+    (record,) = onset.verify_machine(DESIGN)  # rescue has no run: nothing to verify there
+    flags = dict(zip(ran[0][2::2], ran[0][3::2]))
+    assert flags["--max-batches"] == "300" and flags["--seed"] == "101" and "verify-machine" in flags["--exp-dir"]
+    assert (
+        record["alike"]
+        and record["machine"] == onset.machine_name(here)
+        and record["of"] == "X (flags abc), 2 threads, torch 2.13.0"
+    )
+    saved = json.loads((tmp_path / "slow-start" / onset.MACHINES_FILE).read_text())["verified"]
+    assert saved == [record]
+    assert onset.verify_machine(DESIGN) == []  # shown alike already: nothing retrained
+    assert len(ran) == 1
+    # Another machine whose loss differs at one step is recorded as not alike.
+    here["cpu_flags"] = "ghi"
+    series[5] = (series[5][0], series[5][1] + 1e-7)
+    (other,) = onset.verify_machine(DESIGN)
+    assert not other["alike"]
+    monkeypatch.setattr(onset, "code_commit", lambda: "beef")
+    here["cpu_flags"] = "jkl"
+    with pytest.raises(StudyError, match="commit c0ffee, this checkout is beef"):
+        onset.verify_machine(DESIGN)
