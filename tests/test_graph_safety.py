@@ -122,7 +122,10 @@ def _assert_exactly(found: Set[str], listed: Sequence[str]) -> None:
     assert (unlisted, gone) == ([], []), f"found but not listed: {unlisted}; listed but not found: {gone}"
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton kernel runs here on CPU tensors")
+INTERPRETER = "the kernel on CPU tensors needs TRITON_INTERPRET=1 (conftest sets it where no GPU is)"
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason=INTERPRETER)
 def test_the_step_on_cudas_path_has_exactly_the_remaining_sites():
     """The default flags, the recursion by the Triton kernel (CUDA's path; in the interpreter here)."""
     pytest.importorskip("triton")
