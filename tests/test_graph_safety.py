@@ -141,6 +141,17 @@ CONFIGURATIONS: Dict[str, Tuple[List[str], Dict[str, str], Dict[str, str]]] = {
     "defaults": ([], {}, {}),
     "no-clip": (["--clip-grad-norm", "0"], {}, {}),
     "grad-filter-off": (["--grad-filter-threshold", "0"], {}, {}),
+    "grad-filter-uniform": (
+        ["--grad-filter-mode", "uniform"],
+        {"icefall_lite/nn/clip/filter.py:backward (item)": "if float(cutoff) > 0 (item 2's file)"},
+        {},
+    ),
+    "grad-filter-hard-mask": (
+        ["--grad-filter-mode", "hard-mask"],
+        {"icefall_lite/nn/clip/filter.py:backward (item)": "if bool(drop.any()) (item 2's file)"},
+        {},
+    ),
+    "recurrent-grad-clip": (["--recurrent-grad-clip", "1"], {}, {}),
     "clip-grad-value": (["--clip-grad-value", "0.01"], {}, {}),
     "agc": (["--agc-clipping", "0.01"], {}, {}),
     "relative": (["--clip-grad-norm-relative", "2"], {}, {}),
