@@ -13,7 +13,7 @@ warm-up. Streaming is supported by passing and returning the LSTM states.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -52,6 +52,34 @@ def subsampled_length(num_frames: Tensor) -> Tensor:
     return (((num_frames - 3) >> 1) - 1) >> 1
 
 
+def real_extent(x_lens: Tensor, real: Tensor) -> Tensor:
+    """(N,) int64: the input frames of each row that the training statistics count (the ActivationBalancers',
+    the GradientFilters'): the batch's longest real utterance for a real row, 0 for a dummy row.
+
+    Not each row's own length: the batch as lhotse makes it is padded to its longest utterance, and icefall's
+    statistics count that padding; counting the same frames keeps icefall's numerics and makes a batch padded
+    further (a static shape: extra frames, dummy rows) give the same statistics.
+
+    Args:
+      x_lens: (N,) frames of each row.
+      real: (N,) bool, False for a dummy row.
+    """
+    longest = x_lens.masked_fill(~real, 0).max()
+    return torch.where(real, longest, torch.zeros_like(longest))
+
+
+def extent_mask(lengths: Tensor, frames: int) -> Tensor:
+    """(N,) lengths -> (N, frames) bool, True at frame t < lengths[b]."""
+    return torch.arange(frames, device=lengths.device) < lengths.unsqueeze(1)
+
+
+def _masked(module: nn.Module, *args: Any, mask: Optional[Tensor]) -> Any:
+    """``module(*args, mask=mask)``; ``module(*args)`` without a mask (outside training), which is also how
+    a model converted for export calls the plain modules that replace the ActivationBalancers and the
+    ScaledLSTMs there (:mod:`icefall_lite.export.scaling_converter`)."""
+    return module(*args) if mask is None else module(*args, mask=mask)
+
+
 class Conv2dSubsampling(nn.Module):
     """Three 3x3 convolutions (strides 1, 2, 2) then a linear layer: (N, T, F) -> (N, T', d_model).
 
@@ -86,12 +114,25 @@ class Conv2dSubsampling(nn.Module):
         self.out_norm = BasicNorm(d_model, learn_eps=False)
         self.out_balancer = ActivationBalancer(d_model, channel_dim=-1, min_positive=0.45, max_positive=0.55)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """(N, T, num_features) -> (N, T', d_model)."""
-        x = self.conv(x.unsqueeze(1))  # (N, C, T', F')
-        n, c, t, f = x.shape
+    def forward(self, x: Tensor, extent: Optional[Tensor] = None) -> Tensor:
+        """(N, T, num_features) -> (N, T', d_model).
+
+        ``extent``: optional (N,) frames the balancers' statistics count (:func:`real_extent`), followed
+        through each convolution's output length; every frame when None.
+        """
+        x = x.unsqueeze(1)  # (N, 1, T, F)
+        lengths = extent
+        for module in self.conv:
+            if isinstance(module, ActivationBalancer) and lengths is not None:
+                x = module(x, extent_mask(lengths, x.size(2))[:, None, :, None])
+                continue
+            x = module(x)
+            if lengths is not None and isinstance(module, nn.Conv2d):
+                lengths = ((lengths - module.kernel_size[0]) // module.stride[0] + 1).clamp(min=0)
+        n, c, t, f = x.shape  # (N, C, T', F')
         x = self.out(x.transpose(1, 2).reshape(n, t, c * f))
-        return self.out_balancer(self.out_norm(x))
+        mask = None if lengths is None else extent_mask(lengths, t).unsqueeze(-1)
+        return _masked(self.out_balancer, self.out_norm(x), mask=mask)
 
 
 class RNNEncoderLayer(nn.Module):
@@ -150,13 +191,18 @@ class RNNEncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(
-        self, src: Tensor, states: Optional[EncoderStates] = None, warmup: float = 1.0
+        self,
+        src: Tensor,
+        states: Optional[EncoderStates] = None,
+        warmup: float = 1.0,
+        mask: Optional[Tensor] = None,
     ) -> Tuple[Tensor, EncoderStates]:
         """
         Args:
           src: (T, N, d_model).
           states: (h (1, N, d_model), c (1, N, rnn_hidden_size)) or None for zeros.
           warmup: training progress in units of the model warm-up (>= 1 = warmed up).
+          mask: optional (T, N, 1), the frames the balancers' and the GradientFilter's statistics count.
         Returns:
           (T, N, d_model) output and the new (h, c).
         """
@@ -165,10 +211,13 @@ class RNNEncoderLayer(nn.Module):
         if self.training:
             warmup_scale = min(0.1 + warmup, 1.0)
             alpha = warmup_scale if float(torch.rand(())) > self.layer_dropout else 0.1
-        lstm_out, new_states = self.lstm(src, states)
+        lstm_out, new_states = _masked(self.lstm, src, states, mask=mask)
         src = src + self.dropout(lstm_out)
-        src = src + self.dropout(self.feed_forward(src))
-        src = self.norm_final(self.balancer(src))
+        ff = src
+        for module in self.feed_forward:
+            ff = _masked(module, ff, mask=mask) if isinstance(module, ActivationBalancer) else module(ff)
+        src = src + self.dropout(ff)
+        src = self.norm_final(_masked(self.balancer, src, mask=mask))
         if alpha != 1.0:
             src = alpha * src + (1.0 - alpha) * src_orig
         return src, new_states
@@ -216,7 +265,11 @@ class RNNEncoder(nn.Module):
         )
 
     def forward(
-        self, src: Tensor, states: Optional[EncoderStates] = None, warmup: float = 1.0
+        self,
+        src: Tensor,
+        states: Optional[EncoderStates] = None,
+        warmup: float = 1.0,
+        mask: Optional[Tensor] = None,
     ) -> Tuple[Tensor, EncoderStates]:
         """
         Args:
@@ -224,6 +277,7 @@ class RNNEncoder(nn.Module):
           states: optional (h (L, N, d_model), c (L, N, rnn_hidden_size)) to
             continue from; zeros when None.
           warmup: training progress in units of the model warm-up.
+          mask: optional (T, N, 1), the frames the statistics count (:class:`RNNEncoderLayer`).
         Returns:
           (T, N, d_model) output and the final (h, c) of every layer.
         """
@@ -231,7 +285,7 @@ class RNNEncoder(nn.Module):
         new_c: List[Tensor] = []
         for i, layer in enumerate(self.layers):
             layer_states = None if states is None else (states[0][i : i + 1], states[1][i : i + 1])
-            src, (h, c) = layer(src, layer_states, warmup=warmup)
+            src, (h, c) = layer(src, layer_states, warmup=warmup, mask=mask)
             new_h.append(h)
             new_c.append(c)
         return src, (torch.cat(new_h, dim=0), torch.cat(new_c, dim=0))
@@ -314,6 +368,7 @@ class RNN(nn.Module):
         x_lens: Tensor,
         states: Optional[EncoderStates] = None,
         warmup: float = 1.0,
+        real: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Tensor, EncoderStates]:
         """
         Args:
@@ -322,12 +377,20 @@ class RNN(nn.Module):
           states: optional (h (L, N, d_model), c (L, N, rnn_hidden_size)) to
             continue from (streaming); zeros when None.
           warmup: training progress in units of the model warm-up.
+          real: optional (N,) bool, False for a dummy row of a padded batch; all rows are real when None.
+            In training the statistics of the balancers and the GradientFilters count the real rows'
+            frames up to the longest real utterance (:func:`real_extent`), so a batch padded further gives
+            the same gradients.
         Returns:
           encoder_out (N, T', d_model), encoder_out_lens (N,), final states.
         """
-        x = self.encoder_embed(x).permute(1, 0, 2)  # (T', N, d_model)
+        extent = None
+        if self.training and torch.is_grad_enabled():
+            extent = real_extent(x_lens, torch.ones_like(x_lens, dtype=torch.bool) if real is None else real)
+        x = self.encoder_embed(x, extent).permute(1, 0, 2)  # (T', N, d_model)
         lengths = subsampled_length(x_lens)
-        x, new_states = self.encoder(x, states, warmup=warmup)
+        mask = None if extent is None else extent_mask(subsampled_length(extent), x.size(0)).t().unsqueeze(-1)
+        x, new_states = self.encoder(x, states, warmup=warmup, mask=mask)
         return x.permute(1, 0, 2), lengths, new_states
 
     def gradient_filters(self) -> List[Tuple[int, GradientFilter]]:

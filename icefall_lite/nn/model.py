@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -22,15 +22,31 @@ from icefall_lite.nn.rnnt_loss import (
 )
 from icefall_lite.nn.scaling import ScaledLinear
 
+# Token ids: N lists (no blank), or a padded (N, U) int64 tensor with its (N,) lengths.
+TokenIds = Union[Sequence[Sequence[int]], Tensor]
 
-def pad_token_ids(token_ids: Sequence[Sequence[int]], padding_value: int, device: torch.device) -> Tensor:
-    """List of token-id lists -> (N, max_len) int64 tensor padded with ``padding_value``."""
-    max_len = max((len(ids) for ids in token_ids), default=0)
-    out = torch.full((len(token_ids), max_len), padding_value, dtype=torch.int64)
+
+def token_id_tensors(token_ids: Sequence[Sequence[int]]) -> Tuple[Tensor, Tensor]:
+    """N token-id lists -> (N, max_len) int64 padded with 0, and (N,) int64 lengths (on the CPU)."""
+    lengths = torch.tensor([len(ids) for ids in token_ids], dtype=torch.int64)
+    out = torch.zeros((len(token_ids), int(lengths.max()) if len(token_ids) else 0), dtype=torch.int64)
     for i, ids in enumerate(token_ids):
-        if len(ids) > 0:
-            out[i, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.int64)
-    return out.to(device)
+        out[i, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.int64)
+    return out, lengths
+
+
+def _as_tensors(y: TokenIds, y_lens: Optional[Tensor], device: torch.device) -> Tuple[Tensor, Tensor]:
+    """The one form the model computes with: (N, U) int64 token ids, 0 after each row's length, and (N,)
+    lengths, on ``device``. Lists are converted here, once."""
+    if not isinstance(y, Tensor):
+        if y_lens is not None:
+            raise ValueError("y_lens goes with y as a padded tensor, not with token-id lists")
+        y, y_lens = token_id_tensors(y)
+    elif y_lens is None:
+        raise ValueError("y as a padded (N, U) tensor needs y_lens (N,)")
+    y, y_lens = y.to(device, non_blocking=True), y_lens.to(device, non_blocking=True)
+    within = torch.arange(y.size(1), device=device) < y_lens.unsqueeze(1)
+    return y.masked_fill(~within, 0), y_lens
 
 
 class Transducer(nn.Module):
@@ -74,21 +90,22 @@ class Transducer(nn.Module):
                 nn.Dropout(ctc_dropout), ScaledLinear(encoder_dim, vocab_size), nn.LogSoftmax(dim=-1)
             )
 
-    def ctc_loss(self, encoder_out: Tensor, encoder_out_lens: Tensor, y: Sequence[Sequence[int]]) -> Tensor:
+    def ctc_loss(
+        self, encoder_out: Tensor, encoder_out_lens: Tensor, y: TokenIds, y_lens: Optional[Tensor] = None
+    ) -> Tensor:
         """Per-utterance CTC loss (N,) of the CTC head, summed over each utterance.
 
         Args:
           encoder_out: (N, T', encoder_dim).
           encoder_out_lens: (N,).
-          y: N token-id lists (no blank).
+          y: N token-id lists (no blank), or (N, U) int64 padded, with ``y_lens`` (N,).
         An utterance too short for its labels (CTC needs a blank between
         repeated tokens) gets loss 0 and no gradient rather than inf.
         """
         if self.ctc_output is None:
             raise RuntimeError("this model has no CTC head (build it with use_ctc=True)")
         log_probs = self.ctc_output(encoder_out).float()  # (N, T', V)
-        targets = torch.tensor([t for ids in y for t in ids], dtype=torch.int64, device=encoder_out.device)
-        target_lens = torch.tensor([len(ids) for ids in y], dtype=torch.int64, device=encoder_out.device)
+        targets, target_lens = _as_tensors(y, y_lens, encoder_out.device)
         return F.ctc_loss(
             log_probs.permute(1, 0, 2),
             targets,
@@ -126,37 +143,45 @@ class Transducer(nn.Module):
         self,
         x: Tensor,
         x_lens: Tensor,
-        y: Sequence[Sequence[int]],
+        y: TokenIds,
         prune_range: int = 5,
         am_scale: float = 0.0,
         lm_scale: float = 0.0,
         warmup: float = 1.0,
         delay_penalty: float = 0.0,
+        *,
+        y_lens: Optional[Tensor] = None,
+        real: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Tensor, Optional[Tensor], Tensor]:
         """
         Args:
           x: (N, T, F) features.
           x_lens: (N,) valid frames.
-          y: N token-id lists (no blank).
+          y: N token-id lists (no blank), or (N, U) int64 token ids padded after each row's length, with
+            ``y_lens`` (N,) (a training step's inputs: :mod:`icefall_lite.data.static_batch`).
           prune_range: s_range of the pruned loss.
           am_scale, lm_scale: smoothing scales of the simple loss.
           warmup: training progress in units of the model warm-up.
           delay_penalty: k2's penalty on symbol delay in both losses (arXiv 2211.00490), which
             rewards emitting symbols earlier; 0 = none.
+          real: optional (N,) bool, False for a dummy row of a batch padded to a static shape: its losses are
+            0 (so its gradients too) and the encoder's training statistics leave it out; all real when None.
         Returns:
           simple_loss (N,), pruned_loss (N,) (per-utterance, summed over the
           utterance, not normalised), ctc_loss (N,) (None without a CTC
           head), and encoder_out_lens (N,).
         """
-        if x.ndim != 3 or x_lens.ndim != 1 or x.size(0) != x_lens.size(0) != len(y):
-            raise ValueError(f"bad shapes: x {tuple(x.shape)}, x_lens {tuple(x_lens.shape)}, {len(y)} transcripts")
-        encoder_out, encoder_out_lens, _ = self.encoder(x, x_lens, warmup=warmup)
-        blank_id = self.decoder.blank_id
         device = x.device
-        y_lens = torch.tensor([len(ids) for ids in y], dtype=torch.int64, device=device)
-        sos_y = pad_token_ids([[blank_id] + list(ids) for ids in y], blank_id, device)  # (N, U+1)
+        y_padded, y_lens = _as_tensors(y, y_lens, device)  # (N, U), (N,)
+        sizes = {x_lens.size(0), y_padded.size(0), y_lens.size(0)} | ({real.size(0)} if real is not None else set())
+        if x.ndim != 3 or x_lens.ndim != 1 or sizes != {x.size(0)}:
+            raise ValueError(f"bad shapes: x {tuple(x.shape)}, x_lens {tuple(x_lens.shape)}, y {tuple(y_padded.shape)}")
+        encoder_out, encoder_out_lens, _ = self.encoder(x, x_lens, warmup=warmup, real=real)
+        blank_id = self.decoder.blank_id
+        # The decoder's input: blank, then the tokens, blank after each row's length.
+        within = torch.arange(y_padded.size(1), device=device) < y_lens.unsqueeze(1)
+        sos_y = F.pad(y_padded.masked_fill(~within, blank_id), (1, 0), value=blank_id)  # (N, U+1)
         decoder_out = self.decoder(sos_y)  # (N, U+1, decoder_dim)
-        y_padded = pad_token_ids(y, 0, device)  # (N, U)
 
         boundary = make_boundary(y_lens, encoder_out_lens)  # (N, 4)
 
@@ -190,7 +215,11 @@ class Transducer(nn.Module):
                 delay_penalty=delay_penalty,
                 reduction="none",
             )
-        ctc_loss = None if self.ctc_output is None else self.ctc_loss(encoder_out, encoder_out_lens, y)
+        ctc_loss = None if self.ctc_output is None else self.ctc_loss(encoder_out, encoder_out_lens, y_padded, y_lens)
+        if real is not None:
+            # where, not a product: a dummy row's loss gets exactly no gradient whatever its value.
+            simple_loss, pruned_loss = (torch.where(real, loss, 0.0) for loss in (simple_loss, pruned_loss))
+            ctc_loss = None if ctc_loss is None else torch.where(real, ctc_loss, 0.0)
         return simple_loss, pruned_loss, ctc_loss, encoder_out_lens
 
 

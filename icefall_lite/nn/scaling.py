@@ -207,13 +207,15 @@ class ScaledLSTM(nn.LSTM):
         return [getattr(self, name) * scale.exp() for name, scale in zip(self._flat_weights_names, self.scales())]
 
     def forward(
-        self, input: Tensor, hx: Optional[Tuple[Tensor, Tensor]] = None
+        self, input: Tensor, hx: Optional[Tuple[Tensor, Tensor]] = None, mask: Optional[Tensor] = None
     ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
         """
         Args:
           input: (T, N, input_size).
           hx: optional (h0, c0), h0 (num_layers, N, proj_size or hidden_size),
             c0 (num_layers, N, hidden_size); zeros when omitted.
+          mask: optional (T, N, 1), the frames the GradientFilter's statistics count (see
+            :class:`GradientFilter`); every frame when None.
         Returns:
           output (T, N, proj_size or hidden_size) and (h_n, c_n).
         """
@@ -226,9 +228,11 @@ class ScaledLSTM(nn.LSTM):
         flat_weights = self._flat_scaled_weights()
         if self.grad_filter is not None:
             if self.grad_filter.mode == "hard-mask":
-                output, h_n, c_n = self.grad_filter.around(self._run_flat, input, hx[0], hx[1], *flat_weights)
+                output, h_n, c_n = self.grad_filter.around(
+                    self._run_flat, input, hx[0], hx[1], *flat_weights, mask=mask
+                )
                 return output, (h_n, c_n)
-            input, *flat_weights = self.grad_filter(input, *flat_weights)
+            input, *flat_weights = self.grad_filter(input, *flat_weights, mask=mask)
         return self._run(input, hx, flat_weights)
 
     def _run_flat(self, input: Tensor, h0: Tensor, c0: Tensor, *flat_weights: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -326,11 +330,22 @@ class BasicNorm(nn.Module):
         return x * scales
 
 
+def _mean_over(x: Tensor, mask: Optional[Tensor], dims: List[int]) -> Tensor:
+    """Mean of ``x`` over ``dims`` (kept), over the positions where ``mask`` (broadcastable to ``x``, 1 = counted,
+    0 = not) is 1; every position when ``mask`` is None."""
+    if mask is None:
+        return x.mean(dim=dims, keepdim=True)
+    mask = mask.to(x.dtype)
+    count = mask.expand_as(x).sum(dim=dims, keepdim=True)
+    return (x * mask).sum(dim=dims, keepdim=True) / count.clamp(min=1.0)
+
+
 class _ActivationBalancerFunction(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx,
         x: Tensor,
+        mask: Optional[Tensor],
         channel_dim: int,
         min_positive: float,
         max_positive: float,
@@ -341,13 +356,13 @@ class _ActivationBalancerFunction(torch.autograd.Function):
         channel_dim = channel_dim % x.ndim
         sum_dims = [d for d in range(x.ndim) if d != channel_dim]
         x_positive = x > 0
-        proportion_positive = x_positive.to(x.dtype).mean(dim=sum_dims, keepdim=True)
+        proportion_positive = _mean_over(x_positive.to(x.dtype), mask, sum_dims)
         factor = torch.zeros_like(proportion_positive)
         if min_positive > 0.0:
             factor = factor + (min_positive - proportion_positive).relu() * (max_factor / min_positive)
         if max_positive < 1.0:
             factor = factor + (proportion_positive - max_positive).relu() * (max_factor / (max_positive - 1.0))
-        mean_abs = x.abs().mean(dim=sum_dims, keepdim=True)
+        mean_abs = _mean_over(x.abs(), mask, sum_dims)
         below = (mean_abs < min_abs).to(x.dtype)
         above = (mean_abs > max_abs).to(x.dtype)
         ctx.save_for_backward(factor, x_positive, below, above)
@@ -359,7 +374,7 @@ class _ActivationBalancerFunction(torch.autograd.Function):
         factor, x_positive, below, above = ctx.saved_tensors
         # Too small |x|: push x away from 0; too large: pull it towards 0.
         abs_factor = (below - above) * (x_positive.to(x_grad.dtype) - 0.5) * (2.0 * ctx.max_factor)
-        return x_grad - x_grad.abs() * (factor + abs_factor), None, None, None, None, None, None
+        return x_grad - x_grad.abs() * (factor + abs_factor), None, None, None, None, None, None, None
 
 
 class ActivationBalancer(nn.Module):
@@ -371,6 +386,11 @@ class ActivationBalancer(nn.Module):
     ``max_factor``) is added to push it back. As icefall after PR #612, it
     acts on a random ``prob`` of training batches with its factor scaled by
     ``1/prob``, which keeps the average push and saves time.
+
+    ``mask`` (broadcastable to ``x``, size 1 on the channel dimension; 1 = counted) limits the statistics to
+    the frames of the batch as it came, so that padding it to a static shape (extra frames, dummy rows) does
+    not move them: the encoder gives it (:func:`icefall_lite.nn.encoder.extent_mask`). Without it every
+    position counts, as in icefall.
     """
 
     def __init__(
@@ -394,13 +414,14 @@ class ActivationBalancer(nn.Module):
         self.max_abs = max_abs
         self.prob = prob
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         if not self.training or not x.requires_grad or torch.jit.is_scripting() or torch.jit.is_tracing():
             return x
         if self.prob < 1.0 and float(torch.rand(())) >= self.prob:
             return x
         return _ActivationBalancerFunction.apply(
             x,
+            mask,
             self.channel_dim,
             self.min_positive,
             self.max_positive,

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from icefall_lite.data.features import pad_tail
+from icefall_lite.data.static_batch import batch_tensors
 from icefall_lite.nn.encoder import subsampled_length
 from icefall_lite.train.step_log import read_scalars
 from icefall_lite.utils import MetricsTracker
@@ -71,23 +72,26 @@ def compute_loss(
     Args:
       params: ``tail_pad_frames``, ``prune_range``, ``am_scale``, ``lm_scale``,
         ``loss_ramp``, ``simple_loss_scale``, ``ctc_loss_scale``, ``delay_penalty``.
-      batch: a lhotse batch: ``inputs`` (N, T, C) and ``supervisions``.
+      batch: a lhotse batch: ``inputs`` (N, T, C) and ``supervisions``; the model takes it as
+        :class:`icefall_lite.data.static_batch.BatchTensors`.
       warmup: training progress in units of the model warm-up (1.0 = warmed up).
     """
     device = next(model.parameters()).device
-    # Asynchronous copies from the loader's pinned memory on CUDA (a no-op on the CPU).
-    feature = batch["inputs"].to(device, non_blocking=True)
-    supervisions = batch["supervisions"]
-    feature_lens = supervisions["num_frames"].to(device, non_blocking=True)
+    host = batch_tensors(batch, sp)
+    # Asynchronous copies from pinned memory on CUDA (a no-op on the CPU).
+    inputs = host.to(device)
+    feature, feature_lens = inputs.features, inputs.feature_lens
     num_frames = feature_lens
     if params["tail_pad_frames"] > 0:
         feature, feature_lens = pad_tail(feature, feature_lens, params["tail_pad_frames"])
-    token_ids = sp.encode(list(supervisions["text"]), out_type=int)
+    supervisions = batch["supervisions"]
     with torch.set_grad_enabled(is_training):
         simple_loss, pruned_loss, ctc_loss, _ = model(
             x=feature,
             x_lens=feature_lens,
-            y=token_ids,
+            y=inputs.tokens,
+            y_lens=inputs.token_lens,
+            real=inputs.real,
             prune_range=params["prune_range"],
             am_scale=params["am_scale"],
             lm_scale=params["lm_scale"],
@@ -106,7 +110,7 @@ def compute_loss(
             cuts = supervisions.get("cut", [])
             cut_ids = [c.id for c, ok in zip(cuts, finite) if not ok]
             logging.warning(f"Dropping {num_dropped} utterance(s) with non-finite loss: {cut_ids}")
-        if num_dropped == len(token_ids):
+        if num_dropped == len(finite):
             return None, info
 
         def kept(x: torch.Tensor) -> torch.Tensor:

@@ -12,43 +12,82 @@ import torch.nn as nn
 Tensor = torch.Tensor
 
 
+def _row_norms(x_grad: Tensor, batch_dim: int, mask: Optional[Tensor]) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Each batch element's gradient RMS, their median, and which elements are real.
+
+    Args:
+      x_grad: the gradient, batch at ``batch_dim`` (e.g. (T, N, C), ``batch_dim=1``).
+      mask: None (every position counts, as icefall) or broadcastable to ``x_grad`` with size N at
+        ``batch_dim`` (e.g. (T, N, 1)): 1 where a position counts. The RMS is over the counted positions, and
+        an element with none (a dummy row) is left out of the median.
+    Returns:
+      ``norm`` (keepdim: broadcastable to ``x_grad``; 0 for a dummy row), the (lower) median of the real
+      elements' norms, and the real elements as a bool tensor of ``norm``'s shape (None without a mask).
+    """
+    batch_dim = batch_dim % x_grad.ndim
+    norm_dims = [d for d in range(x_grad.ndim) if d != batch_dim]
+    squares = x_grad.to(torch.promote_types(x_grad.dtype, torch.float32)).square()
+    if mask is None:
+        norm = squares.mean(dim=norm_dims, keepdim=True).sqrt()
+        return norm, norm.median(), None
+    mask = mask.to(squares.dtype)
+    count = mask.expand_as(squares).sum(dim=norm_dims, keepdim=True)
+    norm = ((squares * mask).sum(dim=norm_dims, keepdim=True) / count.clamp(min=1.0)).sqrt()
+    real = count > 0
+    # torch.median's lower median over the real elements alone, without reading their number on the host:
+    # the dummy rows sort last (inf), the median is element (n - 1) // 2 of the sorted norms.
+    ordered = torch.where(real, norm, torch.full_like(norm, math.inf)).flatten().sort().values
+    middle = ((real.sum() - 1) // 2).clamp(min=0).view(1)
+    return norm, ordered.gather(0, middle).squeeze(0), real
+
+
+def _mean_over_rows(values: Tensor, real: Optional[Tensor]) -> Tensor:
+    """The mean of per-element ``values`` over the real elements (:func:`_row_norms`; all when None)."""
+    if real is None:
+        return values.mean()
+    real = real.to(values.dtype)
+    return (values * real).sum() / real.sum().clamp(min=1.0)
+
+
 class _GradientFilterFunction(torch.autograd.Function):
     """Identity forward; icefall's soft per-element gradient filter in backward."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, batch_dim: int, threshold: float, stats: "GradientFilterStats", *params: Tensor):
+    def forward(
+        ctx,
+        x: Tensor,
+        batch_dim: int,
+        threshold: float,
+        stats: "GradientFilterStats",
+        mask: Optional[Tensor],
+        *params: Tensor,
+    ):
         ctx.batch_dim = batch_dim
         ctx.threshold = threshold
         ctx.stats = stats
+        ctx.mask = mask
         return (x.view_as(x),) + tuple(p.view_as(p) for p in params)
 
     @staticmethod
     def backward(ctx, x_grad: Tensor, *param_grads: Tensor):
         eps = 1e-20
-        batch_dim = ctx.batch_dim % x_grad.ndim
-        norm_dims = [d for d in range(x_grad.ndim) if d != batch_dim]
         # n_b: RMS of the gradient of batch element b, shape broadcastable to x.
-        norm = (
-            x_grad.to(torch.promote_types(x_grad.dtype, torch.float32))
-            .square()
-            .mean(dim=norm_dims, keepdim=True)
-            .sqrt()
-        )
-        median_norm = norm.median()
+        norm, median_norm, real = _row_norms(x_grad, ctx.batch_dim, ctx.mask)
         if math.isinf(ctx.threshold):
             # Observing only: the statistics, and the gradients untouched.
-            ctx.stats.update(norm, median_norm, torch.full_like(median_norm, math.inf), torch.ones_like(median_norm))
-            return (x_grad, None, None, None) + param_grads
+            infinite = torch.full_like(median_norm, math.inf)
+            ctx.stats.update(norm, median_norm, infinite, torch.ones_like(median_norm), real)
+            return (x_grad, None, None, None, None) + param_grads
         cutoff = median_norm * ctx.threshold
         inv_mask = (cutoff + norm) / (cutoff + eps)  # (c + n_b) / c
         # Degenerate case (icefall would scale by 1e20 here): when the median
         # gradient is exactly zero (e.g. x needs no grad), filter nothing.
         inv_mask = torch.where(cutoff > 0, inv_mask, torch.ones_like(inv_mask))
         x_grad = x_grad * (1.0 / (inv_mask + eps)).to(x_grad.dtype)
-        param_scale = 1.0 / (inv_mask.mean() + eps)  # = 1 / (1 + mean(n) / c)
+        param_scale = 1.0 / (_mean_over_rows(inv_mask, real) + eps)  # = 1 / (1 + mean(n) / c)
         new_param_grads = tuple(g * param_scale.to(g.dtype) for g in param_grads)
-        ctx.stats.update(norm, median_norm, cutoff, param_scale)
-        return (x_grad, None, None, None) + new_param_grads
+        ctx.stats.update(norm, median_norm, cutoff, param_scale, real)
+        return (x_grad, None, None, None, None) + new_param_grads
 
 
 class _UniformFilterFunction(_GradientFilterFunction):
@@ -57,20 +96,17 @@ class _UniformFilterFunction(_GradientFilterFunction):
 
     @staticmethod
     def backward(ctx, x_grad: Tensor, *param_grads: Tensor):
-        batch_dim = ctx.batch_dim % x_grad.ndim
-        dims = [d for d in range(x_grad.ndim) if d != batch_dim]
-        norm = x_grad.to(torch.promote_types(x_grad.dtype, torch.float32)).square().mean(dim=dims).sqrt()
-        median = norm.median()
+        norm, median, real = _row_norms(x_grad, ctx.batch_dim, ctx.mask)
         cutoff = median * ctx.threshold
         if float(cutoff) > 0:  # one host sync per backward
             factors = cutoff / (cutoff + norm)  # the soft filter's per-sequence factors
-            mean_factor = factors.mean()
-            param_scale = 1.0 / (1.0 + norm.mean() / cutoff)
+            mean_factor = _mean_over_rows(factors, real)
+            param_scale = 1.0 / (1.0 + _mean_over_rows(norm, real) / cutoff)
         else:  # as the soft filter: a zero median gradient filters nothing
             mean_factor = param_scale = torch.ones_like(median)
-        ctx.stats.update(norm, median, cutoff, param_scale)
+        ctx.stats.update(norm, median, cutoff, param_scale, real)
         scaled = tuple(g * param_scale.to(g.dtype) for g in param_grads)
-        return (x_grad * mean_factor.to(x_grad.dtype), None, None, None) + scaled
+        return (x_grad * mean_factor.to(x_grad.dtype), None, None, None, None) + scaled
 
 
 class _HardMaskFunction(torch.autograd.Function):
@@ -78,12 +114,14 @@ class _HardMaskFunction(torch.autograd.Function):
     cutoff are dropped from every input's gradient (see :meth:`GradientFilter.around`)."""
 
     @staticmethod
-    def forward(ctx, fn, batch_dim: int, threshold: float, stats: "GradientFilterStats", *inputs: Tensor):
+    def forward(
+        ctx, fn, batch_dim: int, threshold: float, stats: "GradientFilterStats", mask: Optional[Tensor], *inputs: Tensor
+    ):
         leaves = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
         with torch.enable_grad():
             outputs = tuple(fn(*leaves))
         ctx.leaves, ctx.outputs = leaves, outputs
-        ctx.batch_dim, ctx.threshold, ctx.stats = batch_dim, threshold, stats
+        ctx.batch_dim, ctx.threshold, ctx.stats, ctx.mask = batch_dim, threshold, stats, mask
         return tuple(o.detach() for o in outputs)
 
     @staticmethod
@@ -102,12 +140,11 @@ class _HardMaskFunction(torch.autograd.Function):
         x_grad = grads[0] if wanted and wanted[0] == 0 else None
         if x_grad is not None:
             batch_dim = ctx.batch_dim % x_grad.ndim
-            norm_dims = [d for d in range(x_grad.ndim) if d != batch_dim]
-            norm = x_grad.to(torch.promote_types(x_grad.dtype, torch.float32)).square().mean(dim=norm_dims).sqrt()
-            median_norm = norm.median()
+            norm, median_norm, real = _row_norms(x_grad, batch_dim, ctx.mask)
+            norm, real = norm.flatten(), None if real is None else real.flatten()
             cutoff = median_norm * ctx.threshold
-            ctx.stats.update(norm, median_norm, cutoff, torch.ones_like(median_norm))
-            drop = (norm > cutoff) & (cutoff > 0)
+            ctx.stats.update(norm, median_norm, cutoff, torch.ones_like(median_norm), real)
+            drop = (norm > cutoff) & (cutoff > 0)  # never a dummy row: its norm is 0
             if not math.isinf(ctx.threshold) and bool(drop.any()):  # one host sync per backward
                 keep = (~drop).to(x_grad.dtype)
                 masked = []
@@ -119,7 +156,7 @@ class _HardMaskFunction(torch.autograd.Function):
         out: List[Optional[Tensor]] = [None] * len(leaves)
         for i, g in zip(wanted, grads):
             out[i] = g
-        return (None, None, None, None, *out)
+        return (None, None, None, None, None, *out)
 
 
 class GradientFilterStats:
@@ -138,11 +175,14 @@ class GradientFilterStats:
         self.ratio: Optional[Tensor] = None
         self.num_backward = 0
 
-    def update(self, norm: Tensor, median_norm: Tensor, cutoff: Tensor, param_scale: Tensor) -> None:
+    def update(
+        self, norm: Tensor, median_norm: Tensor, cutoff: Tensor, param_scale: Tensor, real: Optional[Tensor]
+    ) -> None:
+        """``norm`` and ``real`` (the real elements, None = all) as :func:`_row_norms` gives them."""
         self.median_norm = median_norm.detach()
         self.ratio = (norm.flatten() / median_norm.clamp(min=1e-20)).detach()
         self.max_over_median = (norm.max() / median_norm.clamp(min=1e-20)).detach()
-        self.fraction_filtered = ((norm > cutoff) & (cutoff > 0)).float().mean().detach()
+        self.fraction_filtered = _mean_over_rows(((norm > cutoff) & (cutoff > 0)).float(), real).detach()
         self.param_scale = param_scale.detach()
         self.num_backward += 1
 
@@ -198,6 +238,12 @@ class GradientFilter(nn.Module):
     to see where per-sequence outliers arise). It is not meant to be
     constructed with ``threshold <= 0``: the owner does not insert a filter at
     all then (see :class:`icefall_lite.nn.scaling.ScaledLSTM`).
+    ``mask`` (every mode; optional, broadcastable to ``x``, e.g. (T, N, 1)) names the positions the
+    statistics count: each element's RMS is over its counted positions, and the median, the mean of the
+    factors and ``fraction_filtered`` are over the elements with any (a padded batch's dummy rows have none),
+    so padding a batch to a static shape changes nothing here (the encoder gives it:
+    :func:`icefall_lite.nn.encoder.extent_mask`). Without it every position counts, as in icefall.
+
     Statistics of the last backward are in :attr:`stats` (``param_scale`` is
     1 in hard-mask mode; ``fraction_filtered`` in uniform mode counts the
     elements above the cutoff, which it does not cap).
@@ -216,8 +262,8 @@ class GradientFilter(nn.Module):
     def _active() -> bool:
         return not (torch.jit.is_scripting() or torch.jit.is_tracing() or not torch.is_grad_enabled())
 
-    def forward(self, x: Tensor, *params: Tensor) -> Tuple[Tensor, ...]:
-        """The soft or uniform filter: ``(x, *params)``, unchanged in forward."""
+    def forward(self, x: Tensor, *params: Tensor, mask: Optional[Tensor] = None) -> Tuple[Tensor, ...]:
+        """The soft or uniform filter: ``(x, *params)``, unchanged in forward; ``mask``: see the class."""
         if self.mode == "hard-mask":
             raise RuntimeError("a hard-mask GradientFilter wraps the computation it filters: call around(fn, x, ...)")
         if not self._active():
@@ -225,9 +271,11 @@ class GradientFilter(nn.Module):
         # Observing (threshold inf) is the same in every mode: the soft filter's statistics, no change.
         uniform = self.mode == "uniform" and math.isfinite(self.threshold)
         function = _UniformFilterFunction if uniform else _GradientFilterFunction
-        return function.apply(x, self.batch_dim, self.threshold, self.stats, *params)
+        return function.apply(x, self.batch_dim, self.threshold, self.stats, mask, *params)
 
-    def around(self, fn: Callable[..., Sequence[Tensor]], x: Tensor, *others: Tensor) -> Tuple[Tensor, ...]:
+    def around(
+        self, fn: Callable[..., Sequence[Tensor]], x: Tensor, *others: Tensor, mask: Optional[Tensor] = None
+    ) -> Tuple[Tensor, ...]:
         """The hard-mask filter: ``tuple(fn(x, *others))``, whose backward drops the batch elements whose
         gradient at ``x`` is above the cutoff.
 
@@ -240,7 +288,7 @@ class GradientFilter(nn.Module):
             )
         if not self._active():
             return tuple(fn(x, *others))
-        return _HardMaskFunction.apply(fn, self.batch_dim, self.threshold, self.stats, x, *others)
+        return _HardMaskFunction.apply(fn, self.batch_dim, self.threshold, self.stats, mask, x, *others)
 
     def extra_repr(self) -> str:
         mode = "" if self.mode == "soft" else f", mode={self.mode}"
