@@ -37,7 +37,7 @@ REMAINING_READS: Dict[str, str] = {
     "icefall_lite/nn/rnnt_loss.py:_prune_range_size (item)": "k2's raised s_range: max over the batch",
     "icefall_lite/train/loss.py:compute_loss (tolist)": "which utterances have a finite loss",
     "icefall_lite/train/step_log.py:read_scalars (tolist)": "compute_loss's sums read every step",
-    "icefall_lite/train/grad_control.py:clip (item)": "the global norm and clip scale as Python floats",
+    "icefall_lite/train/loop.py:train_step (item)": "the skip decision: is the gradient norm finite",
 }
 # Places where a Python value that changes from step to step (or batch to batch) reaches an op.
 REMAINING_CHANGING: Dict[str, str] = {
@@ -135,8 +135,8 @@ def test_the_step_on_cudas_path_has_exactly_the_remaining_sites():
 
 
 # Each gradient control, optimizer and precision: its flags and the sites it adds to the default's (reads,
-# changing values). The norm-history rules (relative, ZClip, AutoClip) follow the norm that clip() reads
-# (its entry above); float16 is the GradScaler's path on the CPU (autocast float16, a CPU GradScaler).
+# changing values). The norm-history rules (relative, ZClip, AutoClip) keep their histories on the device;
+# float16 is the GradScaler's path on the CPU (autocast float16, a CPU GradScaler).
 CONFIGURATIONS: Dict[str, Tuple[List[str], Dict[str, str], Dict[str, str]]] = {
     "defaults": ([], {}, {}),
     "no-clip": (["--clip-grad-norm", "0"], {}, {}),
@@ -162,13 +162,14 @@ CONFIGURATIONS: Dict[str, Tuple[List[str], Dict[str, str], Dict[str, str]]] = {
         {
             "icefall_lite/nn/clip/history.py:scale (item)": "the weighted norm and its median on the host",
             "icefall_lite/nn/clip/history.py:scale (from-python)": "the norm history as a tensor of floats",
+            "icefall_lite/train/grad_control.py:_history_scale (item)": "ScaledAdam's rule runs on finite norms",
         },
         {"icefall_lite/nn/clip/history.py:scale": "the history's floats reach ops"},
     ),
     "error-clip": (["--error-clip", "0.001"], {}, {}),
     "scaled-adam": (
         ["--optimizer", "scaled-adam"],
-        {"icefall_lite/train/optim.py:_clipping_factor (item)": "the clipping norm as a Python float"},
+        {"icefall_lite/train/optim.py:_clipping_factor (item)": "the clipping norm and threshold as Python floats"},
         {
             "icefall_lite/train/optim.py:step": None,  # ScaledAdam's step changes at these places instead of Eve's
             "icefall_lite/train/optim.py:_step_tensor": "lr, bias corrections and the size-update period's branch",

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
+from torch import Tensor
 
 from icefall_lite.nn.clip import (
     GRAD_FILTER_MODES,
@@ -150,29 +150,28 @@ class GradientControl:
             if key in state:
                 rule.load_state_dict(state[key])
 
-    def _max_norm(self, norm: float) -> Optional[float]:
-        """This step's maximum global norm of the fixed and relative clips (None: neither); records ``norm``
-        for the relative clip."""
-        limits = [self.clip_grad_norm] if self.clip_grad_norm > 0 else []
-        if self.relative_threshold is not None:
-            threshold = self.relative_threshold.update(norm)
-            if threshold is not None:
-                limits.append(threshold)
-        return min(limits) if limits else None
+    def _max_norm(self, norm: Tensor, skip: Tensor) -> Union[None, float, Tensor]:
+        """This step's maximum global norm of the fixed and relative clips (None: neither is on; with the
+        relative clip a 0-dim float64 tensor, inf before its first threshold); records ``norm`` for the
+        relative clip unless ``skip``."""
+        if self.relative_threshold is None:
+            return self.clip_grad_norm if self.clip_grad_norm > 0 else None
+        threshold = self.relative_threshold.update(norm, skip)
+        return torch.clamp(threshold, max=self.clip_grad_norm) if self.clip_grad_norm > 0 else threshold
 
-    def _history_scale(self, norm: float, model: nn.Module) -> float:
-        """The factor of the rules that follow the norm's history (1: none on, or none clips); records
-        ``norm``, the global norm at their stage (ScaledAdam's rule its own norm of ``model``'s gradients)."""
-        scale = 1.0
-        if self.scaled_adam is not None:
+    def _history_scale(self, norm: Tensor, skip: Tensor, model: nn.Module) -> Tensor:
+        """The factor of the rules that follow the norm's history as a 0-dim float64 tensor (1: none clips);
+        records ``norm``, the global norm at their stage (ScaledAdam's rule its own norm of ``model``'s
+        gradients), unless ``skip``."""
+        norm = norm.to(torch.float64)
+        scale = torch.ones((), dtype=torch.float64, device=norm.device)
+        if self.scaled_adam is not None and not bool(skip):  # ScaledAdam's rule reads its norm on the host
             trained = [(n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad]
-            scale = min(scale, self.scaled_adam.scale(trained))
+            scale = torch.clamp(scale, max=self.scaled_adam.scale(trained))
         if self.zclip is not None:
-            target = self.zclip.update(norm)
-            if target is not None:
-                scale = min(scale, clip_scale_above(norm, target))
+            scale = torch.minimum(scale, clip_scale_above(norm, self.zclip.update(norm, skip)))
         if self.autoclip is not None:
-            scale = min(scale, clip_scale_above(norm, self.autoclip.update(norm)))
+            scale = torch.minimum(scale, clip_scale_above(norm, self.autoclip.update(norm, skip)))
         return scale
 
     @classmethod
@@ -198,40 +197,43 @@ class GradientControl:
             add_error_clip(layer, clip, counts)
         logging.info(f"Error clip {clip} on the outputs of {len(layers)} encoder layers")
 
-    def clip(self, model: nn.Module) -> Tuple[float, float]:
-        """Apply the after-backward kinds to the gradients of ``model``.
+    def clip(self, model: nn.Module) -> Tuple[Tensor, Tensor]:
+        """Apply the after-backward kinds to the gradients of ``model``, without a host read (but ScaledAdam's
+        rule's, :meth:`_history_scale`).
 
         Returns:
-          (pre-clip global L2 norm, clip scale = post- / pre-clip norm). A
-          non-finite norm is returned as is, with nothing clipped (the caller
-          skips the step).
+          (pre-clip global L2 norm, clip scale = post- / pre-clip norm), 0-dim
+          device tensors (the norm in the gradients' accumulation dtype, the
+          scale in float64). A non-finite norm (the caller's found-inf flag:
+          the step is skipped) leaves every gradient and every rule's history
+          as it is, with the scale 1.
         """
         named = [(n, p) for n, p in unwrap(model).named_parameters() if p.grad is not None]
         grads: List = [p.grad for _, p in named]
         norm = get_total_norm(grads)
-        if not math.isfinite(float(norm)):
-            return float(norm), 1.0
+        skip = ~torch.isfinite(norm)
+        one = torch.ones((), dtype=torch.float64, device=norm.device)
         if self.clip_grad_value > 0:
-            clip_grad_value_(named, self.clip_grad_value)
+            clip_grad_value_(named, self.clip_grad_value, skip=skip)
         if self.agc_clipping > 0:
-            adaptive_clip_grad_(named, self.agc_clipping, exclude=[n for n, _ in named if AGC_EXCLUDED in n])
+            excluded = [n for n, _ in named if AGC_EXCLUDED in n]
+            adaptive_clip_grad_(named, self.agc_clipping, exclude=excluded, skip=skip)
         elementwise = self.clip_grad_value > 0 or self.agc_clipping > 0
-        max_norm = self._max_norm(float(norm))
+        max_norm = self._max_norm(norm, skip)
         history = self.zclip is not None or self.autoclip is not None or self.scaled_adam is not None
-        if max_norm is None and not history:
-            if not elementwise:
-                return float(norm), 1.0
-            after = float(get_total_norm(grads))
-            return float(norm), after / float(norm) if float(norm) > 0 else 1.0
-        current = get_total_norm(grads) if elementwise else norm
-        scale = norm_clip_scale(current, max_norm) if max_norm is not None else None
-        if history:
-            rule_scale = self._history_scale(float(current), model)
-            if rule_scale < 1.0:
-                scale = torch.clamp(scale, max=rule_scale) if scale is not None else torch.tensor(rule_scale)
-        if scale is not None:
+        if max_norm is not None or history:
+            current = get_total_norm(grads) if elementwise else norm
+            scale = norm_clip_scale(current, max_norm) if max_norm is not None else None
+            if history:
+                # The history's factor (float64) is rounded to the gradients' dtype where the two meet.
+                rule_scale = self._history_scale(current, skip, model).to(current.dtype)
+                scale = rule_scale if scale is None else torch.minimum(scale, rule_scale)
+            scale = torch.where(skip, 1.0, scale)
             scale_grads_(grads, scale)
-        if not elementwise:
-            return float(norm), 1.0 if scale is None else float(scale)
-        after = float(get_total_norm(grads))
-        return float(norm), after / float(norm) if float(norm) > 0 else 1.0
+            if not elementwise:
+                return norm, scale.to(torch.float64)
+        elif not elementwise:
+            return norm, one
+        # The scale as Python divided the two norms: in float64.
+        after, before = get_total_norm(grads).to(torch.float64), norm.to(torch.float64)
+        return norm, torch.where(skip | (before <= 0), one, after / before)

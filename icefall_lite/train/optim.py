@@ -3,6 +3,7 @@ norm-targeting weight decay), ScaledAdam (zipformer's) and the Eden schedule."""
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -225,9 +226,10 @@ class ScaledAdam(Optimizer):
                     continue
                 sumsq = p.grad.detach().double().square().sum()
                 terms.append(sumsq if p.numel() == 1 else sumsq * self._param_rms(p, self.state[p]).double() ** 2)
-        norm = float(torch.stack(terms).sum().sqrt()) if terms else 0.0  # one host sync per step
-        threshold = self._clip_threshold.update(norm)
-        if threshold is None or norm <= threshold or norm == 0.0:
+        total = torch.stack(terms).sum().sqrt() if terms else torch.zeros((), dtype=torch.float64)
+        threshold = float(self._clip_threshold.update(total))  # host reads
+        norm = float(total)
+        if math.isinf(threshold) or norm <= threshold or norm == 0.0:  # inf: no threshold yet
             return 1.0
         self.num_clipped += 1
         return threshold / norm

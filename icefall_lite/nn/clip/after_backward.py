@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -137,12 +138,16 @@ def clip_grad_norm_(
     return total_norm
 
 
-def norm_clip_scale(total_norm: Tensor, max_norm: float, eps: float = 1e-6) -> Tensor:
+def norm_clip_scale(total_norm: Tensor, max_norm: Union[float, Tensor], eps: float = 1e-6) -> Tensor:
     """The factor clipping by global norm multiplies every gradient by: ``min(1, max_norm / (total_norm + eps))``.
 
-    A 0-dim tensor on ``total_norm``'s device; never above 1.
+    A 0-dim tensor on ``total_norm``'s device, in its dtype; never above 1. ``max_norm`` a Python float or
+    a 0-dim tensor (moved to ``total_norm``'s device and dtype): either gives the same bits, as the division
+    is written the way torch divides a Python number by a tensor (a reciprocal times the number).
     """
-    return torch.clamp(max_norm / (total_norm + eps), max=1.0)
+    if isinstance(max_norm, Tensor):
+        max_norm = max_norm.to(total_norm)
+    return torch.clamp((total_norm + eps).reciprocal() * max_norm, max=1.0)
 
 
 def scale_grads_(grads: Sequence[Tensor], scale: Tensor, foreach: Optional[bool] = None) -> None:
@@ -171,20 +176,32 @@ def per_tensor_norms(grads: Sequence[Tensor]) -> List[Tensor]:
     return out
 
 
-def clip_scale_above(norm: float, max_norm: float, eps: float = 1e-6) -> float:
+def clip_scale_above(norm: Tensor, max_norm: Tensor, eps: float = 1e-6) -> Tensor:
     """The factor of a norm clip that acts only above its maximum: ``max_norm / (norm + eps)`` when
     ``norm > max_norm``, else exactly 1 (ZClip's and AutoClip's papers; torch's ``clip_grad_norm_``
-    always multiplies, so a norm equal to its maximum would read as clipped)."""
-    return max_norm / (norm + eps) if norm > max_norm else 1.0
+    always multiplies, so a norm equal to its maximum would read as clipped). 0-dim tensors, the factor in
+    their dtype (an inf maximum: 1)."""
+    return torch.where(norm > max_norm, max_norm / (norm + eps), 1.0)
 
 
-def clip_grad_value_(parameters: ParamsLike, max: float, min: Optional[float] = None) -> None:
-    """Clamp every gradient element into ``[min, max]`` in place (``min`` defaults to ``-max``)."""
+def clip_grad_value_(
+    parameters: ParamsLike, max: float, min: Optional[float] = None, skip: Optional[Tensor] = None
+) -> None:
+    """Clamp every gradient element into ``[min, max]`` in place (``min`` defaults to ``-max``).
+
+    ``skip``: a 0-dim bool tensor; where true every gradient is left as it is (the bounds widen to +-inf on
+    the device, so a step that will be skipped is decided without a host read).
+    """
     low = -max if min is None else min
     if not low <= max:
         raise ValueError(f"clip_grad_value_ needs min <= max, got min={low}, max={max}")
+    if skip is not None:  # 0-dim bounds on the device: +-inf where skipped
+        low, max = torch.where(skip, -math.inf, low), torch.where(skip, math.inf, max)
     for _, p in _named_with_grad(parameters):
-        p.grad.clamp_(min=low, max=max)
+        if skip is None:
+            p.grad.clamp_(min=low, max=max)
+        else:
+            p.grad.clamp_(min=low.to(p.grad), max=max.to(p.grad))
 
 
 def unitwise_norm(x: Tensor) -> Tensor:
@@ -204,6 +221,7 @@ def adaptive_clip_grad_(
     clipping: float = 0.01,
     eps: float = 1e-3,
     exclude: Iterable[Union[str, Tensor]] = (),
+    skip: Optional[Tensor] = None,
 ) -> Tensor:
     """Unit-wise adaptive gradient clipping (AGC, arXiv 2102.06171), in place.
 
@@ -216,6 +234,8 @@ def adaptive_clip_grad_(
       eps: floor on the weight norm, so zero-initialised units still learn.
       exclude: parameters (tensors, or names when ``parameters`` is named) left
         unclipped; the paper excludes the final classifier layer.
+      skip: a 0-dim bool tensor; where true no unit is clipped (a step that will be skipped, decided on the
+        device).
 
     Returns:
       The fraction of units that were clipped (0-dim float tensor).
@@ -233,6 +253,8 @@ def adaptive_clip_grad_(
         grad_norm = unitwise_norm(p.grad)
         max_norm = clipping * weight_norm
         clip_mask = grad_norm > max_norm
+        if skip is not None:
+            clip_mask = clip_mask & ~skip.to(clip_mask.device)
         scale = torch.where(clip_mask, max_norm / grad_norm.clamp(min=1e-6), torch.ones_like(grad_norm))
         p.grad.mul_(scale.to(p.grad.dtype))
         num_units += clip_mask.numel()

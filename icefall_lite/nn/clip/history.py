@@ -9,9 +9,8 @@ resumed run clips as the uninterrupted one:
 
 from __future__ import annotations
 
-import bisect
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -39,6 +38,11 @@ class RunningMedianThreshold:
     median ``sorted[n // 2]`` (icefall ``sorted[(n // 4) * 2]``: not the same
     for 10 norms) and does not double the threshold at steps 10, 20 and 40
     (icefall does, "as norm may be changing rapidly").
+
+    Its state lives on the norm's device (a CUDA graph can replay :meth:`update`): a ring of
+    ``update_period`` float64 slots (the norm of step s at slot ``s % update_period``), the step count and
+    the threshold (inf: none yet), all updated in place, the estimate taken every step and kept only at the
+    estimation steps.
     """
 
     def __init__(self, scale: float, update_period: int) -> None:
@@ -48,27 +52,69 @@ class RunningMedianThreshold:
             raise ValueError(f"update_period must be >= 1, got {update_period}")
         self.scale = scale
         self.update_period = update_period
-        self.norms: List[float] = []
-        self.threshold: Optional[float] = None
-        self.steps = 0
+        self._state: Dict[str, Any] = {"norms": [], "threshold": None, "steps": 0}  # until the first update
+        self.ring: Optional[Tensor] = None  # (update_period,) float64
+        self.steps: Optional[Tensor] = None  # () int64
+        self.held: Optional[Tensor] = None  # () int64: the norms in the ring (at most update_period)
+        self.threshold: Optional[Tensor] = None  # () float64, inf before the first estimate
 
-    def update(self, norm: float) -> Optional[float]:
-        """Record this step's ``norm``; the threshold for this step (None: no clipping yet)."""
-        self.norms = (self.norms + [norm])[-self.update_period :]
-        step = self.steps
-        if step in (10, 20, 40) or (step > 0 and step % self.update_period == 0):
-            recent = sorted(self.norms[-step:])
-            self.threshold = self.scale * recent[len(recent) // 2]
-        self.steps += 1
-        return self.threshold
+    def _place(self, device: torch.device) -> None:
+        """The state as device tensors on ``device`` (from :attr:`_state` the first time)."""
+        if self.ring is not None:
+            if self.ring.device != device:
+                self.ring, self.steps, self.held, self.threshold = (
+                    x.to(device) for x in (self.ring, self.steps, self.held, self.threshold)
+                )
+            return
+        state, period = self._state, self.update_period
+        steps = int(state["steps"])
+        self.ring = torch.zeros(period, dtype=torch.float64, device=device)
+        norms = list(state["norms"])[-period:]
+        for j, norm in enumerate(norms):  # the last norm is that of step steps - 1
+            self.ring[(steps - len(norms) + j) % period] = norm
+        self.steps = torch.tensor(steps, dtype=torch.int64, device=device)
+        self.held = torch.tensor(len(norms), dtype=torch.int64, device=device)
+        threshold = math.inf if state["threshold"] is None else state["threshold"]
+        self.threshold = torch.tensor(threshold, dtype=torch.float64, device=device)
+
+    def update(self, norm: Union[float, Tensor], skip: Optional[Tensor] = None) -> Tensor:
+        """Record this step's ``norm`` unless ``skip`` (a 0-dim bool tensor: a skipped step, neither recorded
+        nor counted); the threshold for this step as a 0-dim float64 tensor (inf: no clipping yet)."""
+        norm = torch.as_tensor(norm).to(torch.float64)
+        self._place(norm.device)
+        keep = torch.ones((), dtype=torch.bool, device=norm.device) if skip is None else ~skip
+        period, step = self.update_period, self.steps
+        ring = self.ring.index_put((torch.remainder(step, period).reshape(1),), norm.reshape(1))
+        # The window: the last min(step, held) norms, this one's included (the others read inf).
+        held = torch.clamp(self.held + 1, max=period)
+        count = torch.minimum(step, held)
+        age = torch.remainder(step - torch.arange(period, device=norm.device), period)
+        ascending = torch.where(age < count, ring, math.inf).sort().values
+        estimate = self.scale * ascending.gather(0, (count // 2).reshape(1)).reshape(())
+        due = (step == 10) | (step == 20) | (step == 40) | ((step > 0) & (torch.remainder(step, period) == 0))
+        self.threshold.copy_(torch.where(due & keep, estimate, self.threshold))
+        self.ring.copy_(torch.where(keep, ring, self.ring))
+        self.steps.add_(keep.to(torch.int64))
+        self.held.copy_(torch.where(keep, held, self.held))
+        return self.threshold.clone()  # the state changes in place at the next update
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"norms": list(self.norms), "threshold": self.threshold, "steps": self.steps}
+        """``norms`` (the last ``update_period``, oldest first), ``threshold`` (None: none yet) and ``steps``,
+        as Python numbers (a host read: at a checkpoint, not in a step)."""
+        if self.ring is None:
+            return {**self._state, "norms": list(self._state["norms"])}
+        steps = int(self.steps)
+        period = self.update_period
+        ring = self.ring.tolist()
+        norms = [ring[s % period] for s in range(steps - int(self.held), steps)]
+        threshold = float(self.threshold)
+        return {"norms": norms, "threshold": None if math.isinf(threshold) else threshold, "steps": steps}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.norms = list(state["norms"])
-        self.threshold = state["threshold"]
-        self.steps = int(state["steps"])
+        self._state = {"norms": list(state["norms"]), "threshold": state["threshold"], "steps": int(state["steps"])}
+        device = torch.device("cpu") if self.ring is None else self.ring.device  # moved at the next update
+        self.ring = None
+        self._place(device)
 
 
 class ZClipThreshold:
@@ -93,8 +139,13 @@ class ZClipThreshold:
       ``mu <- alpha mu + (1 - alpha) x``,
       ``var <- alpha var + (1 - alpha) (x - mu)^2`` (``alpha`` 0.97).
 
-    :meth:`update` returns the step's maximum norm (None: no clipping); the
+    :meth:`update` returns the step's maximum norm (inf: no clipping); the
     gradients are scaled by ``max / (g + 1e-6)``, as ZClip's.
+
+    Its state lives on the norm's device in float64, updated in place (a CUDA graph can replay
+    :meth:`update`): the warm-up's buffer, its count, whether the warm-up is over, the mean and the variance.
+    Both branches are computed every step and the right one kept; the warm-up's sums are sequential
+    (``cumsum``), as Python's ``sum``.
     """
 
     def __init__(self, z_threshold: float = 2.5, alpha: float = 0.97, warmup_steps: int = 25, eps: float = 1e-6):
@@ -108,36 +159,87 @@ class ZClipThreshold:
         self.alpha = float(alpha)
         self.warmup_steps = int(warmup_steps)
         self.eps = float(eps)
-        self.buffer: List[float] = []
-        self.mean: Optional[float] = None
-        self.var: Optional[float] = None
+        self._state: Dict[str, Any] = {"buffer": [], "mean": None, "var": None}  # until the first update
+        self.tensors: Optional[Dict[str, Tensor]] = None  # buffer (warmup_steps,), count, warmed, mean, var
 
-    def update(self, norm: float) -> Optional[float]:
-        """Record this step's global ``norm``; the maximum norm of this step (None: no clipping)."""
-        if self.mean is None:
-            self.buffer.append(norm)
-            if len(self.buffer) >= self.warmup_steps:
-                self.mean = sum(self.buffer) / len(self.buffer)
-                self.var = sum((x - self.mean) ** 2 for x in self.buffer) / len(self.buffer)
-                self.buffer = []
-            return None
-        std = self.var**0.5
-        z = (norm - self.mean) / (std + self.eps)
-        target = None
-        if z > self.z_threshold:
-            target = self.mean + (self.z_threshold * std) / (z / self.z_threshold)
-        x = norm if target is None else target
-        self.mean = self.alpha * self.mean + (1 - self.alpha) * x
-        self.var = self.alpha * self.var + (1 - self.alpha) * (x - self.mean) ** 2
-        return target
+    def _place(self, device: torch.device) -> Dict[str, Tensor]:
+        if self.tensors is not None:
+            if self.tensors["mean"].device != device:
+                self.tensors = {k: v.to(device) for k, v in self.tensors.items()}
+            return self.tensors
+        state = self._state
+        f64 = dict(dtype=torch.float64, device=device)
+        buffer = torch.zeros(self.warmup_steps, **f64)
+        buffer[: len(state["buffer"])] = torch.tensor(state["buffer"], **f64)
+        warmed = state["mean"] is not None
+        self.tensors = {
+            "buffer": buffer,
+            "count": torch.tensor(len(state["buffer"]), dtype=torch.int64, device=device),
+            "warmed": torch.tensor(warmed, device=device),
+            "mean": torch.tensor(state["mean"] if warmed else 0.0, **f64),
+            "var": torch.tensor(state["var"] if warmed else 0.0, **f64),
+            "half": torch.tensor(0.5, **f64),  # the exponent of Python's var ** 0.5 (a tensor: no sqrt shortcut)
+        }
+        return self.tensors
+
+    def update(self, norm: Union[float, Tensor], skip: Optional[Tensor] = None) -> Tensor:
+        """Record this step's global ``norm`` unless ``skip`` (a 0-dim bool tensor: a skipped step); the
+        maximum norm of this step as a 0-dim float64 tensor (inf: no clipping)."""
+        norm = torch.as_tensor(norm).to(torch.float64)
+        s = self._place(norm.device)
+        keep = torch.ones((), dtype=torch.bool, device=norm.device) if skip is None else ~skip
+        warmed, mean, var = s["warmed"], s["mean"], s["var"]
+        # The warm-up: collect; after the last norm, the mean and the population variance of the buffer.
+        slot = torch.clamp(s["count"], max=self.warmup_steps - 1).reshape(1)
+        buffer = s["buffer"].index_put((slot,), norm.reshape(1))
+        count = s["count"] + 1
+        complete = ~warmed & (count >= self.warmup_steps)
+        first_mean = buffer.cumsum(0)[-1] / self.warmup_steps
+        first_var = (buffer - first_mean).pow(2).cumsum(0)[-1] / self.warmup_steps
+        # After it: the z-score, the target, the moving averages.
+        std = var.pow(s["half"])  # libm's pow, as Python's var ** 0.5
+        z = (norm - mean) / (std + self.eps)
+        clips = warmed & (z > self.z_threshold)
+        target = mean + (self.z_threshold * std) / (z / self.z_threshold)
+        x = torch.where(clips, target, norm)
+        new_mean = self.alpha * mean + (1 - self.alpha) * x
+        new_var = self.alpha * var + (1 - self.alpha) * (x - new_mean).pow(2)
+        collecting = keep & ~warmed
+        s["buffer"].copy_(torch.where(collecting, buffer, s["buffer"]))
+        s["count"].copy_(torch.where(collecting, torch.where(complete, 0, count), s["count"]))
+        s["mean"].copy_(torch.where(keep, torch.where(warmed, new_mean, torch.where(complete, first_mean, mean)), mean))
+        s["var"].copy_(torch.where(keep, torch.where(warmed, new_var, torch.where(complete, first_var, var)), var))
+        s["warmed"].copy_(warmed | (keep & complete))
+        return torch.where(clips, target, math.inf)
+
+    @property
+    def mean(self) -> Optional[float]:
+        """The moving mean (None during the warm-up); a host read, for inspection."""
+        return self.state_dict()["mean"]
+
+    @property
+    def var(self) -> Optional[float]:
+        """The moving variance (None during the warm-up); a host read, for inspection."""
+        return self.state_dict()["var"]
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"buffer": list(self.buffer), "mean": self.mean, "var": self.var}
+        """``buffer`` (the warm-up's norms so far), ``mean`` and ``var`` (None during the warm-up), as Python
+        numbers (a host read: at a checkpoint, not in a step)."""
+        if self.tensors is None:
+            return {"buffer": list(self._state["buffer"]), "mean": self._state["mean"], "var": self._state["var"]}
+        s = self.tensors
+        warmed = bool(s["warmed"])
+        return {
+            "buffer": s["buffer"][: int(s["count"])].tolist(),
+            "mean": float(s["mean"]) if warmed else None,
+            "var": float(s["var"]) if warmed else None,
+        }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.buffer = list(state["buffer"])
-        self.mean = state["mean"]
-        self.var = state["var"]
+        self._state = {"buffer": list(state["buffer"]), "mean": state["mean"], "var": state["var"]}
+        device = torch.device("cpu") if self.tensors is None else self.tensors["mean"].device
+        self.tensors = None
+        self._place(device)
 
 
 class AutoClipThreshold:
@@ -157,29 +259,87 @@ class AutoClipThreshold:
     which leaves the step's own norm out of its history (so it clips its
     first step at infinity), keeps only the last 1000 norms and by default
     clips each parameter by its own history.
+
+    The history lives on the norm's device: float64 slots (inf where unused) and the count, sorted each step.
+    Since it is never truncated its slots double when the calls so far (a host count, an upper bound of the
+    norms recorded) fill them: a new shape, so a CUDA graph of the step is captured again at those steps
+    (log2 of the steps, from :data:`AUTOCLIP_SLOTS`).
     """
 
     def __init__(self, percentile: float) -> None:
         if not 0.0 <= percentile <= 100.0:
             raise ValueError(f"percentile must be in [0, 100], got {percentile}")
         self.percentile = float(percentile)
-        self.history: List[float] = []  # sorted
+        self._history: List[float] = []  # sorted; until the first update
+        self.slots: Optional[Tensor] = None  # (capacity,) float64: the norms, then inf
+        self.count: Optional[Tensor] = None  # () int64
+        self.calls = 0
 
-    def update(self, norm: float) -> float:
-        """Record this step's ``norm``; this step's maximum norm (the percentile of the history)."""
-        bisect.insort(self.history, norm)
-        return percentile_linear(self.history, self.percentile)
+    def _place(self, device: torch.device) -> None:
+        if self.slots is not None:
+            if self.slots.device != device:
+                self.slots, self.count = self.slots.to(device), self.count.to(device)
+        else:
+            capacity = AUTOCLIP_SLOTS
+            while capacity <= len(self._history):
+                capacity *= 2
+            self.slots = torch.full((capacity,), math.inf, dtype=torch.float64, device=device)
+            self.slots[: len(self._history)] = torch.tensor(self._history, dtype=torch.float64, device=device)
+            self.count = torch.tensor(len(self._history), dtype=torch.int64, device=device)
+            self.calls = len(self._history)
+        if self.calls >= self.slots.numel():
+            self.slots = torch.cat([self.slots, torch.full_like(self.slots, math.inf)])
+
+    def update(self, norm: Union[float, Tensor], skip: Optional[Tensor] = None) -> Tensor:
+        """Record this step's ``norm`` unless ``skip`` (a 0-dim bool tensor: a skipped step); this step's
+        maximum norm (the percentile of the history) as a 0-dim float64 tensor."""
+        norm = torch.as_tensor(norm).to(torch.float64)
+        self._place(norm.device)
+        keep = torch.ones((), dtype=torch.bool, device=norm.device) if skip is None else ~skip
+        self.calls += 1
+        # A skipped step writes inf (an unused slot's value) at the next slot and does not count.
+        self.slots.index_put_((self.count.reshape(1),), torch.where(keep, norm, math.inf).reshape(1))
+        self.count.add_(keep.to(torch.int64))
+        ascending = self.slots.sort().values
+        return percentile_linear(ascending, self.percentile, self.count)
+
+    @property
+    def history(self) -> List[float]:
+        """Every norm recorded, ascending (a host read, for a checkpoint and for inspection)."""
+        if self.slots is None:
+            return list(self._history)
+        return self.slots[: int(self.count)].sort().values.tolist()
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"history": list(self.history)}
+        return {"history": self.history}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.history = sorted(state["history"])
+        self._history = sorted(state["history"])
+        device = torch.device("cpu") if self.slots is None else self.slots.device
+        self.slots = self.count = None
+        self._place(device)
 
 
-def percentile_linear(ascending: Sequence[float], percentile: float) -> float:
+# AutoClip's first slots (doubled as they fill).
+AUTOCLIP_SLOTS = 1024
+
+
+def percentile_linear(ascending: Union[Sequence[float], Tensor], percentile: float, count: Optional[Tensor] = None):
     """The ``percentile``-th percentile of the ascending values, as ``numpy.percentile``'s default ("linear",
-    type 7 of Hyndman and Fan): the point at rank ``p / 100 * (n - 1)`` between the two closest values."""
+    type 7 of Hyndman and Fan): the point at rank ``p / 100 * (n - 1)`` between the two closest values.
+
+    ``ascending``: Python floats (a float back), or a float64 tensor whose first ``count`` (a 0-dim int64
+    tensor) values are the ones (a 0-dim tensor back, computed on the device with the same float64 steps).
+    """
+    if count is not None:
+        n = torch.clamp(count, min=1)  # no value (a skipped first step): any number, not clipping anything
+        rank = (n - 1).to(torch.float64) * (percentile / 100.0)
+        below = rank.floor()
+        above = torch.minimum(below + 1, (n - 1).to(torch.float64))
+        frac = rank - below
+        low = ascending.gather(0, below.to(torch.int64).reshape(1)).reshape(())
+        high = ascending.gather(0, above.to(torch.int64).reshape(1)).reshape(())
+        return torch.where(frac < 0.5, low + (high - low) * frac, high - (high - low) * (1 - frac))
     if not ascending:
         raise ValueError("percentile of no values")
     rank = (len(ascending) - 1) * (percentile / 100.0)
