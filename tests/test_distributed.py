@@ -355,6 +355,7 @@ def _step_worker(rank: int, port: int, bpe_model: str, out: str) -> None:
             rank=rank,
         )
         train_step(t, _batch(nan=rank in nan_ranks))
+        t.flush_log()  # the device's count of skipped steps into params
         results[case] = {"before": before, "after": model_checksum(model), "skipped": params.skipped_steps}
     Path(out, f"{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()

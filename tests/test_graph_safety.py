@@ -37,13 +37,12 @@ REMAINING_READS: Dict[str, str] = {
     "icefall_lite/nn/rnnt_loss.py:_prune_range_size (item)": "k2's raised s_range: max over the batch",
     "icefall_lite/train/loss.py:compute_loss (tolist)": "which utterances have a finite loss",
     "icefall_lite/train/step_log.py:read_scalars (tolist)": "compute_loss's sums read every step",
-    "icefall_lite/train/loop.py:train_step (item)": "the skip decision: is the gradient norm finite",
 }
 # Places where a Python value that changes from step to step (or batch to batch) reaches an op.
 REMAINING_CHANGING: Dict[str, str] = {
     "icefall_lite/nn/model.py": "per-utterance token counts as slice bounds (item 2)",
     "icefall_lite/nn/scaling.py": "the ActivationBalancer's draw: a branch in forward and backward (item 2)",
-    "icefall_lite/train/optim.py:step": "Eve's learning rate and bias corrections as Python floats",
+    "icefall_lite/train/optim.py:_update": "Eden's learning rate as a Python float (Eve's step count is a tensor)",
 }
 # The PyTorch recursion is the CPU path (CUDA runs the Triton kernel): it reads its boundary on the host for
 # its loop bounds. The configurations below run it for speed, with these places left out.
@@ -169,9 +168,12 @@ CONFIGURATIONS: Dict[str, Tuple[List[str], Dict[str, str], Dict[str, str]]] = {
     "error-clip": (["--error-clip", "0.001"], {}, {}),
     "scaled-adam": (
         ["--optimizer", "scaled-adam"],
-        {"icefall_lite/train/optim.py:_clipping_factor (item)": "the clipping norm and threshold as Python floats"},
         {
-            "icefall_lite/train/optim.py:step": None,  # ScaledAdam's step changes at these places instead of Eve's
+            "icefall_lite/train/optim.py:_clipping_factor (item)": "the clipping norm and threshold as Python floats",
+            "icefall_lite/train/loop.py:train_step (item)": "the skip decision on the host (ScaledAdam is not masked)",
+        },
+        {
+            "icefall_lite/train/optim.py:_update": None,  # ScaledAdam's step changes at these places instead of Eve's
             "icefall_lite/train/optim.py:_step_tensor": "lr, bias corrections and the size-update period's branch",
             "icefall_lite/train/optim.py:_step_scalar": "lr and bias correction as Python floats",
         },

@@ -61,6 +61,9 @@ class Training:
     step_log: StepLog = field(init=False)
     # The GradScaler's scale of the last backward (--use-fp16), a device tensor.
     loss_scale: Optional[torch.Tensor] = field(init=False, default=None)
+    # Steps skipped on the device's decision (a non-finite gradient norm) since the last flush_log, a device
+    # count added to ``params.skipped_steps`` there.
+    skipped_on_device: Optional[torch.Tensor] = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.step_log = StepLog(self.tb_writer)
@@ -70,8 +73,18 @@ class Training:
         :meth:`flush_log`."""
         self.step_log.add(tag, value, self.params.batch_idx_train)
 
+    def skipped_steps(self) -> Scalar:
+        """The steps skipped so far, without a host read (a device tensor once the device has decided one)."""
+        if self.skipped_on_device is None:
+            return self.params.skipped_steps
+        return self.skipped_on_device + self.params.skipped_steps
+
     def flush_log(self) -> None:
-        """Write the queued scalars and the second-moment reports (one device-to-host transfer each)."""
+        """Write the queued scalars and the second-moment reports (one device-to-host transfer each), and add
+        the device's count of skipped steps to ``params.skipped_steps``."""
+        if self.skipped_on_device is not None:
+            self.params.skipped_steps += int(self.skipped_on_device)
+            self.skipped_on_device = None
         if self.second_moment is not None:
             for step, moment in self.second_moment.reports():
                 self.step_log.add(TB_TAGS.exp_avg_sq_jump, moment.jump, step)
@@ -119,15 +132,18 @@ def mixed_precision(params: AttributeDict, device: torch.device) -> torch.autoca
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=params.use_fp16 or params.use_bf16)
 
 
-def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, float, float]:
+def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, torch.Tensor, torch.Tensor]:
     """Forward, backward, clip and update on one batch (``t.params.batch_idx_train`` already counts it).
 
     A step whose gradient norm is not finite, or whose batch has no utterance
     with a finite loss, is skipped: no update, counted in
-    ``params.skipped_steps`` and logged. Under --use-fp16 a non-finite norm is
+    ``params.skipped_steps``. With Eve in float32 or bfloat16 the norm's skip is
+    decided on the device (Eve's update masked) and counted in
+    :attr:`Training.skipped_on_device` until :meth:`Training.flush_log`; else it is
+    read here and logged. Under --use-fp16 a non-finite norm is
     the loss scaler's overflow: the scaler skips the update and halves its
     scale, counted in ``params.scaler_backoffs``, not as a skipped step.
-    Returns (info, pre-clip grad norm, clip scale).
+    Returns (info, pre-clip grad norm, clip scale), the last two 0-dim device tensors.
     """
     params, model, optimizer, scaler = t.params, t.model, t.optimizer, t.scaler
     warmup = params.batch_idx_train / params.model_warm_step
@@ -156,6 +172,13 @@ def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, floa
         params.scaler_backoffs += 1
         optimizer.zero_grad(set_to_none=True)
         scaler.update()  # unscale_ recorded the inf/NaN: the scale is halved
+    elif scaler is None and utterances > 0 and not isinstance(optimizer, ScaledAdam):
+        # Eve masks its update where the norm is not finite: the skip is decided and counted on the device.
+        found_inf = ~torch.isfinite(grad_norm)
+        optimizer.step(found_inf=found_inf)
+        optimizer.zero_grad(set_to_none=True)
+        count = found_inf.to(torch.int64)
+        t.skipped_on_device = count if t.skipped_on_device is None else t.skipped_on_device + count
     elif not math.isfinite(grad_norm) or utterances == 0:
         params.skipped_steps += 1
         reason = "no utterance with a finite loss" if utterances == 0 else f"gradient norm is {grad_norm}"
@@ -246,7 +269,7 @@ def log_step(
     t.add_scalar(TB_TAGS.clip_scale, clip_scale)
     if isinstance(t.optimizer, ScaledAdam):
         t.add_scalar(TB_TAGS.optimizer_clip_scale, t.optimizer.last_clipping_scale)
-    t.add_scalar(TB_TAGS.skipped_steps, t.params.skipped_steps)
+    t.add_scalar(TB_TAGS.skipped_steps, t.skipped_steps())
     for layer_stats in stats:
         for stat in LayerFilterStats.STATS:
             t.add_scalar(TB_TAGS.filter_tag(layer_stats.layer, stat), getattr(layer_stats, stat))
@@ -357,11 +380,11 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
         tot_loss = tot_loss * (1 - 1 / params.reset_interval) + info
         log_step(t, batch, info, grad_norm, clip_scale, stats)
         lr = t.scheduler.get_last_lr()[0]
-        if t.rank == 0:
-            progress.set_postfix(
-                loss=f"{tot_loss.per_frame('loss'):.3f}", lr=f"{lr:.2e}", gnorm=f"{grad_norm:.3g}", refresh=False
-            )
-        if params.batch_idx_train % params.log_interval == 0:
+        if params.batch_idx_train % params.log_interval == 0:  # the step's device values read here only
+            if t.rank == 0:
+                progress.set_postfix(
+                    loss=f"{tot_loss.per_frame('loss'):.3f}", lr=f"{lr:.2e}", gnorm=f"{grad_norm:.3g}", refresh=False
+                )
             t.flush_log()
             filtered = read_scalars([s.fraction_filtered for s in stats])
             backoffs = f", loss-scale back-offs: {params.scaler_backoffs}" if params.use_fp16 else ""

@@ -50,7 +50,12 @@ class Eve(Optimizer):
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, found_inf: Optional[Tensor] = None):
+        """One update, without a host read: the step count and the bias corrections are device tensors.
+
+        ``found_inf``: a 0-dim bool device tensor; where true the update is masked out (parameters, moments
+        and step counts stay as they are: a skipped step), decided on the device.
+        """
         loss = _evaluate(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
@@ -62,23 +67,46 @@ class Eve(Optimizer):
                     raise RuntimeError("Eve does not support sparse gradients")
                 state = self.state[p]
                 if len(state) == 0:
-                    state["step"] = 0
+                    state["step"] = torch.zeros((), dtype=torch.float64, device=p.device)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                state["step"] += 1
-                step = state["step"]
-                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = (exp_avg_sq.sqrt() * (1 - beta2**step) ** -0.5).add_(group["eps"])
-                step_size = group["lr"] / (1 - beta1**step)
-                if p.numel() > 1:
-                    above = p.norm() > group["target_rms"] * p.numel() ** 0.5
-                    p.mul_(1 - group["weight_decay"] * above.to(p.dtype))
-                p.addcdiv_(exp_avg, denom, value=-step_size)
-                if p.numel() == 1:
-                    p.clamp_(min=-10.0, max=2.0)
+                elif not isinstance(state["step"], Tensor):  # a checkpoint's count from before it was a tensor
+                    state["step"] = torch.tensor(float(state["step"]), dtype=torch.float64, device=p.device)
+                self._update(group, p, state, found_inf)
         return loss
+
+    @staticmethod
+    def _update(group: Dict, p: Tensor, state: Dict, found_inf: Optional[Tensor]) -> None:
+        """Adam's update of ``p`` with icefall's decay and clamp, out of place then kept where not
+        ``found_inf``; the arithmetic is that of Python floats: the bias corrections in float64 (libm's pow
+        on the CPU, a tensor exponent avoiding torch's rsqrt shortcut), rounded to float32 where they meet
+        the moments, and ``p + (value * exp_avg) / denom`` as torch's addcdiv computes it."""
+        beta1, beta2 = group["betas"]
+        grad, step = p.grad, state["step"] + 1
+        exp_avg = torch.add(state["exp_avg"].mul(beta1), grad, alpha=1 - beta1)
+        exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul(grad, grad, value=1 - beta2)
+        correction2 = (1 - torch.full_like(step, beta2).pow(step)).pow(torch.full_like(step, -0.5))
+        denom = (exp_avg_sq.sqrt() * correction2.to(p.dtype)).add_(group["eps"])
+        lr = group["lr"] if isinstance(group["lr"], Tensor) else torch.full_like(step, group["lr"])
+        step_size = lr.to(torch.float64) / (1 - torch.full_like(step, beta1).pow(step))
+        new = p
+        if p.numel() > 1:
+            above = p.norm() > group["target_rms"] * p.numel() ** 0.5
+            new = p.mul(1 - group["weight_decay"] * above.to(p.dtype))
+        new = new + ((-step_size).to(p.dtype) * exp_avg) / denom
+        if p.numel() == 1:
+            new = new.clamp(min=-10.0, max=2.0)
+        if found_inf is not None:
+            keep = ~found_inf.to(p.device)
+            new, exp_avg, exp_avg_sq = (
+                torch.where(keep, a, b)
+                for a, b in ((new, p), (exp_avg, state["exp_avg"]), (exp_avg_sq, state["exp_avg_sq"]))
+            )
+            step = torch.where(keep, step, state["step"])
+        p.copy_(new)
+        state["exp_avg"].copy_(exp_avg)
+        state["exp_avg_sq"].copy_(exp_avg_sq)
+        state["step"].copy_(step)
 
 
 class Eden:
