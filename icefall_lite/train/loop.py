@@ -62,8 +62,10 @@ class Training:
     # The GradScaler's scale of the last backward (--use-fp16), a device tensor.
     loss_scale: Optional[torch.Tensor] = field(init=False, default=None)
     # Steps skipped on the device's decision (a non-finite gradient norm) since the last flush_log, a device
-    # count added to ``params.skipped_steps`` there.
+    # count added to ``params.skipped_steps`` there; and each step's (batch, found-inf flag, gradient norm) since
+    # then, read there to log the skipped ones as a step skipped on the host is logged.
     skipped_on_device: Optional[torch.Tensor] = field(init=False, default=None)
+    device_decisions: List[Tuple[int, torch.Tensor, torch.Tensor]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.step_log = StepLog(self.tb_writer)
@@ -82,9 +84,11 @@ class Training:
     def flush_log(self) -> None:
         """Write the queued scalars and the second-moment reports (one device-to-host transfer each), and add
         the device's count of skipped steps to ``params.skipped_steps``."""
-        if self.skipped_on_device is not None:
-            self.params.skipped_steps += int(self.skipped_on_device)
-            self.skipped_on_device = None
+        for batch_idx, found_inf, grad_norm in self.device_decisions:
+            if bool(found_inf):
+                log_skip(self.params, batch_idx, f"gradient norm is {float(grad_norm)}")
+        self.device_decisions.clear()
+        self.skipped_on_device = None
         if self.second_moment is not None:
             for step, moment in self.second_moment.reports():
                 self.step_log.add(TB_TAGS.exp_avg_sq_jump, moment.jump, step)
@@ -132,15 +136,20 @@ def mixed_precision(params: AttributeDict, device: torch.device) -> torch.autoca
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=params.use_fp16 or params.use_bf16)
 
 
+def log_skip(params: AttributeDict, batch_idx: int, reason: str) -> None:
+    """Count a skipped step in ``params.skipped_steps`` and log it (icefall's warning)."""
+    params.skipped_steps += 1
+    logging.warning(f"Skipping step at batch {batch_idx}: {reason} (skipped steps so far: {params.skipped_steps})")
+
+
 def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, torch.Tensor, torch.Tensor]:
     """Forward, backward, clip and update on one batch (``t.params.batch_idx_train`` already counts it).
 
     A step whose gradient norm is not finite, or whose batch has no utterance
     with a finite loss, is skipped: no update, counted in
-    ``params.skipped_steps``. With Eve in float32 or bfloat16 the norm's skip is
-    decided on the device (Eve's update masked) and counted in
-    :attr:`Training.skipped_on_device` until :meth:`Training.flush_log`; else it is
-    read here and logged. Under --use-fp16 a non-finite norm is
+    ``params.skipped_steps`` and logged. With Eve in float32 or bfloat16 the norm's
+    skip is decided on the device (Eve's update masked), and counted and logged at
+    :meth:`Training.flush_log` (``--log-interval``); else it is read here. Under --use-fp16 a non-finite norm is
     the loss scaler's overflow: the scaler skips the update and halves its
     scale, counted in ``params.scaler_backoffs``, not as a skipped step.
     Returns (info, pre-clip grad norm, clip scale), the last two 0-dim device tensors.
@@ -179,12 +188,10 @@ def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, torc
         optimizer.zero_grad(set_to_none=True)
         count = found_inf.to(torch.int64)
         t.skipped_on_device = count if t.skipped_on_device is None else t.skipped_on_device + count
+        t.device_decisions.append((params.batch_idx_train, found_inf, grad_norm))
     elif not math.isfinite(grad_norm) or utterances == 0:
-        params.skipped_steps += 1
         reason = "no utterance with a finite loss" if utterances == 0 else f"gradient norm is {grad_norm}"
-        logging.warning(
-            f"Skipping step at batch {params.batch_idx_train}: {reason} (skipped steps so far: {params.skipped_steps})"
-        )
+        log_skip(params, params.batch_idx_train, reason)
         optimizer.zero_grad(set_to_none=True)
         if scaler is not None:
             scaler.update()
