@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from icefall_lite.nn.boundary import NEG_INF
-from icefall_lite.nn.mutual_information import _flush_below
+from icefall_lite.nn.mutual_information_pytorch import _flush_below
 
 Tensor = torch.Tensor
 
