@@ -46,7 +46,7 @@ REMAINING_CHANGING: Dict[str, str] = {
 }
 # The PyTorch recursion is the CPU path (CUDA runs the Triton kernel): it reads its boundary on the host for
 # its loop bounds. The configurations below run it for speed, with these places left out.
-CPU_RECURSION = ("icefall_lite/nn/mutual_information.py:", "icefall_lite/nn/boundary.py:")
+CPU_RECURSION = ("icefall_lite/nn/mutual_information_pytorch.py:", "icefall_lite/nn/boundary.py:")
 
 
 def _batches(tokens: TokenTable, count: int) -> List[dict]:
