@@ -28,12 +28,9 @@ VOCAB = 50
 
 # Host reads left in the step at the default flags (CUDA's path: the Triton recursion), each ``place (kind)``
 # (a place is ``path:function``), or a whole file for the token ids and lengths made from Python lists, which
-# item 2 of issue 74 (static padded inputs, under way beside this test) removes; it also removes the
-# ActivationBalancers' draws on the host (scaling.py).
+# item 2 of issue 74 (static padded inputs, under way beside this test) removes.
 REMAINING_READS: Dict[str, str] = {
     "icefall_lite/nn/model.py": "token ids and lengths from Python lists (item 2)",
-    "icefall_lite/nn/scaling.py:forward (item)": "ActivationBalancer: float(torch.rand(())) >= prob (item 2)",
-    "icefall_lite/nn/encoder.py:forward (item)": "layer dropout's draw: float(torch.rand(()))",
     "icefall_lite/nn/rnnt_loss.py:_prune_range_size (item)": "k2's raised s_range: max over the batch",
     "icefall_lite/train/loss.py:compute_loss (tolist)": "which utterances have a finite loss",
     "icefall_lite/train/step_log.py:read_scalars (tolist)": "compute_loss's sums read every step",
@@ -41,7 +38,6 @@ REMAINING_READS: Dict[str, str] = {
 # Places where a Python value that changes from step to step (or batch to batch) reaches an op.
 REMAINING_CHANGING: Dict[str, str] = {
     "icefall_lite/nn/model.py": "per-utterance token counts as slice bounds (item 2)",
-    "icefall_lite/nn/scaling.py": "the ActivationBalancer's draw: a branch in forward and backward (item 2)",
     "icefall_lite/train/optim.py:_update": "Eden's learning rate as a Python float (Eve's step count is a tensor)",
 }
 # The PyTorch recursion is the CPU path (CUDA runs the Triton kernel): it reads its boundary on the host for
@@ -189,7 +185,6 @@ CONFIGURATIONS: Dict[str, Tuple[List[str], Dict[str, str], Dict[str, str]]] = {
         {},
         {
             "icefall_lite/nn/encoder.py:forward": "the warm-up's bypass scale as a Python float",
-            "icefall_lite/train/loop.py:train_step": "the warm-up as a Python float",
         },
     ),
 }

@@ -30,8 +30,9 @@ def _batch() -> dict:
 
 def _model(bpe_model: str, *flags: str):
     """The tiny model in training mode, its ActivationBalancers acting at every step (not at random), in float64
-    (the losses' recursion stays float32): float32's rounding of sums over the batch's shape (1.5e-6 of
-    the scalar log-scales' gradients, which add up every weight's) would hide what padding does."""
+    (its losses too): float32's rounding of sums over the batch's shape (1.5e-6 to 2.5e-6 of the scalar
+    log-scales' gradients, which add up every weight's; with the losses' recursions alone in float32, 2.5e-6 on
+    an AMD EPYC) would hide what padding does."""
     params, model, sp = tiny_training_setup(bpe_model, *flags)
     for module in model.modules():
         if isinstance(module, ActivationBalancer):
@@ -96,7 +97,7 @@ def test_a_padded_batch_gives_the_batch_losses_and_gradients(tiny_data, flags):
     for padded_shape in (shape, (7, 300, 40)):  # 3 dummy rows, 190 extra frames, 28 or more token positions
         padded = pad_to(inputs, padded_shape)
         assert padded.shape == padded_shape
-        assert _largest_difference(_step(params, model, padded), plain) < 1e-6  # (rounding: 2e-8 seen)
+        assert _largest_difference(_step(params, model, padded), plain) < 1e-6  # (rounding: 5e-14 seen)
     for module in model.modules():
         if getattr(module, "grad_filter", None) is not None:
             assert module.grad_filter.stats.num_backward == 3

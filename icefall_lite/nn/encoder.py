@@ -207,10 +207,13 @@ class RNNEncoderLayer(nn.Module):
           (T, N, d_model) output and the new (h, c).
         """
         src_orig = src
-        alpha = 1.0
+        alpha = None
         if self.training:
+            # icefall's draw, kept on the model's device (the same draws on the CPU): no host read.
             warmup_scale = min(0.1 + warmup, 1.0)
-            alpha = warmup_scale if float(torch.rand(())) > self.layer_dropout else 0.1
+            kept = torch.rand((), device=src.device) > self.layer_dropout
+            # float64, as icefall's Python float: 1 - alpha rounds to the activations' dtype once, as there.
+            alpha = torch.where(kept, torch.full((), warmup_scale, dtype=torch.float64, device=src.device), 0.1)
         lstm_out, new_states = _masked(self.lstm, src, states, mask=mask)
         src = src + self.dropout(lstm_out)
         ff = src
@@ -218,8 +221,9 @@ class RNNEncoderLayer(nn.Module):
             ff = _masked(module, ff, mask=mask) if isinstance(module, ActivationBalancer) else module(ff)
         src = src + self.dropout(ff)
         src = self.norm_final(_masked(self.balancer, src, mask=mask))
-        if alpha != 1.0:
-            src = alpha * src + (1.0 - alpha) * src_orig
+        if alpha is not None:
+            # Where alpha is 1 the layer's output as it is (a mask, not a branch on the host).
+            src = torch.where(alpha == 1.0, src, alpha * src + (1.0 - alpha) * src_orig)
         return src, new_states
 
 

@@ -26,6 +26,12 @@ from icefall_lite.nn.scaling import ScaledLinear
 TokenIds = Union[Sequence[Sequence[int]], Tensor]
 
 
+def _at_least_float32(x: Tensor) -> Tensor:
+    """``x`` in float32 when it is in a lower precision (the losses' recursions run in float32 under autocast,
+    as icefall's), else as it is: a float64 model's losses are float64."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def token_id_tensors(token_ids: Sequence[Sequence[int]]) -> Tuple[Tensor, Tensor]:
     """N token-id lists -> (N, max_len) int64 padded with 0, and (N,) int64 lengths (on the CPU)."""
     lengths = torch.tensor([len(ids) for ids in token_ids], dtype=torch.int64)
@@ -104,7 +110,7 @@ class Transducer(nn.Module):
         """
         if self.ctc_output is None:
             raise RuntimeError("this model has no CTC head (build it with use_ctc=True)")
-        log_probs = self.ctc_output(encoder_out).float()  # (N, T', V)
+        log_probs = _at_least_float32(self.ctc_output(encoder_out))  # (N, T', V)
         targets, target_lens = _as_tensors(y, y_lens, encoder_out.device)
         return F.ctc_loss(
             log_probs.permute(1, 0, 2),
@@ -189,8 +195,8 @@ class Transducer(nn.Module):
         am = self.simple_am_proj(encoder_out)
         with torch.autocast(device_type=device.type, enabled=False):
             simple_loss, (px_grad, py_grad) = rnnt_loss_smoothed(
-                lm=lm.float(),
-                am=am.float(),
+                lm=_at_least_float32(lm),
+                am=_at_least_float32(am),
                 symbols=y_padded,
                 termination_symbol=blank_id,
                 lm_only_scale=lm_scale,
@@ -207,7 +213,7 @@ class Transducer(nn.Module):
         logits = self.joiner(am_pruned, lm_pruned, project_input=False)  # (N, T', prune_range, V)
         with torch.autocast(device_type=device.type, enabled=False):
             pruned_loss = rnnt_loss_pruned(
-                logits=logits.float(),
+                logits=_at_least_float32(logits),
                 symbols=y_padded,
                 ranges=ranges,
                 termination_symbol=blank_id,

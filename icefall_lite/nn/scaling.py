@@ -346,6 +346,7 @@ class _ActivationBalancerFunction(torch.autograd.Function):
         ctx,
         x: Tensor,
         mask: Optional[Tensor],
+        active: Tensor,
         channel_dim: int,
         min_positive: float,
         max_positive: float,
@@ -365,16 +366,18 @@ class _ActivationBalancerFunction(torch.autograd.Function):
         mean_abs = _mean_over(x.abs(), mask, sum_dims)
         below = (mean_abs < min_abs).to(x.dtype)
         above = (mean_abs > max_abs).to(x.dtype)
-        ctx.save_for_backward(factor, x_positive, below, above)
+        ctx.save_for_backward(factor, x_positive, below, above, active)
         ctx.max_factor = max_factor
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, x_grad: Tensor):
-        factor, x_positive, below, above = ctx.saved_tensors
+        factor, x_positive, below, above, active = ctx.saved_tensors
         # Too small |x|: push x away from 0; too large: pull it towards 0.
         abs_factor = (below - above) * (x_positive.to(x_grad.dtype) - 0.5) * (2.0 * ctx.max_factor)
-        return x_grad - x_grad.abs() * (factor + abs_factor), None, None, None, None, None, None, None
+        # A batch the draw left out gets its gradient untouched (a mask, not a branch: no host read).
+        x_grad = torch.where(active, x_grad - x_grad.abs() * (factor + abs_factor), x_grad)
+        return x_grad, None, None, None, None, None, None, None, None
 
 
 class ActivationBalancer(nn.Module):
@@ -385,7 +388,10 @@ class ActivationBalancer(nn.Module):
     ``[min_abs, max_abs]``, a term proportional to ``|grad|`` (at most
     ``max_factor``) is added to push it back. As icefall after PR #612, it
     acts on a random ``prob`` of training batches with its factor scaled by
-    ``1/prob``, which keeps the average push and saves time.
+    ``1/prob``, which keeps the average push. icefall draws on the host and skips the other batches; here the
+    draw stays on the model's device and masks the push (torch's generator of that device, the same draws as
+    icefall's on the CPU), so the step reads nothing back and one CUDA graph serves both outcomes; the
+    statistics are computed on every batch.
 
     ``mask`` (broadcastable to ``x``, size 1 on the channel dimension; 1 = counted) limits the statistics to
     the frames of the batch as it came, so that padding it to a static shape (extra frames, dummy rows) does
@@ -417,11 +423,14 @@ class ActivationBalancer(nn.Module):
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         if not self.training or not x.requires_grad or torch.jit.is_scripting() or torch.jit.is_tracing():
             return x
-        if self.prob < 1.0 and float(torch.rand(())) >= self.prob:
-            return x
+        if self.prob < 1.0:
+            active = torch.rand((), device=x.device) < self.prob
+        else:
+            active = torch.ones((), dtype=torch.bool, device=x.device)
         return _ActivationBalancerFunction.apply(
             x,
             mask,
+            active,
             self.channel_dim,
             self.min_positive,
             self.max_positive,
