@@ -23,7 +23,7 @@ def _run(*flags: str) -> subprocess.CompletedProcess:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # a hang's guard: 107-121 s seen on 2 cores beside other jobs
         env=env,
     )
 

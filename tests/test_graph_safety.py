@@ -4,8 +4,9 @@ of one batch shape at different step numbers (a CUDA graph would freeze them), e
 
 The remaining sites are listed by name below (:data:`REMAINING_READS`, :data:`REMAINING_CHANGING` and each
 configuration's own): the tests assert that the probe finds exactly those, so the lists can only shrink.
-The probed steps are not log steps: :func:`train_step` is probed alone, and the training loop reads the step's
-device outputs only at --log-interval, outside it.
+The probed steps are not log steps: :func:`device_step` is probed alone (its inputs made on the host before
+it, as the training loop makes them), and the training loop reads the step's device outputs only at
+--log-interval, outside it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import torch
 from benchmarks.graph_safety import GraphSafetyProbe, Site, changing_values
 from benchmarks.train_setup import TokenTable, Trainer
 from icefall_lite.nn import mutual_information
-from icefall_lite.train.loop import train_step
+from icefall_lite.train.loop import device_step, train_step
+from icefall_lite.train.loss import loss_inputs
 from icefall_lite.train.step_log import read_scalars
 
 TINY = ["--num-encoder-layers", "2", "--encoder-dim", "32", "--rnn-hidden-size", "32", "--dim-feedforward", "64"]
@@ -27,17 +29,11 @@ TINY += ["--decoder-dim", "32", "--joiner-dim", "32"]
 VOCAB = 50
 
 # Host reads left in the step at the default flags (CUDA's path: the Triton recursion), each ``place (kind)``
-# (a place is ``path:function``), or a whole file for the token ids and lengths made from Python lists, which
-# item 2 of issue 74 (static padded inputs, under way beside this test) removes.
-REMAINING_READS: Dict[str, str] = {
-    "icefall_lite/nn/model.py": "token ids and lengths from Python lists (item 2)",
-    "icefall_lite/nn/rnnt_loss.py:_prune_range_size (item)": "k2's raised s_range: max over the batch",
-    "icefall_lite/train/loss.py:compute_loss (tolist)": "which utterances have a finite loss",
-    "icefall_lite/train/step_log.py:read_scalars (tolist)": "compute_loss's sums read every step",
-}
+# (a place is ``path:function``): none. The step's inputs are made on the host before it (loss_inputs: the
+# token ids from Python lists, the pruned loss's window from the host's lengths), outside the probe.
+REMAINING_READS: Dict[str, str] = {}
 # Places where a Python value that changes from step to step (or batch to batch) reaches an op.
 REMAINING_CHANGING: Dict[str, str] = {
-    "icefall_lite/nn/model.py": "per-utterance token counts as slice bounds (item 2)",
     "icefall_lite/train/optim.py:_update": "Eden's learning rate as a Python float (Eve's step count is a tensor)",
 }
 # The PyTorch recursion is the CPU path (CUDA runs the Triton kernel): it reads its boundary on the host for
@@ -87,8 +83,9 @@ def _probe_steps(
             if i == 0:
                 train_step(t, batch)
                 continue
+            inputs = loss_inputs(trainer.params, t.sp, batch)  # on the host, before the step
             with GraphSafetyProbe() as probe:
-                train_step(t, batch)
+                device_step(t, inputs)
             reads |= set(probe.host_reads)
             traces.append(probe.trace)
     finally:
@@ -166,7 +163,7 @@ CONFIGURATIONS: Dict[str, Tuple[List[str], Dict[str, str], Dict[str, str]]] = {
         ["--optimizer", "scaled-adam"],
         {
             "icefall_lite/train/optim.py:_clipping_factor (item)": "the clipping norm and threshold as Python floats",
-            "icefall_lite/train/loop.py:train_step (item)": "the skip decision on the host (ScaledAdam is not masked)",
+            "icefall_lite/train/step_log.py:read_scalars (tolist)": "the skip decision read (ScaledAdam is not masked)",
         },
         {
             "icefall_lite/train/optim.py:_update": None,  # ScaledAdam's step changes at these places instead of Eve's
@@ -177,7 +174,10 @@ CONFIGURATIONS: Dict[str, Tuple[List[str], Dict[str, str], Dict[str, str]]] = {
     "bf16": (["--use-bf16", "true"], {}, {}),
     "fp16": (
         ["--use-fp16", "true"],
-        {"icefall_lite/train/loop.py:train_step (item)": "GradScaler.step's found_inf.item()"},
+        {
+            "icefall_lite/train/loop.py:device_step (item)": "GradScaler.step's found_inf.item()",
+            "icefall_lite/train/step_log.py:read_scalars (tolist)": "the skip decision read (the scaler's path)",
+        },
         {},
     ),
     "in-warm-up": (

@@ -13,7 +13,7 @@ import torch
 
 from benchmarks.train_setup import TokenTable, Trainer
 from icefall_lite.train.loop import mixed_precision, train_step
-from icefall_lite.train.loss import compute_loss
+from icefall_lite.train.loss import batch_loss, compute_loss, loss_inputs
 
 TINY = ["--num-encoder-layers", "2", "--encoder-dim", "32", "--rnn-hidden-size", "32", "--dim-feedforward", "64"]
 TINY += ["--decoder-dim", "32", "--joiner-dim", "32", "--layer-dropout", "0"]
@@ -116,3 +116,32 @@ def test_twenty_steps_with_an_inf_equal_todays_step_bit_for_bit(max_norm):
         theirs: Dict = reference.optimizer.state[q]
         assert float(mine["step"]) == theirs["step"] == STEPS - 1
         assert torch.equal(mine["exp_avg"], theirs["exp_avg"]) and torch.equal(mine["exp_avg_sq"], theirs["exp_avg_sq"])
+
+
+def test_the_prune_window_is_raised_from_the_hosts_lengths():
+    """A row with more tokens than its encoder frames allow at --prune-range 5: k2 raises the window to
+    ``(U - 1) // T' + 2`` (worked here: 40 tokens over 8 frames, 39 // 8 + 2 = 6). The step computes it from
+    the lengths the host has (no read of the boundary) and its losses equal the model's own raise on the
+    device, exactly."""
+    tokens = TokenTable()
+    trainer = Trainer(TINY, vocab_size=VOCAB)
+    t = trainer.training(tokens)
+    gen = torch.Generator().manual_seed(11)
+    frames = [40, 60]  # encoder frames ((T - 3) // 2 - 1) // 2: 8 and 13
+    feats = torch.full((2, 60, 80), -23.0)
+    for i, (n, u) in enumerate(zip(frames, [40, 4])):
+        feats[i, :n] = torch.randn(n, 80, generator=gen) * 3.0 - 8.0
+        tokens.ids[f"u{i}"] = torch.randint(3, VOCAB, (u,), generator=gen).tolist()
+    batch = {"inputs": feats, "supervisions": {"num_frames": torch.tensor(frames), "text": ["u0", "u1"]}}
+    inputs = loss_inputs(trainer.params, t.sp, batch)
+    assert trainer.params.prune_range == 5 and inputs.prune_range == 6
+    t.model.eval()
+    with torch.no_grad():
+        _, sums, finite = batch_loss(trainer.params, t.model, inputs, is_training=False)
+        x = inputs.tensors
+        p = trainer.params
+        simple, pruned, _, _ = t.model(
+            x.features, x.feature_lens, x.tokens, p.prune_range, p.am_scale, p.lm_scale, y_lens=x.token_lens
+        )
+    assert finite.tolist() == [True, True]
+    assert float(sums["simple_loss"]) == float(simple.sum()) and float(sums["pruned_loss"]) == float(pruned.sum())

@@ -16,6 +16,7 @@ from icefall_lite.nn.joiner import Joiner
 from icefall_lite.nn.rnnt_loss import (
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
+    get_rnnt_prune_ranges_raised,
     make_boundary,
     rnnt_loss_pruned,
     rnnt_loss_smoothed,
@@ -158,6 +159,7 @@ class Transducer(nn.Module):
         *,
         y_lens: Optional[Tensor] = None,
         real: Optional[Tensor] = None,
+        prune_range_raised: bool = False,
     ) -> Tuple[Tensor, Tensor, Optional[Tensor], Tensor]:
         """
         Args:
@@ -165,7 +167,10 @@ class Transducer(nn.Module):
           x_lens: (N,) valid frames.
           y: N token-id lists (no blank), or (N, U) int64 token ids padded after each row's length, with
             ``y_lens`` (N,) (a training step's inputs: :mod:`icefall_lite.data.static_batch`).
-          prune_range: s_range of the pruned loss.
+          prune_range: s_range of the pruned loss, raised as k2 raises it where a row has too many tokens for
+            its frames (a read of the lengths on the device) unless ``prune_range_raised``: then it is
+            :func:`icefall_lite.nn.rnnt_loss.raised_s_range` of these lengths already (the training step's,
+            from the host's lengths).
           am_scale, lm_scale: smoothing scales of the simple loss.
           warmup: training progress in units of the model warm-up.
           delay_penalty: k2's penalty on symbol delay in both losses (arXiv 2211.00490), which
@@ -206,7 +211,8 @@ class Transducer(nn.Module):
                 reduction="none",
                 return_grad=True,
             )
-        ranges = get_rnnt_prune_ranges(px_grad=px_grad, py_grad=py_grad, boundary=boundary, s_range=prune_range)
+        prune = get_rnnt_prune_ranges_raised if prune_range_raised else get_rnnt_prune_ranges
+        ranges = prune(px_grad=px_grad, py_grad=py_grad, boundary=boundary, s_range=prune_range)
         am_pruned, lm_pruned = do_rnnt_pruning(
             am=self.joiner.encoder_proj(encoder_out), lm=self.joiner.decoder_proj(decoder_out), ranges=ranges
         )

@@ -270,21 +270,36 @@ def _adjust_pruning_lower_bound(s_begin: Tensor, max_step: int) -> Tensor:
     return ramp - shifted
 
 
-def _prune_range_size(boundary: Tensor, S: int, s_range: int, regular: bool) -> int:
+def raised_s_range(token_lens: Tensor, frame_lens: Tensor, s_range: int) -> int:
+    """k2's raise of a regular lattice's window: ``max(s_range, max_b (U_b - 1) // T_b + 2)`` (truncating
+    division, ``T_b`` at least 1), so that ``(R - 1) * T_b >= U_b`` and some path survives pruning.
+
+    A max over the batch: a host read when the lengths are on a device. The training step computes it from
+    the lengths the host already has (:func:`icefall_lite.train.loss.loss_inputs`) and passes
+    it to :func:`get_rnnt_prune_ranges_raised`.
+
+    Args:
+      token_lens: (B,) int, ``U_b``; frame_lens: (B,) int, ``T_b`` (the lattice's frames: the encoder's).
+    """
+    if token_lens.numel() == 0:
+        return s_range
+    needed = torch.div(token_lens - 1, frame_lens.clamp(min=1), rounding_mode="trunc") + 2
+    return max(s_range, int(needed.max().item()))
+
+
+def _prune_range_size(boundary: Tensor, S: int, s_range: int, regular: bool, raised: bool) -> int:
     """The window size k2 uses for a requested ``s_range``.
 
     Regular lattices need ``(s_range - 1) * T_b >= U_b`` for some path to
-    survive: ``s_range`` is raised to ``max_b (U_b - 1) // T_b + 2`` (k2's
-    formula, truncating division); then it is capped at ``S + 1``.
+    survive: ``s_range`` is raised (:func:`raised_s_range`) unless ``raised`` says the caller did; then it
+    is capped at ``S + 1``.
 
     Returns:
       The window size ``R``; raises ValueError if it is below 2 (regular,
       ``S > 0``) or 1 (modified).
     """
-    if regular and boundary.shape[0] > 0:
-        U_b, T_b = boundary[:, 2], boundary[:, 3].clamp(min=1)
-        needed = int((torch.div(U_b - 1, T_b, rounding_mode="trunc") + 2).max().item())
-        s_range = max(s_range, needed)
+    if regular and not raised:
+        s_range = raised_s_range(boundary[:, 2], boundary[:, 3], s_range)
     s_range = min(s_range, S + 1)
     if regular and s_range < 2 and S > 0:
         raise ValueError(f"s_range must be >= 2 for the regular RNN-T, got {s_range}")
@@ -358,10 +373,21 @@ def get_rnnt_prune_ranges(
       ``ranges`` ``(B, T, R')`` int64, ``ranges[b, t] = s0[b, t] + arange(R')``,
       all entries in ``[0, S]``.
     """
+    return _prune_ranges(px_grad, py_grad, boundary, s_range, raised=False)
+
+
+def get_rnnt_prune_ranges_raised(px_grad: Tensor, py_grad: Tensor, boundary: Tensor, s_range: int) -> Tensor:
+    """:func:`get_rnnt_prune_ranges` for an ``s_range`` that is :func:`raised_s_range` of these lengths
+    already (computed where the lengths are on the host): the same windows, without the raise's read of the
+    boundary."""
+    return _prune_ranges(px_grad, py_grad, boundary, s_range, raised=True)
+
+
+def _prune_ranges(px_grad: Tensor, py_grad: Tensor, boundary: Tensor, s_range: int, raised: bool) -> Tensor:
     B, S, T, regular = _check_grads_boundary(px_grad, py_grad, boundary)
     device = px_grad.device
     boundary = boundary.to(device=device, dtype=torch.int64)
-    s_range = _prune_range_size(boundary, S, s_range, regular)
+    s_range = _prune_range_size(boundary, S, s_range, regular, raised)
 
     # window mass: (B, S+2-R, T)
     blk = py_grad.unfold(1, s_range, 1).sum(dim=3)

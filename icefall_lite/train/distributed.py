@@ -12,7 +12,7 @@ Two launchers start the ranks of a run:
 GLOBAL rank and world size: lhotse's samplers take ``RANK``/``WORLD_SIZE`` from the environment when they
 are there (torchrun) and from the process group otherwise (spawn).
 
-:func:`sum_over_ranks` and :func:`any_rank` are collectives: every rank must call them at the same point of
+:func:`summed_over_ranks` and :func:`any_rank` are collectives: every rank must call them at the same point of
 the run, and they are no-ops (no communication) unless a process group of more than one rank exists.
 """
 
@@ -167,13 +167,14 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
-def sum_over_ranks(value: float) -> float:
-    """``value`` summed over every rank of the process group (``value`` itself without one)."""
+def summed_over_ranks(value: torch.Tensor) -> torch.Tensor:
+    """``value`` (a device tensor) summed over every rank of the process group, without a host read
+    (``value`` itself without one)."""
     if _world_size() <= 1:
-        return float(value)
-    tensor = torch.tensor([float(value)], dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return float(tensor.item())
+        return value
+    out = value.to(_collective_device(), copy=True)
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out.to(value.device)
 
 
 def any_rank(flag: bool) -> bool:

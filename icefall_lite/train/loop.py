@@ -12,7 +12,7 @@ import math
 import shutil
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -24,19 +24,38 @@ from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.train.averaging import update_averaged_model
 from icefall_lite.train.checkpoint import remove_checkpoints, save_checkpoint, unwrap
 from icefall_lite.train.diagnostics import ModelDiagnostics
-from icefall_lite.train.distributed import any_rank, gather_objects, sum_over_ranks
+from icefall_lite.train.distributed import any_rank, gather_objects, summed_over_ranks
 from icefall_lite.train.grad_control import GradientControl
-from icefall_lite.train.loss import compute_loss
+from icefall_lite.train.loss import LossInputs, batch_loss, compute_loss, loss_inputs, warn_dropped
 from icefall_lite.train.optim import Eden, ScaledAdam
 from icefall_lite.train.optimizer_state import SecondMomentMonitor
 from icefall_lite.train.resume import Resumption
 from icefall_lite.train.rng import fix_random_seed, get_rng_state, set_rng_state
 from icefall_lite.train.sequence_log import SequenceLog
-from icefall_lite.train.step_log import Scalar, StepLog, read_scalars
+from icefall_lite.train.step_log import Scalar, StepLog, read_metrics, read_scalars
 from icefall_lite.train.tb_tags import TB_TAGS
 from icefall_lite.utils import AttributeDict, MetricsTracker, progress_bar
 
 DIAGNOSTICS_BATCHES = 5
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a step leaves to be read at the next :meth:`Training.flush_log`, as device tensors: its dropped
+    utterances (the ``finite`` mask over ``cut_ids``), and whether the device skipped it (``skipped``, None
+    where the host decided), with the gradient norm and the utterances kept (all ranks') that say why."""
+
+    batch_idx: int
+    dropped: torch.Tensor
+    finite: torch.Tensor
+    cut_ids: List[str]
+    skipped: Optional[torch.Tensor] = None
+    grad_norm: Optional[torch.Tensor] = None
+    utterances: Optional[torch.Tensor] = None
+
+    def values(self) -> Tuple[Scalar, Scalar, Scalar, Scalar]:
+        """(dropped, skipped, grad_norm, utterances): the values flush_log reads (0 for the host's None)."""
+        return tuple(0 if v is None else v for v in (self.dropped, self.skipped, self.grad_norm, self.utterances))
 
 
 @dataclass
@@ -61,19 +80,20 @@ class Training:
     step_log: StepLog = field(init=False)
     # The GradScaler's scale of the last backward (--use-fp16), a device tensor.
     loss_scale: Optional[torch.Tensor] = field(init=False, default=None)
-    # Steps skipped on the device's decision (a non-finite gradient norm) since the last flush_log, a device
-    # count added to ``params.skipped_steps`` there; and each step's (batch, found-inf flag, gradient norm) since
-    # then, read there to log the skipped ones as a step skipped on the host is logged.
+    # Steps skipped on the device's decision (a non-finite gradient norm, or no utterance with a finite loss)
+    # since the last flush_log, a device count added to ``params.skipped_steps`` there; and each step's
+    # outcome since then, read there (one transfer) to log its dropped utterances and, if it was skipped,
+    # the skip, as the host-decided paths log them at once.
     skipped_on_device: Optional[torch.Tensor] = field(init=False, default=None)
-    device_decisions: List[Tuple[int, torch.Tensor, torch.Tensor]] = field(init=False, default_factory=list)
+    outcomes: List[StepOutcome] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.step_log = StepLog(self.tb_writer)
 
-    def add_scalar(self, tag: str, value: Scalar) -> None:
+    def add_scalar(self, tag: str, value: Scalar, when: Optional[Scalar] = None) -> None:
         """A TensorBoard scalar at the current global batch (rank 0 with --tensorboard), written at the next
-        :meth:`flush_log`."""
-        self.step_log.add(tag, value, self.params.batch_idx_train)
+        :meth:`flush_log` (only if ``when``, a device flag, is true, where given)."""
+        self.step_log.add(tag, value, self.params.batch_idx_train, when)
 
     def skipped_steps(self) -> Scalar:
         """The steps skipped so far, without a host read (a device tensor once the device has decided one)."""
@@ -82,13 +102,19 @@ class Training:
         return self.skipped_on_device + self.params.skipped_steps
 
     def flush_log(self) -> None:
-        """Write the queued scalars and the second-moment reports (one device-to-host transfer each), and add
-        the device's count of skipped steps to ``params.skipped_steps``."""
-        for batch_idx, found_inf, grad_norm in self.device_decisions:
-            if bool(found_inf):
-                log_skip(self.params, batch_idx, f"gradient norm is {float(grad_norm)}")
-        self.device_decisions.clear()
-        self.skipped_on_device = None
+        """Log the steps' dropped utterances and device-decided skips, write the queued scalars and the
+        second-moment reports (one device-to-host transfer each), and add the device's count of skipped steps
+        to ``params.skipped_steps``."""
+        outcomes, self.outcomes, self.skipped_on_device = self.outcomes, [], None
+        values = iter(read_scalars([v for o in outcomes for v in o.values()]))
+        for outcome in outcomes:
+            dropped, skipped, grad_norm, utterances = (next(values) for _ in outcome.values())
+            if dropped:
+                warn_dropped(outcome.cut_ids, outcome.finite)
+                self.params.skipped_utterances += int(dropped)
+            if skipped:
+                reason = "no utterance with a finite loss" if utterances == 0 else f"gradient norm is {grad_norm}"
+                log_skip(self.params, outcome.batch_idx, reason)
         if self.second_moment is not None:
             for step, moment in self.second_moment.reports():
                 self.step_log.add(TB_TAGS.exp_avg_sq_jump, moment.jump, step)
@@ -143,24 +169,33 @@ def log_skip(params: AttributeDict, batch_idx: int, reason: str) -> None:
 
 
 def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, torch.Tensor, torch.Tensor]:
-    """Forward, backward, clip and update on one batch (``t.params.batch_idx_train`` already counts it).
+    """One training step on a lhotse batch (``t.params.batch_idx_train`` already counts it): its
+    :class:`LossInputs` made on the host, then :func:`device_step`."""
+    return device_step(t, loss_inputs(t.params, t.sp, batch))
+
+
+def device_step(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, torch.Tensor, torch.Tensor]:
+    """Forward, backward, clip and update on one batch.
 
     A step whose gradient norm is not finite, or whose batch has no utterance
     with a finite loss, is skipped: no update, counted in
-    ``params.skipped_steps`` and logged. With Eve in float32 or bfloat16 the norm's
-    skip is decided on the device (Eve's update masked), and counted and logged at
-    :meth:`Training.flush_log` (``--log-interval``); else it is read here. Under --use-fp16 a non-finite norm is
-    the loss scaler's overflow: the scaler skips the update and halves its
+    ``params.skipped_steps`` and logged. With Eve in float32 or bfloat16 the skip
+    is decided on the device (Eve's update masked), and counted and logged at
+    :meth:`Training.flush_log` (``--log-interval``), as the dropped utterances are: then this step reads
+    nothing back from the device (with one process). With ScaledAdam or --use-fp16 the decision is read here;
+    under DDP, whether the rank's batch has a finite loss. Under --use-fp16 a
+    non-finite norm is the loss scaler's overflow: the scaler skips the update and halves its
     scale, counted in ``params.scaler_backoffs``, not as a skipped step.
-    Returns (info, pre-clip grad norm, clip scale), the last two 0-dim device tensors.
+    Returns (info: the batch's sums, pre-clip grad norm, clip scale), all 0-dim device tensors.
     """
     params, model, optimizer, scaler = t.params, t.model, t.optimizer, t.scaler
     warmup = params.batch_idx_train / params.model_warm_step
     with mixed_precision(params, next(model.parameters()).device):
-        loss, info = compute_loss(params, model, t.sp, batch, is_training=True, warmup=warmup)
-    params.skipped_utterances += int(info["dropped_utterances"])
-    if loss is None:
-        # Keep DDP ranks in step: backward through a zero that touches every parameter.
+        loss, info, finite = batch_loss(params, model, inputs, is_training=True, warmup=warmup)
+    if t.world_size > 1 and read_scalars([info["utterances"]])[0] == 0:
+        # Under DDP a rank without a finite loss still takes part in the gradient all-reduce, with zeros: a
+        # backward through a zero that touches every parameter (its masked loss's backward could give NaN,
+        # which the all-reduce would spread to the ranks that have a step to take). A read per step, DDP's.
         loss = sum(p.sum() * 0.0 for p in model.parameters())
     if scaler is not None:
         scaled = scaler.scale(loss)
@@ -176,21 +211,26 @@ def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, torc
     t.scheduler.step_batch(params.batch_idx_train)
     # One decision for every DDP rank: the utterances with a finite loss of all ranks (the gradient norm is
     # already the same on every rank after DDP's all-reduce).
-    utterances = sum_over_ranks(info["utterances"])
-    if scaler is not None and not math.isfinite(grad_norm) and utterances > 0:
-        params.scaler_backoffs += 1
-        optimizer.zero_grad(set_to_none=True)
-        scaler.update()  # unscale_ recorded the inf/NaN: the scale is halved
-    elif scaler is None and utterances > 0 and not isinstance(optimizer, ScaledAdam):
-        # Eve masks its update where the norm is not finite: the skip is decided and counted on the device.
-        found_inf = ~torch.isfinite(grad_norm)
+    utterances = summed_over_ranks(info["utterances"])
+    outcome = StepOutcome(params.batch_idx_train, info["dropped_utterances"], finite, inputs.cut_ids)
+    if scaler is None and not isinstance(optimizer, ScaledAdam):
+        # Eve masks its update where the step is skipped: decided and counted on the device.
+        found_inf = ~torch.isfinite(grad_norm) | (utterances == 0)
         optimizer.step(found_inf=found_inf)
         optimizer.zero_grad(set_to_none=True)
         count = found_inf.to(torch.int64)
         t.skipped_on_device = count if t.skipped_on_device is None else t.skipped_on_device + count
-        t.device_decisions.append((params.batch_idx_train, found_inf, grad_norm))
-    elif not math.isfinite(grad_norm) or utterances == 0:
-        reason = "no utterance with a finite loss" if utterances == 0 else f"gradient norm is {grad_norm}"
+        outcome = replace(outcome, skipped=found_inf, grad_norm=grad_norm, utterances=utterances)
+        t.outcomes.append(outcome)
+        return info, grad_norm, clip_scale
+    t.outcomes.append(outcome)
+    kept, norm = read_scalars([utterances, grad_norm])
+    if scaler is not None and not math.isfinite(norm) and kept > 0:
+        params.scaler_backoffs += 1
+        optimizer.zero_grad(set_to_none=True)
+        scaler.update()  # unscale_ recorded the inf/NaN: the scale is halved
+    elif not math.isfinite(norm) or kept == 0:
+        reason = "no utterance with a finite loss" if kept == 0 else f"gradient norm is {norm}"
         log_skip(params, params.batch_idx_train, reason)
         optimizer.zero_grad(set_to_none=True)
         if scaler is not None:
@@ -267,10 +307,9 @@ def log_step(
     digest = batch_digest(batch)
     if digest is not None:
         t.add_scalar(TB_TAGS.batch_digest, digest)
-    if info["frames"] > 0:
-        for key in ("loss", "simple_loss", "pruned_loss", "ctc_loss"):
-            if key in info:
-                t.add_scalar(getattr(TB_TAGS, key), info[key] / info["frames"])
+    for key in ("loss", "simple_loss", "pruned_loss", "ctc_loss"):
+        if key in info:  # not written for a batch without a kept utterance (no frames)
+            t.add_scalar(getattr(TB_TAGS, key), info[key] / info["frames"], when=info["frames"] > 0)
     t.add_scalar(TB_TAGS.learning_rate, t.scheduler.get_last_lr()[0])
     t.add_scalar(TB_TAGS.grad_norm, grad_norm)
     t.add_scalar(TB_TAGS.clip_scale, clip_scale)
@@ -388,16 +427,18 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
         log_step(t, batch, info, grad_norm, clip_scale, stats)
         lr = t.scheduler.get_last_lr()[0]
         if params.batch_idx_train % params.log_interval == 0:  # the step's device values read here only
+            t.flush_log()
+            tot, info = read_metrics(tot_loss), read_metrics(info)
+            fractions = [s.fraction_filtered for s in stats]
+            grad_norm, clip_scale, *filtered = read_scalars([grad_norm, clip_scale, *fractions])
             if t.rank == 0:
                 progress.set_postfix(
-                    loss=f"{tot_loss.per_frame('loss'):.3f}", lr=f"{lr:.2e}", gnorm=f"{grad_norm:.3g}", refresh=False
+                    loss=f"{tot.per_frame('loss'):.3f}", lr=f"{lr:.2e}", gnorm=f"{grad_norm:.3g}", refresh=False
                 )
-            t.flush_log()
-            filtered = read_scalars([s.fraction_filtered for s in stats])
             backoffs = f", loss-scale back-offs: {params.scaler_backoffs}" if params.use_fp16 else ""
             logging.info(
                 f"Epoch {params.cur_epoch}, batch {params.batch_idx_in_epoch}, global batch {params.batch_idx_train}, "
-                f"loss[{info.per_frame_str()}], tot_loss[{tot_loss.per_frame_str()}], "
+                f"loss[{info.per_frame_str()}], tot_loss[{tot.per_frame_str()}], "
                 f"batch size: {len(batch['supervisions']['text'])}, lr: {lr:.2e}, grad_norm: {grad_norm:.3g}, "
                 f"clip_scale: {clip_scale:.3g}, filtered: {(sum(filtered) / len(filtered)) if filtered else 0.0:.3f}, "
                 f"skipped steps: {params.skipped_steps}{backoffs}"
@@ -419,11 +460,11 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
         if budget_spent(params):
             progress.close()
             t.flush_log()
-            params.train_loss = tot_loss.per_frame("loss")
+            params.train_loss = read_metrics(tot_loss).per_frame("loss")
             return False
     progress.close()
     t.flush_log()
-    params.train_loss = tot_loss.per_frame("loss")
+    params.train_loss = read_metrics(tot_loss).per_frame("loss")
     if params.train_loss < params.best_train_loss:
         params.best_train_epoch = params.cur_epoch
         params.best_train_loss = params.train_loss

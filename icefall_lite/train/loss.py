@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import sentencepiece as spm
 import torch
 import torch.nn as nn
 
 from icefall_lite.data.features import pad_tail
-from icefall_lite.data.static_batch import batch_tensors
+from icefall_lite.data.static_batch import BatchTensors, batch_tensors
 from icefall_lite.nn.encoder import subsampled_length
-from icefall_lite.train.step_log import read_scalars
+from icefall_lite.nn.rnnt_loss import raised_s_range
+from icefall_lite.train.step_log import read_metrics
 from icefall_lite.utils import MetricsTracker
 
 LOSS_RAMPS = ("step", "linear")
@@ -51,6 +53,101 @@ def delay_penalty_at(params: Mapping[str, Any], warmup: float) -> float:
     return params["delay_penalty"] if warmup >= 2.0 else 0.0
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """A batch as :func:`batch_loss` takes it, made on the host (nothing read from a device): its tensors, the
+    pruned loss's window raised on the host's lengths (k2's raise, :func:`raised_s_range`) and the cut ids
+    (named when an utterance's loss is not finite; empty with ``--return-cuts false``)."""
+
+    tensors: BatchTensors
+    prune_range: int
+    cut_ids: List[str]
+
+
+def loss_inputs(params: Mapping[str, Any], sp: spm.SentencePieceProcessor, batch: Dict[str, Any]) -> LossInputs:
+    """A lhotse batch (``inputs`` (N, T, C) and ``supervisions``) -> its :class:`LossInputs`."""
+    host = batch_tensors(batch, sp)
+    encoder_frames = subsampled_length(host.feature_lens + max(params["tail_pad_frames"], 0))
+    prune_range = raised_s_range(host.token_lens, encoder_frames, params["prune_range"])
+    cuts = batch["supervisions"].get("cut") or []
+    return LossInputs(host, prune_range, [c.id for c in cuts])
+
+
+def batch_loss(
+    params: Mapping[str, Any], model: nn.Module, inputs: LossInputs, is_training: bool, warmup: float = 1.0
+) -> Tuple[torch.Tensor, MetricsTracker, torch.Tensor]:
+    """The objective of one batch and its sums, on the model's device, reading nothing back.
+
+    The objective is ``simple_scale * simple + pruned_scale * pruned +
+    ctc_loss_scale * ctc`` over the utterances whose losses are finite, with the
+    first two weights from :func:`loss_scales`. An utterance whose loss is not finite is left out by a mask,
+    not by boolean indexing (which would wait for the device): its gradient is zero either way.
+
+    Args:
+      params: ``tail_pad_frames``, ``am_scale``, ``lm_scale``, ``loss_ramp``, ``simple_loss_scale``,
+        ``ctc_loss_scale``, ``delay_penalty``.
+      warmup: training progress in units of the model warm-up (1.0 = warmed up).
+    Returns:
+      loss: 0-dim (0 when no utterance is finite);
+      sums: 0-dim float64 device tensors: ``loss`` (its transducer part, the first two terms), ``simple_loss``,
+        ``pruned_loss``, ``ctc_loss`` (with a CTC head), ``frames`` (the encoder frames of the kept utterances,
+        not the tail padding), ``utterances`` (kept) and ``dropped_utterances``;
+      finite: (N,) bool, the kept utterances.
+    """
+    device = next(model.parameters()).device
+    # Asynchronous copies from pinned memory on CUDA (a no-op on the CPU).
+    x = inputs.tensors.to(device)
+    feature, feature_lens = x.features, x.feature_lens
+    num_frames = feature_lens
+    if params["tail_pad_frames"] > 0:
+        feature, feature_lens = pad_tail(feature, feature_lens, params["tail_pad_frames"])
+    with torch.set_grad_enabled(is_training):
+        simple_loss, pruned_loss, ctc_loss, _ = model(
+            x=feature,
+            x_lens=feature_lens,
+            y=x.tokens,
+            y_lens=x.token_lens,
+            real=x.real,
+            prune_range=inputs.prune_range,
+            prune_range_raised=True,
+            am_scale=params["am_scale"],
+            lm_scale=params["lm_scale"],
+            warmup=warmup,
+            delay_penalty=delay_penalty_at(params, warmup),
+        )
+        finite = torch.isfinite(simple_loss) & torch.isfinite(pruned_loss)
+        if ctc_loss is not None:
+            finite &= torch.isfinite(ctc_loss)
+
+        def kept(v: torch.Tensor) -> torch.Tensor:
+            return torch.where(finite, v, 0).sum()
+
+        simple_loss, pruned_loss = kept(simple_loss), kept(pruned_loss)
+        simple_scale, pruned_scale = loss_scales(params, warmup)
+        loss = simple_scale * simple_loss + pruned_scale * pruned_loss
+        sums = {"loss": loss, "simple_loss": simple_loss, "pruned_loss": pruned_loss}
+        if ctc_loss is not None:
+            ctc_loss = kept(ctc_loss)
+            sums["ctc_loss"] = ctc_loss
+            loss = loss + params["ctc_loss_scale"] * ctc_loss
+    sums["frames"] = kept(subsampled_length(num_frames))
+    sums["utterances"] = finite.sum()
+    sums["dropped_utterances"] = (~finite).sum()
+    info = MetricsTracker()
+    for key, value in sums.items():
+        info[key] = value.detach().to(torch.float64)
+    return loss, info, finite
+
+
+def warn_dropped(cut_ids: List[str], finite: torch.Tensor) -> None:
+    """Log the utterances :func:`batch_loss` left out (a host read of ``finite``: call it where reading is
+    due)."""
+    kept = finite.tolist()
+    if not all(kept):
+        dropped = [c for c, ok in zip(cut_ids, kept) if not ok]
+        logging.warning(f"Dropping {kept.count(False)} utterance(s) with non-finite loss: {dropped}")
+
+
 def compute_loss(
     params: Mapping[str, Any],
     model: nn.Module,
@@ -59,74 +156,12 @@ def compute_loss(
     is_training: bool,
     warmup: float = 1.0,
 ) -> Tuple[Optional[torch.Tensor], MetricsTracker]:
-    """Per-utterance summed loss over the batch.
-
-    The objective is ``simple_scale * simple + pruned_scale * pruned +
-    ctc_loss_scale * ctc`` with the first two weights from
-    :func:`loss_scales`; ``info["loss"]`` holds its transducer part (the
-    first two terms) and ``info["ctc_loss"]`` the CTC loss. Loss per frame
-    counts the frames of the utterances, not the tail padding
-    (``tail_pad_frames``). Utterances whose loss is not finite are dropped
-    and counted. Returns ``(None, info)`` when no utterance is left.
-
-    Args:
-      params: ``tail_pad_frames``, ``prune_range``, ``am_scale``, ``lm_scale``,
-        ``loss_ramp``, ``simple_loss_scale``, ``ctc_loss_scale``, ``delay_penalty``.
-      batch: a lhotse batch: ``inputs`` (N, T, C) and ``supervisions``; the model takes it as
-        :class:`icefall_lite.data.static_batch.BatchTensors`.
-      warmup: training progress in units of the model warm-up (1.0 = warmed up).
-    """
-    device = next(model.parameters()).device
-    host = batch_tensors(batch, sp)
-    # Asynchronous copies from pinned memory on CUDA (a no-op on the CPU).
-    inputs = host.to(device)
-    feature, feature_lens = inputs.features, inputs.feature_lens
-    num_frames = feature_lens
-    if params["tail_pad_frames"] > 0:
-        feature, feature_lens = pad_tail(feature, feature_lens, params["tail_pad_frames"])
-    supervisions = batch["supervisions"]
-    with torch.set_grad_enabled(is_training):
-        simple_loss, pruned_loss, ctc_loss, _ = model(
-            x=feature,
-            x_lens=feature_lens,
-            y=inputs.tokens,
-            y_lens=inputs.token_lens,
-            real=inputs.real,
-            prune_range=params["prune_range"],
-            am_scale=params["am_scale"],
-            lm_scale=params["lm_scale"],
-            warmup=warmup,
-            delay_penalty=delay_penalty_at(params, warmup),
-        )
-        is_finite = torch.isfinite(simple_loss) & torch.isfinite(pruned_loss)
-        if ctc_loss is not None:
-            is_finite &= torch.isfinite(ctc_loss)
-        finite = is_finite.tolist()  # the one read before the sums: which utterances are kept
-        num_dropped = finite.count(False)
-        info = MetricsTracker()
-        info["utterances"] = float(len(finite) - num_dropped)
-        info["dropped_utterances"] = float(num_dropped)
-        if num_dropped:
-            cuts = supervisions.get("cut", [])
-            cut_ids = [c.id for c, ok in zip(cuts, finite) if not ok]
-            logging.warning(f"Dropping {num_dropped} utterance(s) with non-finite loss: {cut_ids}")
-        if num_dropped == len(finite):
-            return None, info
-
-        def kept(x: torch.Tensor) -> torch.Tensor:
-            # Boolean indexing waits for the device; without a dropped utterance there is nothing to index.
-            return x[is_finite] if num_dropped else x
-
-        simple_loss = kept(simple_loss).sum()
-        pruned_loss = kept(pruned_loss).sum()
-        simple_scale, pruned_scale = loss_scales(params, warmup)
-        loss = simple_scale * simple_loss + pruned_scale * pruned_loss
-        sums = {"loss": loss.detach(), "simple_loss": simple_loss.detach(), "pruned_loss": pruned_loss.detach()}
-        if ctc_loss is not None:
-            ctc_loss = kept(ctc_loss).sum()
-            sums["ctc_loss"] = ctc_loss.detach()
-            loss = loss + params["ctc_loss_scale"] * ctc_loss
-    sums["frames"] = subsampled_length(kept(num_frames)).sum()
-    for key, value in zip(sums, read_scalars(list(sums.values()))):  # one device-to-host transfer
-        info[key] = value
-    return loss, info
+    """:func:`batch_loss` of a lhotse batch, its sums read as Python floats (one transfer) and the dropped
+    utterances logged: ``(None, info)`` when no utterance is left. Validation's loss and the tools' (the
+    training step reads at ``--log-interval`` only: :func:`icefall_lite.train.loop.train_step`)."""
+    inputs = loss_inputs(params, sp, batch)
+    loss, sums, finite = batch_loss(params, model, inputs, is_training, warmup)
+    info = read_metrics(sums)
+    if info["dropped_utterances"]:
+        warn_dropped(inputs.cut_ids, finite)
+    return (loss if info["utterances"] > 0 else None), info

@@ -14,6 +14,8 @@ from typing import Any, List, Optional, Tuple, Union
 
 import torch
 
+from icefall_lite.utils import MetricsTracker
+
 Scalar = Union[float, int, torch.Tensor]
 
 
@@ -31,23 +33,32 @@ def read_scalars(values: List[Scalar]) -> List[float]:
     return out
 
 
+def read_metrics(tracker: MetricsTracker) -> MetricsTracker:
+    """A copy of ``tracker`` with its device tensors read as Python floats (one transfer per device)."""
+    out = MetricsTracker()
+    for key, value in zip(tracker, read_scalars(list(tracker.values()))):
+        out[key] = value
+    return out
+
+
 class StepLog:
-    """Scalars ``(tag, value, step)`` waiting to be written to ``writer`` (a SummaryWriter, or None: then
-    nothing is kept)."""
+    """Scalars ``(tag, value, step, when)`` waiting to be written to ``writer`` (a SummaryWriter, or None:
+    then nothing is kept); one whose ``when`` (a device flag) is false is not written."""
 
     def __init__(self, writer: Optional[Any]) -> None:
         self.writer = writer
-        self.pending: List[Tuple[str, Scalar, int]] = []
+        self.pending: List[Tuple[str, Scalar, int, Optional[Scalar]]] = []
 
-    def add(self, tag: str, value: Scalar, step: int) -> None:
+    def add(self, tag: str, value: Scalar, step: int, when: Optional[Scalar] = None) -> None:
         if self.writer is not None:
-            self.pending.append((tag, value, step))
+            self.pending.append((tag, value, step, when))
 
     def flush(self) -> None:
-        """Write every pending scalar, in the order they were added."""
+        """Write every pending scalar whose flag is true, in the order they were added."""
         if not self.pending:
             return
-        values = read_scalars([value for _, value, _ in self.pending])
-        for (tag, _, step), value in zip(self.pending, values):
-            self.writer.add_scalar(tag, value, step)
+        values = read_scalars([v for _, value, _, when in self.pending for v in (value, 1 if when is None else when)])
+        for i, (tag, _, step, _) in enumerate(self.pending):
+            if values[2 * i + 1]:
+                self.writer.add_scalar(tag, values[2 * i], step)
         self.pending = []
