@@ -20,8 +20,7 @@ import torch
 from benchmarks.graph_safety import GraphSafetyProbe, Site, changing_values
 from benchmarks.train_setup import TokenTable, Trainer
 from icefall_lite.nn import mutual_information
-from icefall_lite.train.loop import device_step, train_step
-from icefall_lite.train.loss import loss_inputs
+from icefall_lite.train.loop import device_step, prepare_step, train_step
 from icefall_lite.train.step_log import read_scalars
 
 TINY = ["--num-encoder-layers", "2", "--encoder-dim", "32", "--rnn-hidden-size", "32", "--dim-feedforward", "64"]
@@ -33,9 +32,7 @@ VOCAB = 50
 # token ids from Python lists, the pruned loss's window from the host's lengths), outside the probe.
 REMAINING_READS: Dict[str, str] = {}
 # Places where a Python value that changes from step to step (or batch to batch) reaches an op.
-REMAINING_CHANGING: Dict[str, str] = {
-    "icefall_lite/train/optim.py:_update": "Eden's learning rate as a Python float (Eve's step count is a tensor)",
-}
+REMAINING_CHANGING: Dict[str, str] = {}
 # The PyTorch recursion is the CPU path (CUDA runs the Triton kernel): it reads its boundary on the host for
 # its loop bounds. The configurations below run it for speed, with these places left out.
 CPU_RECURSION = ("icefall_lite/nn/mutual_information_pytorch.py:", "icefall_lite/nn/boundary.py:")
@@ -83,7 +80,7 @@ def _probe_steps(
             if i == 0:
                 train_step(t, batch)
                 continue
-            inputs = loss_inputs(trainer.params, t.sp, batch)  # on the host, before the step
+            inputs = prepare_step(t, batch)  # on the host, before the step
             with GraphSafetyProbe() as probe:
                 device_step(t, inputs)
             reads |= set(probe.host_reads)
@@ -166,7 +163,6 @@ CONFIGURATIONS: Dict[str, Tuple[List[str], Dict[str, str], Dict[str, str]]] = {
             "icefall_lite/train/step_log.py:read_scalars (tolist)": "the skip decision read (ScaledAdam is not masked)",
         },
         {
-            "icefall_lite/train/optim.py:_update": None,  # ScaledAdam's step changes at these places instead of Eve's
             "icefall_lite/train/optim.py:_step_tensor": "lr, bias corrections and the size-update period's branch",
             "icefall_lite/train/optim.py:_step_scalar": "lr and bias correction as Python floats",
         },
@@ -191,8 +187,8 @@ CONFIGURATIONS: Dict[str, Tuple[List[str], Dict[str, str], Dict[str, str]]] = {
 
 
 def _with(base: Dict[str, str], added: Dict[str, str]) -> List[str]:
-    """``base``'s entries and ``added``'s, less those ``added`` maps to None."""
-    return [e for e, why in {**base, **added}.items() if why is not None]
+    """``base``'s entries and ``added``'s."""
+    return list({**base, **added})
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGURATIONS))

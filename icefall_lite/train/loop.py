@@ -169,13 +169,21 @@ def log_skip(params: AttributeDict, batch_idx: int, reason: str) -> None:
 
 
 def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, torch.Tensor, torch.Tensor]:
-    """One training step on a lhotse batch (``t.params.batch_idx_train`` already counts it): its
-    :class:`LossInputs` made on the host, then :func:`device_step`."""
-    return device_step(t, loss_inputs(t.params, t.sp, batch))
+    """One training step on a lhotse batch (``t.params.batch_idx_train`` already counts it):
+    :func:`prepare_step` on the host, then :func:`device_step`."""
+    return device_step(t, prepare_step(t, batch))
+
+
+def prepare_step(t: Training, batch: Dict[str, Any]) -> LossInputs:
+    """The host's part of a step: the batch's :class:`LossInputs`, and Eden's learning rate of this update
+    (as icefall: the rate of update b is Eden's at batch b), staged on the device for Eve before the step."""
+    t.scheduler.step_batch(t.params.batch_idx_train)
+    return loss_inputs(t.params, t.sp, batch)
 
 
 def device_step(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, torch.Tensor, torch.Tensor]:
-    """Forward, backward, clip and update on one batch.
+    """Forward, backward, clip and update on one batch (its inputs and learning rate from
+    :func:`prepare_step`).
 
     A step whose gradient norm is not finite, or whose batch has no utterance
     with a finite loss, is skipped: no update, counted in
@@ -207,8 +215,6 @@ def device_step(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, torch.
     else:
         loss.backward()
     grad_norm, clip_scale = t.grad_control.clip(model)
-    # As icefall: the learning rate of update b is Eden's at batch b (set before the step).
-    t.scheduler.step_batch(params.batch_idx_train)
     # One decision for every DDP rank: the utterances with a finite loss of all ranks (the gradient norm is
     # already the same on every rank after DDP's all-reduce).
     utterances = summed_over_ranks(info["utterances"])

@@ -48,6 +48,32 @@ class Eve(Optimizer):
             raise ValueError(f"Invalid weight_decay: {weight_decay}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, target_rms=target_rms)
         super().__init__(params, defaults)
+        # Each group's learning rate as step() reads it, a float64 device tensor, by (group, device), with the
+        # Python float it holds.
+        self._staged_lr: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
+
+    def __setstate__(self, state: Dict) -> None:  # unpickled or deep-copied: the rates staged again
+        super().__setstate__(state)
+        self._staged_lr = {}
+
+    def stage_lr(self) -> None:
+        """Copy each group's learning rate (a Python float) into the device tensor step() reads, where it
+        changed. Eden calls it whenever it sets a rate, before the step, so that the copy is not part of the
+        step (a CUDA graph of the step replays with the rate staged before it); step() stages too, for a rate
+        set by hand."""
+        for i, group in enumerate(self.param_groups):
+            for device in dict.fromkeys(p.device for p in group["params"]):
+                self._lr_tensor(i, group, device)
+
+    def _lr_tensor(self, i: int, group: Dict, device: torch.device) -> Tensor:
+        lr = group["lr"]
+        if isinstance(lr, Tensor):
+            return lr
+        staged = self._staged_lr.get((i, device))
+        if staged is None or staged[0] != lr:
+            tensor = torch.empty((), dtype=torch.float64, device=device) if staged is None else staged[1]
+            self._staged_lr[(i, device)] = (lr, tensor.fill_(lr))
+        return self._staged_lr[(i, device)][1]
 
     @torch.no_grad()
     def step(self, closure=None, found_inf: Optional[Tensor] = None):
@@ -57,8 +83,7 @@ class Eve(Optimizer):
         and step counts stay as they are: a skipped step), decided on the device.
         """
         loss = _evaluate(closure)
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
+        for i, group in enumerate(self.param_groups):
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -72,11 +97,11 @@ class Eve(Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 elif not isinstance(state["step"], Tensor):  # a checkpoint's count from before it was a tensor
                     state["step"] = torch.tensor(float(state["step"]), dtype=torch.float64, device=p.device)
-                self._update(group, p, state, found_inf)
+                self._update(group, p, state, self._lr_tensor(i, group, p.device), found_inf)
         return loss
 
     @staticmethod
-    def _update(group: Dict, p: Tensor, state: Dict, found_inf: Optional[Tensor]) -> None:
+    def _update(group: Dict, p: Tensor, state: Dict, lr: Tensor, found_inf: Optional[Tensor]) -> None:
         """Adam's update of ``p`` with icefall's decay and clamp, out of place then kept where not
         ``found_inf``; the arithmetic is that of Python floats: the bias corrections in float64 (libm's pow
         on the CPU, a tensor exponent avoiding torch's rsqrt shortcut), rounded to float32 where they meet
@@ -87,7 +112,6 @@ class Eve(Optimizer):
         exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul(grad, grad, value=1 - beta2)
         correction2 = (1 - torch.full_like(step, beta2).pow(step)).pow(torch.full_like(step, -0.5))
         denom = (exp_avg_sq.sqrt() * correction2.to(p.dtype)).add_(group["eps"])
-        lr = group["lr"] if isinstance(group["lr"], Tensor) else torch.full_like(step, group["lr"])
         step_size = lr.to(torch.float64) / (1 - torch.full_like(step, beta1).pow(step))
         new = p
         if p.numel() > 1:
@@ -138,6 +162,8 @@ class Eden:
         factor = self.factor()
         for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base_lr * factor
+        if isinstance(self.optimizer, Eve):  # its rates on the device now, not in its step
+            self.optimizer.stage_lr()
 
     def step_batch(self, batch: Optional[int] = None) -> None:
         self.batch = self.batch + 1 if batch is None else batch
