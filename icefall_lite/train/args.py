@@ -8,6 +8,7 @@ import argparse
 import torch
 
 from icefall_lite.data.features import NUM_TAIL_PADDED_FRAMES
+from icefall_lite.train.cuda_graphs import add_cuda_graphs_argument
 from icefall_lite.train.grad_control import add_gradient_control_arguments, check_gradient_control_args
 from icefall_lite.train.loss import LOSS_RAMPS
 from icefall_lite.train.setup import OPTIMIZERS
@@ -104,6 +105,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         "CUDA GPU with bf16; icefall's zipformer flag). Weights, gradients and optimizer state stay float32; "
         "the loss recursions and the GradientFilter's statistics run in float32; no GradScaler is needed.",
     )
+    add_cuda_graphs_argument(group)
     add_gradient_control_arguments(parser)
 
 

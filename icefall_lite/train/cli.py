@@ -18,6 +18,7 @@ from icefall_lite.nn.encoder import SUBSAMPLING_FACTOR
 from icefall_lite.nn.model import add_model_arguments, check_model_args
 from icefall_lite.recipe_defaults import EXP_DIR, NUM_EPOCHS, TRAIN_MAX_DURATION
 from icefall_lite.train.args import add_training_arguments, check_training_args
+from icefall_lite.train.cuda_graphs import use_cuda_graphs
 from icefall_lite.train.distributed import DEFAULT_MASTER_PORT, LaunchError, check_launch, torchrun_placement
 from icefall_lite.train.loop import DIAGNOSTICS_BATCHES
 from icefall_lite.train.presets import PRESETS, icefall_preset
@@ -181,6 +182,13 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--init-from {args.init_from} does not exist")
     if not Path(args.bpe_model).is_file():
         parser.error(f"--bpe-model {args.bpe_model} does not exist; run prepare.sh (stage 4) first")
+    if args.cuda_graphs == "true":  # auto decides once the run knows its device
+        placement = torchrun_placement()
+        world_size = args.world_size if placement is None else placement.world_size
+        try:
+            use_cuda_graphs(args, torch.device("cuda" if torch.cuda.is_available() else "cpu"), world_size)
+        except ValueError as e:
+            parser.error(str(e))
     check_training_args(parser, args)
     check_model_args(parser, args)
     LibriSpeechAsrDataModule.check_args(parser, args)

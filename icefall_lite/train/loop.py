@@ -12,7 +12,7 @@ import math
 import shutil
 import time
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -23,6 +23,7 @@ import torch.nn as nn
 from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.train.averaging import update_averaged_model
 from icefall_lite.train.checkpoint import remove_checkpoints, save_checkpoint, unwrap
+from icefall_lite.train.cuda_graphs import StepGraphs
 from icefall_lite.train.diagnostics import ModelDiagnostics
 from icefall_lite.train.distributed import any_rank, gather_objects, summed_over_ranks
 from icefall_lite.train.grad_control import GradientControl
@@ -77,6 +78,8 @@ class Training:
     diagnostics: Optional[ModelDiagnostics] = None
     second_moment: Optional[SecondMomentMonitor] = None
     sequence_log: Optional[SequenceLog] = None
+    # --cuda-graphs: the graphs that replay step_on_device, one per static batch shape (None: eager steps).
+    graphs: Optional[StepGraphs] = None
     step_log: StepLog = field(init=False)
     # The GradScaler's scale of the last backward (--use-fp16), a device tensor.
     loss_scale: Optional[torch.Tensor] = field(init=False, default=None)
@@ -157,9 +160,11 @@ class Training:
 
 def mixed_precision(params: AttributeDict, device: torch.device) -> torch.autocast:
     """The autocast of a training step on ``device``: float16 with --use-fp16, bfloat16 with --use-bf16, else
-    off (float32)."""
+    off (float32). Without autocast's cache of cast weights, which a CUDA graph's capture cannot keep (each
+    weight is cast where it is used, once per step here)."""
     dtype = torch.float16 if params.use_fp16 else torch.bfloat16
-    return torch.autocast(device_type=device.type, dtype=dtype, enabled=params.use_fp16 or params.use_bf16)
+    enabled = params.use_fp16 or params.use_bf16
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled, cache_enabled=False)
 
 
 def log_skip(params: AttributeDict, batch_idx: int, reason: str) -> None:
@@ -181,6 +186,25 @@ def prepare_step(t: Training, batch: Dict[str, Any]) -> LossInputs:
     return loss_inputs(t.params, t.sp, batch)
 
 
+@dataclass(frozen=True)
+class DeviceStep:
+    """A step decided on the device (:func:`step_on_device`), every field a device tensor: the batch's sums,
+    the pre-clip gradient norm and the clip scale (0-dim), the utterances with a finite loss ((N,) bool),
+    whether the step was skipped and the utterances kept on all ranks (0-dim)."""
+
+    info: MetricsTracker
+    grad_norm: torch.Tensor
+    clip_scale: torch.Tensor
+    finite: torch.Tensor
+    skipped: torch.Tensor
+    utterances: torch.Tensor
+
+
+def decided_on_device(t: Training) -> bool:
+    """Whether the step's skip is decided on the device: with Eve and no loss scaler (float32, bfloat16)."""
+    return t.scaler is None and not isinstance(t.optimizer, ScaledAdam)
+
+
 def device_step(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, torch.Tensor, torch.Tensor]:
     """Forward, backward, clip and update on one batch (its inputs and learning rate from
     :func:`prepare_step`).
@@ -188,49 +212,35 @@ def device_step(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, torch.
     A step whose gradient norm is not finite, or whose batch has no utterance
     with a finite loss, is skipped: no update, counted in
     ``params.skipped_steps`` and logged. With Eve in float32 or bfloat16 the skip
-    is decided on the device (Eve's update masked), and counted and logged at
-    :meth:`Training.flush_log` (``--log-interval``), as the dropped utterances are: then this step reads
-    nothing back from the device (with one process). With ScaledAdam or --use-fp16 the decision is read here;
-    under DDP, whether the rank's batch has a finite loss. Under --use-fp16 a
+    is decided on the device (:func:`step_on_device`, replayed as a CUDA graph with ``t.graphs``), and
+    counted and logged at :meth:`Training.flush_log` (``--log-interval``), as the dropped utterances are: then
+    this step reads nothing back from the device (with one process). With ScaledAdam or --use-fp16 the
+    decision is read here; under DDP, whether the rank's batch has a finite loss. Under --use-fp16 a
     non-finite norm is the loss scaler's overflow: the scaler skips the update and halves its
     scale, counted in ``params.scaler_backoffs``, not as a skipped step.
     Returns (info: the batch's sums, pre-clip grad norm, clip scale), all 0-dim device tensors.
     """
-    params, model, optimizer, scaler = t.params, t.model, t.optimizer, t.scaler
-    warmup = params.batch_idx_train / params.model_warm_step
-    with mixed_precision(params, next(model.parameters()).device):
-        loss, info, finite = batch_loss(params, model, inputs, is_training=True, warmup=warmup)
-    if t.world_size > 1 and read_scalars([info["utterances"]])[0] == 0:
-        # Under DDP a rank without a finite loss still takes part in the gradient all-reduce, with zeros: a
-        # backward through a zero that touches every parameter (its masked loss's backward could give NaN,
-        # which the all-reduce would spread to the ranks that have a step to take). A read per step, DDP's.
-        loss = sum(p.sum() * 0.0 for p in model.parameters())
-    if scaler is not None:
-        scaled = scaler.scale(loss)
-        # The loss scale of this backward, for the filter statistics: a copy on the device (no sync), since
-        # scaler.update() changes the scaler's own tensor in place.
-        t.loss_scale = scaler._get_scale_async().clone()
-        scaled.backward()
-        scaler.unscale_(optimizer)
-    else:
-        loss.backward()
-    grad_norm, clip_scale = t.grad_control.clip(model)
-    # One decision for every DDP rank: the utterances with a finite loss of all ranks (the gradient norm is
-    # already the same on every rank after DDP's all-reduce).
-    utterances = summed_over_ranks(info["utterances"])
-    outcome = StepOutcome(params.batch_idx_train, info["dropped_utterances"], finite, inputs.cut_ids)
-    if scaler is None and not isinstance(optimizer, ScaledAdam):
-        # Eve masks its update where the step is skipped: decided and counted on the device.
-        found_inf = ~torch.isfinite(grad_norm) | (utterances == 0)
-        optimizer.step(found_inf=found_inf)
-        optimizer.zero_grad(set_to_none=True)
-        count = found_inf.to(torch.int64)
+    params, optimizer, scaler = t.params, t.optimizer, t.scaler
+    if decided_on_device(t):
+        out = step_on_device(t, inputs) if t.graphs is None else t.graphs.run(step_on_device, t, inputs)
+        count = out.skipped.to(torch.int64)
         t.skipped_on_device = count if t.skipped_on_device is None else t.skipped_on_device + count
-        outcome = replace(outcome, skipped=found_inf, grad_norm=grad_norm, utterances=utterances)
-        t.outcomes.append(outcome)
-        return info, grad_norm, clip_scale
-    t.outcomes.append(outcome)
-    kept, norm = read_scalars([utterances, grad_norm])
+        t.outcomes.append(
+            StepOutcome(
+                params.batch_idx_train,
+                out.info["dropped_utterances"],
+                out.finite,
+                inputs.cut_ids,
+                out.skipped,
+                out.grad_norm,
+                out.utterances,
+            )
+        )
+        return out.info, out.grad_norm, out.clip_scale
+    info, finite = _forward_backward(t, inputs)
+    grad_norm, clip_scale = t.grad_control.clip(t.model)
+    t.outcomes.append(StepOutcome(params.batch_idx_train, info["dropped_utterances"], finite, inputs.cut_ids))
+    kept, norm = read_scalars([summed_over_ranks(info["utterances"]), grad_norm])
     if scaler is not None and not math.isfinite(norm) and kept > 0:
         params.scaler_backoffs += 1
         optimizer.zero_grad(set_to_none=True)
@@ -249,6 +259,45 @@ def device_step(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, torch.
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return info, grad_norm, clip_scale
+
+
+def step_on_device(t: Training, inputs: LossInputs) -> DeviceStep:
+    """The step of :func:`device_step` decided on the device (Eve; float32 or bfloat16), what a CUDA graph
+    captures (:mod:`icefall_lite.train.cuda_graphs`): no host read and no Python state changed but
+    the model's, the optimizer's and the gradient controls' tensors."""
+    info, finite = _forward_backward(t, inputs)
+    grad_norm, clip_scale = t.grad_control.clip(t.model)
+    # One decision for every DDP rank: the utterances with a finite loss of all ranks (the gradient norm is
+    # already the same on every rank after DDP's all-reduce).
+    utterances = summed_over_ranks(info["utterances"])
+    skipped = ~torch.isfinite(grad_norm) | (utterances == 0)
+    t.optimizer.step(found_inf=skipped)  # Eve masks its update where the step is skipped
+    t.optimizer.zero_grad(set_to_none=True)
+    return DeviceStep(info, grad_norm, clip_scale, finite, skipped, utterances)
+
+
+def _forward_backward(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, torch.Tensor]:
+    """The batch's loss and its backward (through the loss scaler with --use-fp16, its gradients unscaled):
+    the sums and the utterances with a finite loss."""
+    params, model, scaler = t.params, t.model, t.scaler
+    warmup = params.batch_idx_train / params.model_warm_step
+    with mixed_precision(params, next(model.parameters()).device):
+        loss, info, finite = batch_loss(params, model, inputs, is_training=True, warmup=warmup)
+    if t.world_size > 1 and read_scalars([info["utterances"]])[0] == 0:
+        # Under DDP a rank without a finite loss still takes part in the gradient all-reduce, with zeros: a
+        # backward through a zero that touches every parameter (its masked loss's backward could give NaN,
+        # which the all-reduce would spread to the ranks that have a step to take). A read per step, DDP's.
+        loss = sum(p.sum() * 0.0 for p in model.parameters())
+    if scaler is not None:
+        scaled = scaler.scale(loss)
+        # The loss scale of this backward, for the filter statistics: a copy on the device (no sync), since
+        # scaler.update() changes the scaler's own tensor in place.
+        t.loss_scale = scaler._get_scale_async().clone()
+        scaled.backward()
+        scaler.unscale_(t.optimizer)
+    else:
+        loss.backward()
+    return info, finite
 
 
 @dataclass(frozen=True)

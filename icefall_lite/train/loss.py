@@ -92,7 +92,7 @@ def batch_loss(
       sums: 0-dim float64 device tensors: ``loss`` (its transducer part, the first two terms), ``simple_loss``,
         ``pruned_loss``, ``ctc_loss`` (with a CTC head), ``frames`` (the encoder frames of the kept utterances,
         not the tail padding), ``utterances`` (kept) and ``dropped_utterances``;
-      finite: (N,) bool, the kept utterances.
+      finite: (N,) bool, the rows with a finite loss (a padded batch's dummy rows last).
     """
     device = next(model.parameters()).device
     # Asynchronous copies from pinned memory on CUDA (a no-op on the CPU).
@@ -118,9 +118,10 @@ def batch_loss(
         finite = torch.isfinite(simple_loss) & torch.isfinite(pruned_loss)
         if ctc_loss is not None:
             finite &= torch.isfinite(ctc_loss)
+        keep = finite & x.real  # a dummy row of a padded batch is not an utterance
 
         def kept(v: torch.Tensor) -> torch.Tensor:
-            return torch.where(finite, v, 0).sum()
+            return torch.where(keep, v, 0).sum()
 
         simple_loss, pruned_loss = kept(simple_loss), kept(pruned_loss)
         simple_scale, pruned_scale = loss_scales(params, warmup)
@@ -131,8 +132,8 @@ def batch_loss(
             sums["ctc_loss"] = ctc_loss
             loss = loss + params["ctc_loss_scale"] * ctc_loss
     sums["frames"] = kept(subsampled_length(num_frames))
-    sums["utterances"] = finite.sum()
-    sums["dropped_utterances"] = (~finite).sum()
+    sums["utterances"] = keep.sum()
+    sums["dropped_utterances"] = (x.real & ~finite).sum()
     info = MetricsTracker()
     for key, value in sums.items():
         info[key] = value.detach().to(torch.float64)

@@ -50,7 +50,10 @@ class StepLog:
         self.pending: List[Tuple[str, Scalar, int, Optional[Scalar]]] = []
 
     def add(self, tag: str, value: Scalar, step: int, when: Optional[Scalar] = None) -> None:
+        """Queue a scalar; a tensor is copied (on its device, no read), since a replayed CUDA graph overwrites
+        the tensors of its step (the filters' statistics among them) on every replay."""
         if self.writer is not None:
+            value, when = (v.detach().clone() if isinstance(v, torch.Tensor) else v for v in (value, when))
             self.pending.append((tag, value, step, when))
 
     def flush(self) -> None:

@@ -36,6 +36,7 @@ from icefall_lite.data.bpe import load_bpe_model
 from icefall_lite.data.datamodule import CutDataError, LibriSpeechAsrDataModule
 from icefall_lite.train.checkpoint import CheckpointError
 from icefall_lite.train.cli import get_params, get_parser, parse_args, validate_args
+from icefall_lite.train.cuda_graphs import StepGraphs, use_cuda_graphs
 from icefall_lite.train.distributed import (
     Placement,
     same_on_all_ranks,
@@ -121,6 +122,12 @@ def run(placement: Placement, args: argparse.Namespace) -> None:
         diagnostics=diagnostics,
         second_moment=SecondMomentMonitor(model, optimizer) if rank == 0 else None,
         sequence_log=SequenceLog(log_path(params.exp_dir, rank, world_size)) if params.log_sequence_gradients else None,
+        # From the end of the model's warm-up (2 x --model-warm-step), when the loss weights stop changing.
+        graphs=(
+            StepGraphs(device, 2 * params.model_warm_step, strict=params.cuda_graphs == "true")
+            if use_cuda_graphs(params, device, world_size)
+            else None
+        ),
     )
     start = time.time()
     train_epochs(training, librispeech, train_cuts, resume)

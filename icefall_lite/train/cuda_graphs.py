@@ -1,0 +1,225 @@
+"""The training step as CUDA graphs, one per static batch shape (``train.py --cuda-graphs``).
+
+A step of the icefall preset launches thousands of small kernels (cuDNN's LSTM launches per frame), so on
+a GPU it waits on the host more than it computes. A CUDA graph records the launches of one step once and
+replays them with a single call. What it needs, and where it comes from:
+
+- the same shapes every replay: each batch is padded to one of a few static shapes
+  (:func:`icefall_lite.data.static_batch.static_shape`) and copied into that shape's static input tensors;
+  one graph per (shape, pruned-loss window);
+- no host read and no Python value that changes between steps inside the step
+  (:func:`icefall_lite.train.loop.step_on_device`; ``tests/test_graph_safety.py`` lists what is left per
+  configuration, and :func:`refusals` names the configurations that still read);
+- the step's outputs read only after it: each replay's outputs are copied out of the graph's static
+  outputs, since the next replay overwrites them.
+
+The eager and the graphed step are one function: the first :data:`WARMUP_STEPS` batches of a shape run it
+eagerly (on a side stream, as torch asks before a capture, so that lazily made state exists), the next is
+captured and replayed, and every later batch of that shape replays it. Until the model's warm-up is over
+(``2 x --model-warm-step`` batches) the loss weights change between steps as Python floats, so the steps
+run eagerly, padded as the graphed ones. All graphs share one memory pool. Graphs live as long as the
+process: kept across epochs, made again after a resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from icefall_lite.data.static_batch import BatchTensors, pad_to, static_shape
+from icefall_lite.train.loss import LossInputs
+
+CUDA_GRAPHS = ("auto", "true", "false")
+# Eager steps of a shape before its capture (torch's examples warm up 3 iterations on a side stream).
+WARMUP_STEPS = 3
+
+
+def add_cuda_graphs_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cuda-graphs",
+        choices=CUDA_GRAPHS,
+        default="auto",
+        help="Replay the training step as CUDA graphs, one per static batch shape (batches padded to a few "
+        "shapes; the step's statistics read at --log-interval only). auto: on with a CUDA device, where the "
+        "configuration allows it (else a log line names what keeps it off); true: on, or an error naming "
+        "why not; false: eager steps.",
+    )
+
+
+def refusals(params: Any, world_size: int) -> List[str]:
+    """What in this configuration keeps the step from being captured, each naming its flag (empty: none).
+
+    These are the configurations whose step reads a value back from the device or changes Python state a
+    replay would not change (``tests/test_graph_safety.py`` lists their places)."""
+    out = []
+    if world_size > 1:
+        out.append(f"--world-size {world_size}: DDP's step reads whether a rank's batch has a finite loss")
+    if params.optimizer_name != "eve":
+        out.append(f"--optimizer {params.optimizer_name}: its step and clipping rule read on the host")
+    if params.use_fp16:
+        out.append("--use-fp16: the loss scaler's step reads its found-inf flag on the host")
+    if params.scaled_adam_clipping_scale > 0:
+        out.append("--scaled-adam-clipping-scale: its norm history is read on the host")
+    if params.grad_filter_threshold > 0 and params.grad_filter_mode != "soft":
+        out.append(f"--grad-filter-mode {params.grad_filter_mode}: its backward reads a flag on the host")
+    if params.autoclip_percentile > 0:
+        out.append("--autoclip-percentile: its history grows, a new shape every few steps")
+    if params.log_sequence_gradients:
+        out.append("--log-sequence-gradients: it logs each row of a batch, and graphed batches carry padding rows")
+    if params.print_diagnostics:
+        out.append("--print-diagnostics: its hooks keep Python state per step")
+    if params.inf_check:
+        out.append("--inf-check: its hooks read every module's output on the host")
+    return out
+
+
+def use_cuda_graphs(params: Any, device: torch.device, world_size: int) -> bool:
+    """Whether ``--cuda-graphs`` turns graphs on for this run; ValueError for ``true`` where they cannot be
+    (no CUDA device, or :func:`refusals`), a log line for ``auto`` on CUDA where they cannot."""
+    if params.cuda_graphs == "false":
+        return False
+    if device.type != "cuda":
+        if params.cuda_graphs == "true":
+            raise ValueError(
+                f"--cuda-graphs true needs a CUDA GPU; this run trains on {device} (torch.cuda.is_available() "
+                f"is {torch.cuda.is_available()}): use --cuda-graphs auto or false"
+            )
+        return False
+    reasons = refusals(params, world_size)
+    if reasons and params.cuda_graphs == "true":
+        raise ValueError("--cuda-graphs true cannot capture this configuration's step: " + "; ".join(reasons))
+    if reasons:
+        logging.info("CUDA graphs off (--cuda-graphs auto): " + "; ".join(reasons))
+        return False
+    return True
+
+
+class CudaGraphs:
+    """torch's CUDA graphs: eager warm-up steps on a side stream, capture into one shared memory pool,
+    replay."""
+
+    def __init__(self) -> None:
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream()
+
+    def eager(self, fn: Callable[[], Any]) -> Any:
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            out = fn()
+        torch.cuda.current_stream().wait_stream(self.stream)
+        return out
+
+    def capture(self, fn: Callable[[], Any]) -> Tuple[Any, torch.cuda.CUDAGraph]:
+        """``fn`` captured: its outputs (static tensors, filled by each replay) and the graph. Nothing has
+        run yet: the caller replays it."""
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            out = fn()
+        return out, graph
+
+    # A capture on CUDA records without running: the captured batch still has to be replayed.
+    captures_run = False
+
+    @staticmethod
+    def replay(graph: torch.cuda.CUDAGraph) -> None:
+        graph.replay()
+
+
+@dataclass
+class _Shape:
+    """One static shape's eager steps so far, then its static inputs, its graph and its static outputs."""
+
+    eager_steps: int = 0
+    inputs: Optional[LossInputs] = None
+    graph: Any = None
+    outputs: Any = None
+
+
+class StepGraphs:
+    """The training step replayed as one graph per static batch shape.
+
+    ``backend``: :class:`CudaGraphs` (the default), or an object with the same ``eager``, ``capture``,
+    ``replay`` and ``captures_run`` (the tests' CPU recorder, which replays the recorded ops).
+    ``start_batch``: the first global batch whose step may be captured (the end of the model's warm-up).
+    ``strict``: a capture that fails raises (``--cuda-graphs true``); else (``auto``) it is logged as a
+    warning with its error and the run goes on with eager steps, the batch included.
+    """
+
+    def __init__(self, device: torch.device, start_batch: int, backend: Any = None, strict: bool = True) -> None:
+        self.device = device
+        self.start_batch = start_batch
+        self._backend = backend
+        self.strict = strict
+        self.failed: Optional[str] = None  # why a capture failed (not strict): every step eager since
+        self.shapes: Dict[Tuple[Tuple[int, int, int], int], _Shape] = {}
+
+    @property
+    def backend(self) -> Any:
+        if self._backend is None:  # made at the first step that needs it (its stream and pool are CUDA's)
+            self._backend = CudaGraphs()
+        return self._backend
+
+    def run(self, step: Callable[[Any, LossInputs], Any], t: Any, inputs: LossInputs) -> Any:
+        """``step(t, inputs)`` on ``inputs`` padded to its static shape: eagerly, captured, or replayed;
+        returns its outputs (copies, which the next replay does not overwrite)."""
+        padded = dataclasses.replace(inputs, tensors=pad_to(inputs.tensors, static_shape(*inputs.tensors.shape)))
+        if t.params.batch_idx_train < self.start_batch or self.failed is not None:
+            return step(t, padded)
+        key = (padded.tensors.shape, padded.prune_range)
+        shape = self.shapes.setdefault(key, _Shape())
+        if shape.graph is None and shape.eager_steps < WARMUP_STEPS:
+            shape.eager_steps += 1
+            return self.backend.eager(lambda: step(t, padded))
+        if shape.graph is None:
+            shape.inputs = dataclasses.replace(padded, tensors=padded.tensors.to(self.device), cut_ids=[])
+            try:
+                shape.outputs, shape.graph = self.backend.capture(lambda: step(t, shape.inputs))
+            except Exception as e:
+                if self.strict:
+                    raise
+                self.failed = f"{type(e).__name__}: {e}"
+                logging.warning(
+                    f"Capturing the training step as a CUDA graph failed ({self.failed}); the run goes on with "
+                    "eager steps (--cuda-graphs false skips the attempt, true makes it an error)"
+                )
+                t.optimizer.zero_grad(set_to_none=True)  # gradients the capture left, never computed
+                return step(t, padded)
+            logging.info(
+                f"Captured the training step for batches of shape {key[0]} (pruned window {key[1]}): "
+                f"{len(self.shapes)} graph(s)"
+            )
+            if not self.backend.captures_run:
+                self.backend.replay(shape.graph)
+            return copy_tensors(shape.outputs)
+        _copy_into(shape.inputs.tensors, padded.tensors)
+        self.backend.replay(shape.graph)
+        return copy_tensors(shape.outputs)
+
+
+def _copy_into(static: BatchTensors, batch: BatchTensors) -> None:
+    """``batch`` (pinned host memory on CUDA) into a shape's static inputs, asynchronously."""
+    for f in dataclasses.fields(BatchTensors):
+        getattr(static, f.name).copy_(getattr(batch, f.name), non_blocking=True)
+
+
+def copy_tensors(value: Any) -> Any:
+    """``value`` with every tensor in it copied (dataclasses, dicts (their type kept), lists and tuples)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(
+            value, **{f.name: copy_tensors(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        )
+    if isinstance(value, dict):
+        out = type(value)()
+        out.update({k: copy_tensors(v) for k, v in value.items()})
+        return out
+    if isinstance(value, (list, tuple)):
+        return type(value)(copy_tensors(v) for v in value)
+    return value
