@@ -3,7 +3,8 @@
 
 The icefall preset's training step (train.py's ``train_step``: forward, simple and pruned loss, backward,
 gradient control, optimizer step) on synthetic LibriSpeech-shaped batches (every utterance of a batch the
-same length, as a bucketing sampler makes them), in float32 and under float16 and bfloat16 autocast. Per
+same length, as a bucketing sampler makes them), in float32 and under float16 and bfloat16 autocast, eager
+(with the Triton recursion, and in float32 with the PyTorch one too) and replayed as a CUDA graph. Per
 batch and precision: the median wall time of a step, the GPU's busy time in one profiled step (the union of
 its kernels' intervals) against that median, the CUDA kernels launched and the host synchronisations in a
 step, seconds of audio trained per second, and peak memory. Then the loss alone at B 28, T 350, S 80,
@@ -30,7 +31,7 @@ import sys
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 
@@ -50,6 +51,7 @@ from benchmarks.train_setup import FRAMES_PER_SECOND, Batch, TokenTable, Trainer
 from icefall_lite.nn import mutual_information
 from icefall_lite.nn.mutual_information import mutual_information_recursion
 from icefall_lite.nn.rnnt_loss import rnnt_loss
+from icefall_lite.train.cuda_graphs import WARMUP_STEPS, StepGraphs
 from icefall_lite.train.loop import train_step
 
 # (utterances, seconds each): icefall's --max-duration 200 filled three ways, then 10 s utterances at 2x,
@@ -63,11 +65,31 @@ VOCAB_SIZE = 500  # icefall's LibriSpeech BPE model
 # BPE-500 tokens per second of LibriSpeech speech: the loss shape's S 80 tokens in about 14 s (about 2.7
 # words a second at about 2.1 tokens a word).
 TOKENS_PER_SECOND = 80 / 14.0
-PRECISIONS: Dict[str, List[str]] = {
-    "float32": [],
-    "float16": ["--use-fp16", "true"],
-    "bfloat16": ["--use-bf16", "true"],
-}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One way to run the step: its precision's flags, the loss recursion and whether it is a CUDA graph."""
+
+    precision: str
+    flags: Tuple[str, ...]
+    recursion: str = "auto"  # mutual_information.BACKEND: auto is the Triton kernel on CUDA
+    graphed: bool = False
+
+    @property
+    def name(self) -> str:
+        how = "graphed" if self.graphed else "eager" + (", PyTorch recursion" if self.recursion == "pytorch" else "")
+        return f"{self.precision}, {how}"
+
+
+ARMS = (
+    Arm("float32", ()),
+    Arm("float32", (), recursion="pytorch"),  # the step before the Triton kernel was wired in (issue 74)
+    Arm("float32", (), graphed=True),
+    Arm("float16", ("--use-fp16", "true")),
+    Arm("bfloat16", ("--use-bf16", "true")),
+    Arm("bfloat16", ("--use-bf16", "true"), graphed=True),
+)
 MAX_WARM_UP = 16  # float16 steps until the GradScaler's first finite step (it backs off from 65536)
 
 
@@ -100,11 +122,17 @@ def uniform_batch(utterances: int, seconds: float, tokens: TokenTable, seed: int
     return Batch(data, utterances * seconds)
 
 
-def measure_step(trainer: Trainer, batch: Batch, tokens: TokenTable, device: torch.device, reps: int) -> StepFigures:
-    """Warm-up steps until one is finite (the float16 scaler's back-offs), ``reps`` timed steps, then one
-    profiled, one with its host synchronisations counted and one for peak memory (on the GPU)."""
+def measure_step(
+    trainer: Trainer, batch: Batch, tokens: TokenTable, device: torch.device, reps: int, graphed: bool = False
+) -> StepFigures:
+    """Warm-up steps until one is finite (the float16 scaler's back-offs) and, ``graphed``, until the batch's
+    shape is captured, ``reps`` timed steps, then one profiled, one with its host synchronisations counted and
+    one for peak memory (on the GPU)."""
     scaler = torch.amp.GradScaler("cuda") if trainer.args.use_fp16 else None
-    training = trainer.training(tokens, scaler=scaler)
+    graphs = StepGraphs(device, start_batch=0) if graphed else None
+    training = trainer.training(tokens, scaler=scaler, graphs=graphs)
+    for _ in range(WARMUP_STEPS + 1 if graphed else 0):  # the shape's eager steps and its capture
+        train_step(training, batch.data)
 
     def step() -> None:
         train_step(training, batch.data)  # the batch on the CPU: train_step copies it, as in train.py
@@ -130,20 +158,21 @@ def step_table(device: torch.device, batches: Sequence[Tuple[int, float]], reps:
     tokens = TokenTable()
     made = [uniform_batch(n, s, tokens, seed=i) for i, (n, s) in enumerate(batches)]
     rows = []
-    for precision, flags in PRECISIONS.items():
-        if precision == "float16" and device.type != "cuda":
-            logging.info("float16 left out: its GradScaler runs on CUDA only")
+    for arm in ARMS:
+        if (arm.precision == "float16" or arm.graphed) and device.type != "cuda":
+            logging.info(f"{arm.name} left out: it runs on CUDA only (the GradScaler, CUDA graphs)")
             continue
-        trainer = Trainer(["--model-preset", "icefall", *flags], vocab_size=VOCAB_SIZE, seed=0)
+        trainer = Trainer(["--model-preset", "icefall", *arm.flags], vocab_size=VOCAB_SIZE, seed=0)
         trainer.model.to(device)
         for (n, s), batch in zip(batches, made):
-            f = measure_step(trainer, batch, tokens, device, reps)
+            with recursion_by(arm.recursion):
+                f = measure_step(trainer, batch, tokens, device, reps, graphed=arm.graphed)
             busy = "-" if f.busy is None else f"{f.busy * 1e3:.1f}"
             share = "-" if f.busy is None else f"{100 * f.busy / f.wall:.0f}%"
             rows.append(
                 [
                     f"{n} x {s:g} s",
-                    precision,
+                    arm.name,
                     fmt_ms(f.wall),
                     busy,
                     share,
@@ -153,11 +182,11 @@ def step_table(device: torch.device, batches: Sequence[Tuple[int, float]], reps:
                     f"{f.peak / 2**30:.2f}",
                 ]
             )
-            logging.info(f"{n} x {s:g} s, {precision}: {fmt_ms(f.wall)} ms")
+            logging.info(f"{n} x {s:g} s, {arm.name}: {fmt_ms(f.wall)} ms")
         del trainer
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    head = ["batch", "precision", f"ms per step (median of {reps})", "GPU busy ms", "busy / wall"]
+    head = ["batch", "step", f"ms per step (median of {reps})", "GPU busy ms", "busy / wall"]
     head += ["CUDA kernels", "host syncs", "audio s per s", "peak GiB"]
     return markdown_table(head, rows)
 
@@ -283,7 +312,10 @@ def report(device: torch.device, reps: int, dry_run: bool = False) -> str:
             step_table(device, batches, reps),
             "The icefall preset (`--model-preset icefall`: 12 LSTM layers, hidden 1024, projection 512, "
             f"BPE-{VOCAB_SIZE}) past warm-up, `train_step` as train.py runs it, every gradient control at its "
-            f"default; random features, {TOKENS_PER_SECOND:.1f} random tokens a second. *GPU busy*: the union of "
+            "default: *eager* with the loss recursion by the Triton kernel (CUDA's default), *eager, PyTorch "
+            "recursion* as before the kernel was wired in, *graphed* replayed as a CUDA graph per batch shape "
+            "(`--cuda-graphs`, the batch padded to its static shape); "
+            f"random features, {TOKENS_PER_SECOND:.1f} random tokens a second. *GPU busy*: the union of "
             "the CUDA kernels' intervals in one profiled step, against the median step's wall time. *host syncs*: "
             'those `torch.cuda.set_sync_debug_mode("warn")` reports in one step.',
             f"The loss alone, B x T x S x V = {' x '.join(map(str, shape))}, float32:",

@@ -24,7 +24,8 @@ The checks (those in one process first, then the recipe's scripts):
    and bfloat16 on one fixed batch.
 6. train.py with ``--preset icefall`` (12 layers, LSTM hidden 1024 with
    projection: the cuDNN path with ``proj_size``) for 16 batches in float32,
-   ``--use-fp16`` (stopped at 8 and resumed) and ``--use-bf16``: finite
+   ``--use-fp16`` (stopped at 8 and resumed), ``--use-bf16`` and float32 with ``--cuda-graphs true``
+   (stopped at 8 and resumed: graphs made again): finite
    weights, the model average updated, the resume taken from checkpoint-8.pt.
 7. decode.py with the three decoding methods and streaming_decode.py on
    CUDA, from the float32 run's averaged model.
@@ -37,6 +38,10 @@ The checks (those in one process first, then the recipe's scripts):
    the CPU, each step run again on CUDA from the CPU run's state before it:
    the steps where it acted, the losses, clip scales and the gradients the
    optimizer received, and its CUDA step time and host synchronisations.
+10. The training step's profile (``bench_gpu_step``): eager, eager with the PyTorch recursion and graphed.
+11. The icefall preset's step as a CUDA graph against the eager step (float32, TF32 off): 8 steps of one
+    batch shape, 1 eager, a capture, 6 replays, one of them a NaN batch skipped; losses, gradient norms and
+    weights within 1e-5 relative. (Check 6 also trains with ``--cuda-graphs true``, stopped and resumed.)
 """
 
 from __future__ import annotations
@@ -70,11 +75,12 @@ from benchmarks.train_setup import Batch, TokenTable, Trainer, add_batch_argumen
 from icefall_lite.nn.clip import GRAD_FILTER_MODES
 from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import load_checkpoint_file
+from icefall_lite.train.cuda_graphs import WARMUP_STEPS, StepGraphs
 from icefall_lite.train.loop import budget_spent, filter_stats, log_step, train_step
 from icefall_lite.train.optimizer_state import SecondMomentMonitor
 from icefall_lite.train.rules import RULES
 from icefall_lite.train.setup import model_checksum
-from icefall_lite.train.step_log import read_scalars
+from icefall_lite.train.step_log import read_metrics, read_scalars
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "egs" / "librispeech" / "ASR"
@@ -87,6 +93,11 @@ TRAIN_FLAGS = ["--preset", "icefall", "--bpe-model", BPE, "--max-duration", "6",
 TRAIN_FLAGS += ["--average-period", "2", "--log-interval", "4", "--tensorboard", "false"]
 DECODE_FLAGS = ["--model-preset", "icefall", "--bpe-model", BPE, "--iter", "16", "--avg", "1"]
 DECODE_FLAGS += ["--use-averaged-model", "true", "--max-duration", "60"]
+# Check 6's graphed run: graphs from batch 2 (the end of a 1-batch model warm-up), an error if one cannot be made.
+GRAPH_TRAIN_FLAGS = ["--cuda-graphs", "true", "--model-warm-step", "1"]
+# Check 11: steps of one batch shape, eager and graphed; the batch of GRAPH_NAN_STEP has NaN features.
+GRAPH_STEPS = 8
+GRAPH_NAN_STEP = 6
 # Lattice shapes of check 5: (batch, frames T, symbols S, vocabulary V).
 LOSS_SHAPES = [(8, 25, 110, 500), (8, 250, 15, 50)]
 
@@ -153,15 +164,23 @@ def training_runs(work_dir: Path, out: Path) -> str:
         ("float32", []),
         ("float16", ["--use-fp16", "true"]),
         ("bfloat16", ["--use-bf16", "true"]),
+        ("float32-graphs", GRAPH_TRAIN_FLAGS),
     ):
         exp = work_dir / f"exp-{precision}"
         common = [*TRAIN_FLAGS, "--exp-dir", str(exp), *flags]
-        if precision == "float16":
-            first, _ = run_script("train.py", [*common, "--max-batches", "8"], work_dir, out / "train-fp16-a.log")
-            seconds, output = run_script("train.py", [*common, "--max-batches", "16"], work_dir, out / "train-fp16.log")
+        if precision in ("float16", "float32-graphs"):
+            log = f"train-{precision}"
+            first, before = run_script("train.py", [*common, "--max-batches", "8"], work_dir, out / f"{log}-a.log")
+            seconds, output = run_script("train.py", [*common, "--max-batches", "16"], work_dir, out / f"{log}.log")
             assert re.search(r"Loading checkpoint \S*checkpoint-8\.pt", output), "the second run did not resume"
-            notes.append("float16: stopped at batch 8 and resumed from checkpoint-8.pt to 16")
+            notes.append(f"{precision}: stopped at batch 8 and resumed from checkpoint-8.pt to 16")
             seconds += first
+            if precision == "float32-graphs":
+                captured = [len(re.findall("Captured the training step", o)) for o in (before, output)]
+                assert sum(captured) > 0, "no graph was captured"  # (a failed capture is an error under true)
+                notes.append(
+                    f"{precision}: graphs captured before the stop {captured[0]}, after the resume {captured[1]}"
+                )
         else:
             seconds, output = run_script(
                 "train.py", [*common, "--max-batches", "16"], work_dir, out / f"train-{precision}.log"
@@ -688,6 +707,57 @@ def ddp_decisions(device: torch.device) -> str:
     )
 
 
+def _graph_run(device: torch.device, graphs: StepGraphs, batches: List[Batch], tokens: TokenTable) -> Dict[str, Any]:
+    """The icefall preset on ``batches`` with ``graphs``: each step's loss and gradient norm, the weights after,
+    the steps skipped."""
+    trainer = Trainer(["--model-preset", "icefall"], vocab_size=bench_gpu_step.VOCAB_SIZE, seed=0)
+    trainer.model.to(device)
+    t = trainer.training(tokens, graphs=graphs)
+    steps = []
+    for batch in batches:
+        trainer.params.batch_idx_train += 1
+        info, grad_norm, _ = train_step(t, batch.data)
+        steps.append((read_metrics(info)["loss"], float(grad_norm)))
+    t.flush_log()
+    weights = {n: p.detach().double().cpu() for n, p in trainer.model.named_parameters()}
+    return {"steps": steps, "weights": weights, "skipped": trainer.params.skipped_steps}
+
+
+def graphed_step(device: torch.device) -> str:
+    """The icefall preset's step replayed as a CUDA graph against the eager step, in float32 with TF32 off:
+    GRAPH_STEPS batches of 4 x 3 s (one static shape) from the same weights, both padded alike; the graphed run
+    steps eagerly WARMUP_STEPS times, captures, then replays; one batch has NaN features (every loss NaN: the
+    step is skipped). Per step the loss and the gradient norm, and the weights after, within 1e-5 relative."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        tokens = TokenTable()
+        batches = [bench_gpu_step.uniform_batch(4, 3.0, tokens, seed=i) for i in range(GRAPH_STEPS)]
+        batches[GRAPH_NAN_STEP].data["inputs"][:] = math.nan
+        eager = _graph_run(device, StepGraphs(device, start_batch=10**9), batches, tokens)
+        graphs = StepGraphs(device, start_batch=0)
+        graphed = _graph_run(device, graphs, batches, tokens)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    assert len(graphs.shapes) == 1 and all(s.graph is not None for s in graphs.shapes.values()), "no graph captured"
+    assert eager["skipped"] == graphed["skipped"] == 1, (eager["skipped"], graphed["skipped"])
+    rows, worst = [], 0.0
+    for i, ((loss_e, norm_e), (loss_g, norm_g)) in enumerate(zip(eager["steps"], graphed["steps"])):
+        how = "eager" if i < WARMUP_STEPS else ("captured" if i == WARMUP_STEPS else "replayed")
+        if i == GRAPH_NAN_STEP:
+            assert math.isnan(norm_e) and math.isnan(norm_g) and loss_e == loss_g == 0.0, (i, norm_e, norm_g)
+            rows.append([str(i + 1), how, "NaN batch: skipped in both", "-"])
+            continue
+        gaps = [abs(a - b) / max(abs(b), 1e-30) for a, b in ((loss_g, loss_e), (norm_g, norm_e))]
+        worst = max(worst, *gaps)
+        rows.append([str(i + 1), how, f"{gaps[0]:.1e}", f"{gaps[1]:.1e}"])
+    w_e, w_g = eager["weights"], graphed["weights"]
+    weights = max(float((w_g[n] - w_e[n]).norm() / w_e[n].norm().clamp(min=1e-30)) for n in w_e)
+    assert worst <= 1e-5 and weights <= 1e-5, f"graphed against eager: losses/norms {worst:.1e}, weights {weights:.1e}"
+    table = markdown_table(["step", "graphed run", "loss, relative gap", "gradient norm, relative gap"], rows)
+    return table + f"\n\nWeights after {GRAPH_STEPS} steps, largest relative L2 gap over the tensors: {weights:.1e}."
+
+
 def prepare_tiny(work_dir: Path) -> None:
     proc = subprocess.run(
         ["bash", str(RECIPE / "prepare.sh"), "--size", "tiny", "--work-dir", str(work_dir)],
@@ -714,7 +784,7 @@ def main() -> None:
         "--only",
         type=lambda text: [int(x) for x in text.split(",")],
         default=None,
-        help="Run only these checks, by number (e.g. 3,4); default: all ten.",
+        help="Run only these checks, by number (e.g. 3,4); default: all eleven.",
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -752,6 +822,7 @@ def main() -> None:
         "8. DDP decisions taken on all ranks (2 ranks)": lambda: ddp_decisions(device),
         "9. every gradient control, CUDA against the CPU": lambda: rule_parity(device),
         "10. the training step's profile (bench_gpu_step)": lambda: bench_gpu_step.report(device, reps=5),
+        "11. the step as a CUDA graph against the eager step": lambda: graphed_step(device),
     }
     for title, check in checks.items():
         if args.only is None or int(title.split(".")[0]) in args.only:

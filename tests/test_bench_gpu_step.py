@@ -63,9 +63,11 @@ def test_the_dry_run_measures_every_batch_and_loss_path_on_the_cpu() -> None:
     text = proc.stdout
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line]
     steps = [r for r in rows if re.match(r"\| \d+ x", r[0])]
-    # Every dry batch in float32 and bfloat16; float16 needs CUDA's GradScaler and is left out on the CPU.
+    # Every dry batch in each eager arm but float16's; float16 (CUDA's GradScaler) and the graphed arms (CUDA
+    # graphs) are left out on the CPU.
+    arms = ("float32, eager", "float32, eager, PyTorch recursion", "bfloat16, eager")
     assert [(r[0], r[1]) for r in steps] == [
-        (f"| {n} x {s:g} s", p) for p in ("float32", "bfloat16") for n, s in bench_gpu_step.DRY_BATCHES
+        (f"| {n} x {s:g} s", a) for a in arms for n, s in bench_gpu_step.DRY_BATCHES
     ]
     for r in steps:
         ms, audio_per_s = float(r[2]), float(r[7])

@@ -92,7 +92,7 @@ def _pytorch_recursion():
 @pytest.mark.parametrize("flags", [[], ["--zclip-z-threshold", "2.5"], ["--use-bf16", "true"]], ids=str)
 def test_the_replayed_step_trains_as_the_eager_step_bit_for_bit(flags):
     """Both runs pad every batch to its static shape; the eager one runs step_on_device every time, the
-    graphed one captures each shape after WARMUP_STEPS eager steps and replays it (2 captures, 8 replays).
+    graphed one captures each shape after WARMUP_STEPS eager steps and replays it (2 captures, 12 replays).
     Parameters, Eve's state, every step's sums, gradient norm and clip scale agree exactly, the NaN batch
     is skipped in both (not counted twice), and the random draws (layer dropout, the balancers) follow."""
     device = torch.device("cpu")

@@ -53,6 +53,11 @@ class BatchTensors:
         """(rows, frames, tokens)."""
         return self.features.size(0), self.features.size(1), self.tokens.size(1)
 
+    def pin_memory(self) -> "BatchTensors":
+        """Every tensor in pinned host memory (a padded batch is in pageable memory, whose copy to the GPU
+        waits for the host)."""
+        return BatchTensors(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+
     def to(self, device: torch.device) -> "BatchTensors":
         """Every tensor on ``device``; asynchronous from pinned host memory."""
         return BatchTensors(**{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)})

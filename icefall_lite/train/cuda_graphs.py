@@ -13,7 +13,7 @@ replays them with a single call. What it needs, and where it comes from:
 - the step's outputs read only after it: each replay's outputs are copied out of the graph's static
   outputs, since the next replay overwrites them.
 
-The eager and the graphed step are one function: the first :data:`WARMUP_STEPS` batches of a shape run it
+The eager and the graphed step are one function: the first :data:`WARMUP_STEPS` batch of a shape runs it
 eagerly (on a side stream, as torch asks before a capture, so that lazily made state exists), the next is
 captured and replayed, and every later batch of that shape replays it. Until the model's warm-up is over
 (``2 x --model-warm-step`` batches) the loss weights change between steps as Python floats, so the steps
@@ -35,8 +35,12 @@ from icefall_lite.data.static_batch import BatchTensors, pad_to, static_shape
 from icefall_lite.train.loss import LossInputs
 
 CUDA_GRAPHS = ("auto", "true", "false")
-# Eager steps of a shape before its capture (torch's examples warm up 3 iterations on a side stream).
-WARMUP_STEPS = 3
+# Eager steps of a shape before its capture, on the side stream the capture uses: what a step makes lazily
+# (the optimizer's state, cuBLAS and cuDNN handles and workspaces of that stream, Triton's compiled kernels)
+# exists after one. torch's examples warm up 3 (11 under DDP, which is refused here); a bucketing sampler
+# spreads a run's first batches over many shapes (16 batches of train.py on the tiny corpus: 9 shapes, none
+# more than 3 times), so each eager step of a shape is one replay fewer.
+WARMUP_STEPS = 1
 
 
 def add_cuda_graphs_argument(parser: argparse.ArgumentParser) -> None:
@@ -168,7 +172,8 @@ class StepGraphs:
     def run(self, step: Callable[[Any, LossInputs], Any], t: Any, inputs: LossInputs) -> Any:
         """``step(t, inputs)`` on ``inputs`` padded to its static shape: eagerly, captured, or replayed;
         returns its outputs (copies, which the next replay does not overwrite)."""
-        padded = dataclasses.replace(inputs, tensors=pad_to(inputs.tensors, static_shape(*inputs.tensors.shape)))
+        tensors = pad_to(inputs.tensors, static_shape(*inputs.tensors.shape))
+        padded = dataclasses.replace(inputs, tensors=tensors.pin_memory() if self.device.type == "cuda" else tensors)
         if t.params.batch_idx_train < self.start_batch or self.failed is not None:
             return step(t, padded)
         key = (padded.tensors.shape, padded.prune_range)
