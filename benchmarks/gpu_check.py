@@ -734,7 +734,7 @@ def graphed_step(device: torch.device) -> str:
         tokens = TokenTable()
         batches = [bench_gpu_step.uniform_batch(4, 3.0, tokens, seed=i) for i in range(GRAPH_STEPS)]
         batches[GRAPH_NAN_STEP].data["inputs"][:] = math.nan
-        eager = _graph_run(device, StepGraphs(device, start_batch=10**9), batches, tokens)
+        eager = _graph_run(device, StepGraphs(device, start_batch=0, warmup_steps=GRAPH_STEPS), batches, tokens)
         graphs = StepGraphs(device, start_batch=0)
         graphed = _graph_run(device, graphs, batches, tokens)
     finally:

@@ -12,7 +12,11 @@ replay runs the recorded ops again on the same tensors, copying each result into
   bounds come from the batch's lengths: the batches replayed must have the capture's lengths;
 - random ops draw new numbers on every replay, from the generator's state at that moment.
 
-A capture here runs the step (a CUDA capture only records), so ``captures_run`` is True.
+A capture here runs the step (a CUDA capture only records), so ``captures_run`` is True. What it cannot
+show: memory (every recorded tensor stays alive; a CUDA graph's pool reuses memory, so a tensor of one graph
+kept past another's replay may be overwritten), streams and threads (the capture's error mode), host reads
+that only a GPU makes (CUDA's CTC loss reading its lengths: refused by name instead), and the Triton kernel
+(the PyTorch recursion is replayed in its place). Those are gpu_check's (check 11).
 """
 
 from __future__ import annotations

@@ -69,6 +69,11 @@ def _triton_kernel() -> Optional[Callable]:
     return mutual_information_kernel
 
 
+def triton_available() -> bool:
+    """Whether the Triton kernel can run here (Triton is installed)."""
+    return _triton_kernel() is not None
+
+
 def _implementation(device: torch.device) -> Callable:
     """The function that computes the recursion for tensors on ``device``, as ``BACKEND`` says."""
     if BACKEND not in _BACKENDS:

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from icefall_lite.data.static_batch import BatchTensors, pad_to, static_shape
+from icefall_lite.nn import mutual_information
 from icefall_lite.train.loss import LossInputs
 
 CUDA_GRAPHS = ("auto", "true", "false")
@@ -55,7 +56,7 @@ def add_cuda_graphs_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def refusals(params: Any, world_size: int) -> List[str]:
+def refusals(params: Any, world_size: int, triton_missing: bool = False) -> List[str]:
     """What in this configuration keeps the step from being captured, each naming its flag (empty: none).
 
     These are the configurations whose step reads a value back from the device or changes Python state a
@@ -79,6 +80,10 @@ def refusals(params: Any, world_size: int) -> List[str]:
         out.append("--print-diagnostics: its hooks keep Python state per step")
     if params.inf_check:
         out.append("--inf-check: its hooks read every module's output on the host")
+    if params.ctc_loss_scale > 0:
+        out.append("--ctc-loss-scale: torch's CUDA CTC loss copies its lengths to the host")
+    if triton_missing:
+        out.append("Triton is not installed (pip install triton): the loss recursion without it reads its lengths")
     return out
 
 
@@ -94,7 +99,7 @@ def use_cuda_graphs(params: Any, device: torch.device, world_size: int) -> bool:
                 f"is {torch.cuda.is_available()}): use --cuda-graphs auto or false"
             )
         return False
-    reasons = refusals(params, world_size)
+    reasons = refusals(params, world_size, triton_missing=not mutual_information.triton_available())
     if reasons and params.cuda_graphs == "true":
         raise ValueError("--cuda-graphs true cannot capture this configuration's step: " + "; ".join(reasons))
     if reasons:
@@ -123,7 +128,8 @@ class CudaGraphs:
         run yet: the caller replays it."""
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+        # thread_local: the data loader's pin-memory thread goes on allocating while the step is captured.
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
             out = fn()
         return out, graph
 
@@ -150,17 +156,21 @@ class StepGraphs:
 
     ``backend``: :class:`CudaGraphs` (the default), or an object with the same ``eager``, ``capture``,
     ``replay`` and ``captures_run`` (the tests' CPU recorder, which replays the recorded ops).
-    ``start_batch``: the first global batch whose step may be captured (the end of the model's warm-up).
-    ``strict``: a capture that fails raises (``--cuda-graphs true``); else (``auto``) it is logged as a
-    warning with its error and the run goes on with eager steps, the batch included.
+    ``start_batch``: the first global batch whose step may be captured (the end of the model's warm-up);
+    before it the steps run as they come, unpadded. ``warmup_steps``: the eager steps of each shape before
+    its capture (a number larger than the run: every step padded and eager, the run a graphed one is
+    compared with).
+    A capture that fails is an error naming the way out (``--cuda-graphs false``, resuming from the last
+    checkpoint): after a failed capture CUDA's state (its random generator among it) is not known good.
     """
 
-    def __init__(self, device: torch.device, start_batch: int, backend: Any = None, strict: bool = True) -> None:
+    def __init__(
+        self, device: torch.device, start_batch: int, backend: Any = None, warmup_steps: int = WARMUP_STEPS
+    ) -> None:
         self.device = device
         self.start_batch = start_batch
         self._backend = backend
-        self.strict = strict
-        self.failed: Optional[str] = None  # why a capture failed (not strict): every step eager since
+        self.warmup_steps = warmup_steps
         self.shapes: Dict[Tuple[Tuple[int, int, int], int], _Shape] = {}
 
     @property
@@ -172,13 +182,13 @@ class StepGraphs:
     def run(self, step: Callable[[Any, LossInputs], Any], t: Any, inputs: LossInputs) -> Any:
         """``step(t, inputs)`` on ``inputs`` padded to its static shape: eagerly, captured, or replayed;
         returns its outputs (copies, which the next replay does not overwrite)."""
+        if t.params.batch_idx_train < self.start_batch:
+            return step(t, inputs)
         tensors = pad_to(inputs.tensors, static_shape(*inputs.tensors.shape))
         padded = dataclasses.replace(inputs, tensors=tensors.pin_memory() if self.device.type == "cuda" else tensors)
-        if t.params.batch_idx_train < self.start_batch or self.failed is not None:
-            return step(t, padded)
         key = (padded.tensors.shape, padded.prune_range)
         shape = self.shapes.setdefault(key, _Shape())
-        if shape.graph is None and shape.eager_steps < WARMUP_STEPS:
+        if shape.graph is None and shape.eager_steps < self.warmup_steps:
             shape.eager_steps += 1
             return self.backend.eager(lambda: step(t, padded))
         if shape.graph is None:
@@ -186,15 +196,11 @@ class StepGraphs:
             try:
                 shape.outputs, shape.graph = self.backend.capture(lambda: step(t, shape.inputs))
             except Exception as e:
-                if self.strict:
-                    raise
-                self.failed = f"{type(e).__name__}: {e}"
-                logging.warning(
-                    f"Capturing the training step as a CUDA graph failed ({self.failed}); the run goes on with "
-                    "eager steps (--cuda-graphs false skips the attempt, true makes it an error)"
-                )
-                t.optimizer.zero_grad(set_to_none=True)  # gradients the capture left, never computed
-                return step(t, padded)
+                raise RuntimeError(
+                    f"capturing the training step as a CUDA graph failed at global batch {t.params.batch_idx_train} "
+                    f"(batch shape {key[0]}): {type(e).__name__}: {e}. Train without graphs: add --cuda-graphs "
+                    "false (the run resumes from its last checkpoint)"
+                ) from e
             logging.info(
                 f"Captured the training step for batches of shape {key[0]} (pruned window {key[1]}): "
                 f"{len(self.shapes)} graph(s)"

@@ -283,10 +283,11 @@ def _forward_backward(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, 
     warmup = params.batch_idx_train / params.model_warm_step
     with mixed_precision(params, next(model.parameters()).device):
         loss, info, finite = batch_loss(params, model, inputs, is_training=True, warmup=warmup)
-    if t.world_size > 1 and read_scalars([info["utterances"]])[0] == 0:
-        # Under DDP a rank without a finite loss still takes part in the gradient all-reduce, with zeros: a
-        # backward through a zero that touches every parameter (its masked loss's backward could give NaN,
-        # which the all-reduce would spread to the ranks that have a step to take). A read per step, DDP's.
+    if (t.world_size > 1 or not decided_on_device(t)) and read_scalars([info["utterances"]])[0] == 0:
+        # A batch without a finite loss: a backward through a zero that touches every parameter, whose
+        # gradients are zeros (the masked loss's backward could give NaN). Under DDP the rank still takes part
+        # in the gradient all-reduce, and its NaN would reach the ranks that have a step to take; the loss
+        # scaler would count the NaN as an overflow and halve its scale. A read per step on those paths only.
         loss = sum(p.sum() * 0.0 for p in model.parameters())
     if scaler is not None:
         scaled = scaler.scale(loss)
@@ -474,6 +475,7 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
         if t.second_moment is not None:
             t.second_moment.record(params.batch_idx_train)
         if t.diagnostics is not None and params.batch_idx_in_epoch >= DIAGNOSTICS_BATCHES:
+            t.flush_log()  # the steps' dropped utterances and skips, logged
             t.diagnostics.print_diagnostics()
             return False
         if t.model_avg is not None and params.batch_idx_train % params.average_period == 0:

@@ -178,12 +178,26 @@ class GradientFilterStats:
     def update(
         self, norm: Tensor, median_norm: Tensor, cutoff: Tensor, param_scale: Tensor, real: Optional[Tensor]
     ) -> None:
-        """``norm`` and ``real`` (the real elements, None = all) as :func:`_row_norms` gives them."""
-        self.median_norm = median_norm.detach()
+        """``norm`` and ``real`` (the real elements, None = all) as :func:`_row_norms` gives them.
+
+        The four scalars are tensors made at the first backward and copied into after it, so that a CUDA
+        graph of the step, which replays the copies and not this Python, leaves them where the next reader
+        looks (each graph's own would be stale once another shape's is replayed). ``ratio`` (one value per
+        row) is made anew: its length is the batch's."""
         self.ratio = (norm.flatten() / median_norm.clamp(min=1e-20)).detach()
-        self.max_over_median = (norm.max() / median_norm.clamp(min=1e-20)).detach()
-        self.fraction_filtered = _mean_over_rows(((norm > cutoff) & (cutoff > 0)).float(), real).detach()
-        self.param_scale = param_scale.detach()
+        values = {
+            "median_norm": median_norm,
+            "max_over_median": norm.max() / median_norm.clamp(min=1e-20),
+            "fraction_filtered": _mean_over_rows(((norm > cutoff) & (cutoff > 0)).float(), real),
+            "param_scale": param_scale,
+        }
+        for name, value in values.items():
+            kept = getattr(self, name)
+            value = value.detach()
+            if kept is None or kept.dtype != value.dtype or kept.device != value.device:
+                setattr(self, name, value.clone())
+            else:
+                kept.copy_(value)
         self.num_backward += 1
 
     def as_dict(self) -> Dict[str, float]:

@@ -87,28 +87,42 @@ def add_error_clip(
 class ClipCounts:
     """How many items a clip in backward changed since the forward that last called :meth:`start` (frame
     rows for :func:`recurrent_grad_clip`, gradient elements for :func:`error_clip`), as device tensors: read
-    them when logging (``float(counts.fraction_clipped)``), not in backward."""
+    them when logging (``float(counts.fraction_clipped)``), not in backward.
+
+    The counts are two tensors made at the first backward and updated in place after it (zeroed by
+    :meth:`start`), so that a CUDA graph of the step, which replays their updates and not this Python, leaves
+    its counts where the next reader looks (each graph's own would be stale once another shape's is replayed).
+    """
 
     def __init__(self) -> None:
-        self.items = 0
-        self.clipped: Optional[Tensor] = None
+        self.clipped: Optional[Tensor] = None  # items clipped, float64 (exact counts)
+        self.items: Optional[Tensor] = None  # items the clip saw, float64
+        self._fresh = True  # start() ran and nothing was added since
 
     def start(self) -> None:
         """A new forward: the counts of the coming backward start from zero."""
-        self.items = 0
-        self.clipped = None
+        self._fresh = True
 
     def add(self, clipped: Tensor, items: int) -> None:
-        self.clipped = clipped if self.clipped is None else self.clipped + clipped
-        self.items += items
+        clipped = clipped.to(torch.float64)
+        if self.clipped is None or self.clipped.device != clipped.device:
+            self.clipped, self.items = torch.zeros_like(clipped), torch.zeros_like(clipped)
+        if self._fresh:  # the first add of a backward: the counts restart (in place, captured with the step)
+            self.clipped.zero_()
+            self.items.zero_()
+            self._fresh = False
+        self.clipped.add_(clipped)
+        self.items.add_(items)
 
     @property
     def fraction_clipped(self) -> Optional[Tensor]:
-        return None if self.clipped is None else self.clipped.float() / max(self.items, 1)
+        """None before the first backward, and between a training forward and its backward."""
+        return None if self.clipped is None or self._fresh else self.clipped / self.items.clamp(min=1)
 
     def as_dict(self) -> Dict[str, float]:
-        """Plain floats for logging; empty before the first backward."""
-        return {} if self.clipped is None else {"fraction_clipped": float(self.fraction_clipped)}
+        """Plain floats for logging; empty when :attr:`fraction_clipped` is None."""
+        fraction = self.fraction_clipped
+        return {} if fraction is None else {"fraction_clipped": float(fraction)}
 
 
 class _RecurrentGradClipFunction(torch.autograd.Function):

@@ -123,11 +123,7 @@ def run(placement: Placement, args: argparse.Namespace) -> None:
         second_moment=SecondMomentMonitor(model, optimizer) if rank == 0 else None,
         sequence_log=SequenceLog(log_path(params.exp_dir, rank, world_size)) if params.log_sequence_gradients else None,
         # From the end of the model's warm-up (2 x --model-warm-step), when the loss weights stop changing.
-        graphs=(
-            StepGraphs(device, 2 * params.model_warm_step, strict=params.cuda_graphs == "true")
-            if use_cuda_graphs(params, device, world_size)
-            else None
-        ),
+        graphs=StepGraphs(device, 2 * params.model_warm_step) if use_cuda_graphs(params, device, world_size) else None,
     )
     start = time.time()
     train_epochs(training, librispeech, train_cuts, resume)
