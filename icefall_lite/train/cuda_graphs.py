@@ -17,8 +17,10 @@ The eager and the graphed step are one function: the first :data:`WARMUP_STEPS` 
 eagerly (on a side stream, as torch asks before a capture, so that lazily made state exists), the next is
 captured and replayed, and every later batch of that shape replays it. Until the model's warm-up is over
 (``2 x --model-warm-step`` batches) the loss weights change between steps as Python floats, so the steps
-run eagerly, padded as the graphed ones. All graphs share one memory pool. Graphs live as long as the
-process: kept across epochs, made again after a resume.
+run eagerly, unpadded. All graphs share one memory pool: what lives from step to step (the optimizer's
+state, the gradient controls' histories, the filters' statistics and the clips' counts, updated in place) is
+made by an eager step, outside every capture, so no graph's replay writes where another graph's state is
+kept. Graphs live as long as the process: kept across epochs, made again after a resume.
 """
 
 from __future__ import annotations
