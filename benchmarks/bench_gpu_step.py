@@ -162,6 +162,9 @@ def step_table(device: torch.device, batches: Sequence[Tuple[int, float]], reps:
         if (arm.precision == "float16" or arm.graphed) and device.type != "cuda":
             logging.info(f"{arm.name} left out: it runs on CUDA only (the GradScaler, CUDA graphs)")
             continue
+        if arm.recursion == "pytorch" and device.type != "cuda":
+            logging.info(f"{arm.name} left out: on the CPU the eager arm's recursion is the PyTorch one already")
+            continue
         trainer = Trainer(["--model-preset", "icefall", *arm.flags], vocab_size=VOCAB_SIZE, seed=0)
         trainer.model.to(device)
         for (n, s), batch in zip(batches, made):
