@@ -14,7 +14,7 @@ import torch
 from graph_replay import HostReadInCapture, RecordedGraphs
 
 from benchmarks.train_setup import TokenTable, Trainer
-from icefall_lite.nn import mutual_information
+from icefall_lite.nn import mutual_information, scaling
 from icefall_lite.train.cli import get_parser, validate_args
 from icefall_lite.train.cuda_graphs import WARMUP_STEPS, StepGraphs, refusals, use_cuda_graphs
 from icefall_lite.train.loop import LayerFilterStats, filter_stats, train_step
@@ -82,6 +82,12 @@ def _assert_same(a: Dict[str, object], b: Dict[str, object]) -> None:
     assert all(torch.equal(a["params"][n], b["params"][n]) for n in a["params"])
     assert len(a["eve"]) == len(b["eve"])
     assert all(torch.equal(x[k], y[k]) for x, y in zip(a["eve"], b["eve"]) for k in x)
+
+
+@pytest.fixture(autouse=True)
+def _draws_on_the_device(monkeypatch):
+    """The training draws kept on the device, as on a GPU (on the CPU the host reads them: scaling.HOST_DRAWS)."""
+    monkeypatch.setattr(scaling, "HOST_DRAWS", ())
 
 
 @pytest.fixture(autouse=True)
@@ -189,3 +195,13 @@ def test_each_configuration_that_reads_is_refused_by_name(flags, named):
     assert refusals(get_parser().parse_args(["--bpe-model", "unused"]), 2)[0].startswith("--world-size 2")
     assert refusals(get_parser().parse_args(["--bpe-model", "unused"]), 1) == []
     assert use_cuda_graphs(get_parser().parse_args(["--bpe-model", "unused"]), cuda, 1)
+
+
+def test_the_cpus_host_read_draws_train_as_the_devices_masks(monkeypatch):
+    """On the CPU the balancers and layer dropout read their draws and skip work (scaling.HOST_DRAWS); on a GPU
+    they mask it. Both train alike, bit for bit: the same draws, the same gradients."""
+    device = torch.device("cpu")
+    masked = _train(StepGraphs(device, start_batch=0, backend=RecordedGraphs(), warmup_steps=STEPS))
+    monkeypatch.setattr(scaling, "HOST_DRAWS", ("cpu",))
+    read = _train(StepGraphs(device, start_batch=0, backend=RecordedGraphs(), warmup_steps=STEPS))
+    _assert_same(read, masked)

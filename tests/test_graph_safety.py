@@ -19,7 +19,7 @@ import torch
 
 from benchmarks.graph_safety import GraphSafetyProbe, Site, changing_values
 from benchmarks.train_setup import TokenTable, Trainer
-from icefall_lite.nn import mutual_information
+from icefall_lite.nn import mutual_information, scaling
 from icefall_lite.train.loop import device_step, prepare_step, train_step
 from icefall_lite.train.step_log import read_scalars
 
@@ -109,6 +109,12 @@ def _assert_exactly(found: Set[str], listed: Sequence[str]) -> None:
     unlisted = sorted(p for p in found if not any(_matches(p, e) for e in listed))
     gone = sorted(e for e in listed if not any(_matches(p, e) for p in found))
     assert (unlisted, gone) == ([], []), f"found but not listed: {unlisted}; listed but not found: {gone}"
+
+
+@pytest.fixture(autouse=True)
+def _draws_on_the_device(monkeypatch):
+    """The training draws kept on the device, as on a GPU (on the CPU the host reads them: scaling.HOST_DRAWS)."""
+    monkeypatch.setattr(scaling, "HOST_DRAWS", ())
 
 
 INTERPRETER = "the kernel on CPU tensors needs TRITON_INTERPRET=1 (conftest sets it where no GPU is)"

@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from icefall_lite.nn import scaling
 from icefall_lite.nn.clip import GradientFilter
 from icefall_lite.nn.scaling import (
     ActivationBalancer,
@@ -209,11 +210,16 @@ class RNNEncoderLayer(nn.Module):
         src_orig = src
         alpha = None
         if self.training:
-            # icefall's draw, kept on the model's device (the same draws on the CPU): no host read.
+            # icefall's draw, on the model's device: read by the host where that waits for nothing (the CPU,
+            # HOST_DRAWS), else kept there (no host read), alpha a float64 tensor (as icefall's Python float:
+            # 1 - alpha rounds to the activations' dtype once, as there).
             warmup_scale = min(0.1 + warmup, 1.0)
             kept = torch.rand((), device=src.device) > self.layer_dropout
-            # float64, as icefall's Python float: 1 - alpha rounds to the activations' dtype once, as there.
-            alpha = torch.where(kept, torch.full((), warmup_scale, dtype=torch.float64, device=src.device), 0.1)
+            if src.device.type in scaling.HOST_DRAWS:
+                alpha = warmup_scale if bool(kept) else 0.1
+                alpha = None if alpha == 1.0 else alpha
+            else:
+                alpha = torch.where(kept, torch.full((), warmup_scale, dtype=torch.float64, device=src.device), 0.1)
         lstm_out, new_states = _masked(self.lstm, src, states, mask=mask)
         src = src + self.dropout(lstm_out)
         ff = src
@@ -221,7 +227,9 @@ class RNNEncoderLayer(nn.Module):
             ff = _masked(module, ff, mask=mask) if isinstance(module, ActivationBalancer) else module(ff)
         src = src + self.dropout(ff)
         src = self.norm_final(_masked(self.balancer, src, mask=mask))
-        if alpha is not None:
+        if isinstance(alpha, float):
+            src = alpha * src + (1.0 - alpha) * src_orig
+        elif alpha is not None:
             # Where alpha is 1 the layer's output as it is (a mask, not a branch on the host).
             src = torch.where(alpha == 1.0, src, alpha * src + (1.0 - alpha) * src_orig)
         return src, new_states
