@@ -52,7 +52,7 @@ from icefall_lite.nn import mutual_information
 from icefall_lite.nn.mutual_information import mutual_information_recursion
 from icefall_lite.nn.rnnt_loss import rnnt_loss
 from icefall_lite.train.cuda_graphs import WARMUP_STEPS, StepGraphs
-from icefall_lite.train.loop import train_step
+from icefall_lite.train.step import train_step
 
 # (utterances, seconds each): icefall's --max-duration 200 filled three ways, then 10 s utterances at 2x,
 # 4x and 8x that batch (where a large GPU's memory goes).

@@ -34,7 +34,7 @@ from benchmarks.common import (
     timed,
 )
 from benchmarks.train_setup import Batch, TokenTable, Trainer, add_batch_arguments, batch_shape, make_batches
-from icefall_lite.train.loop import mixed_precision
+from icefall_lite.train.step import mixed_precision
 from icefall_lite.utils import script_parser
 
 ARMS: Dict[str, List[str]] = {"float32": [], "bf16 autocast": ["--use-bf16", "true"]}

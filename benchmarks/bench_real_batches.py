@@ -40,9 +40,10 @@ from icefall_lite.data.bpe import load_bpe_model
 from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.train import cli as train_cli
 from icefall_lite.train.grad_control import GradientControl
-from icefall_lite.train.loop import Training, train_step
 from icefall_lite.train.optim import Eden
 from icefall_lite.train.setup import build_models, load_training_data, make_optimizer
+from icefall_lite.train.step import train_step
+from icefall_lite.train.training import Training
 from icefall_lite.utils import script_parser
 
 ARMS: Dict[str, List[str]] = {"float32": [], "bf16": ["--use-bf16", "true"], "bf16, padded": ["--use-bf16", "true"]}

@@ -76,10 +76,11 @@ from icefall_lite.nn.clip import GRAD_FILTER_MODES
 from icefall_lite.nn.scaling import ScaledLSTM
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.train.cuda_graphs import WARMUP_STEPS, StepGraphs
-from icefall_lite.train.loop import budget_spent, filter_stats, log_step, train_step
+from icefall_lite.train.loop import budget_spent, filter_stats, log_step
 from icefall_lite.train.optimizer_state import SecondMomentMonitor
 from icefall_lite.train.rules import RULES
 from icefall_lite.train.setup import model_checksum
+from icefall_lite.train.step import train_step
 from icefall_lite.train.step_log import read_metrics, read_scalars
 
 REPO = Path(__file__).resolve().parents[1]

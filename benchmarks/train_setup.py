@@ -23,10 +23,12 @@ from icefall_lite.nn.model import add_model_arguments, build_transducer
 from icefall_lite.recipe_defaults import TRAIN_MAX_DURATION
 from icefall_lite.train.args import add_training_arguments
 from icefall_lite.train.grad_control import GradientControl
-from icefall_lite.train.loop import Training, filter_stats, train_step
+from icefall_lite.train.loop import filter_stats
 from icefall_lite.train.optim import Eden
 from icefall_lite.train.setup import make_optimizer, training_model_config
+from icefall_lite.train.step import train_step
 from icefall_lite.train.step_log import read_scalars
+from icefall_lite.train.training import Training
 from icefall_lite.utils import AttributeDict
 
 FRAMES_PER_SECOND = 100  # 10 ms fbank frame shift

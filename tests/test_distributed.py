@@ -34,10 +34,12 @@ from icefall_lite.train.distributed import (
     torchrun_placement,
 )
 from icefall_lite.train.grad_control import GradientControl
-from icefall_lite.train.loop import Training, budget_spent, train_step
+from icefall_lite.train.loop import budget_spent
 from icefall_lite.train.loss import compute_loss
 from icefall_lite.train.optim import Eden, Eve
 from icefall_lite.train.setup import model_checksum, training_model_config
+from icefall_lite.train.step import train_step
+from icefall_lite.train.training import Training
 from icefall_lite.utils import AttributeDict
 
 TRAIN = RECIPE / "lstm_transducer_stateless" / "train.py"

@@ -20,7 +20,7 @@ import torch
 from benchmarks.graph_safety import GraphSafetyProbe, Site, changing_values
 from benchmarks.train_setup import TokenTable, Trainer
 from icefall_lite.nn import mutual_information, scaling
-from icefall_lite.train.loop import device_step, prepare_step, train_step
+from icefall_lite.train.step import device_step, prepare_step, train_step
 from icefall_lite.train.step_log import read_scalars
 
 TINY = ["--num-encoder-layers", "2", "--encoder-dim", "32", "--rnn-hidden-size", "32", "--dim-feedforward", "64"]
@@ -177,7 +177,7 @@ CONFIGURATIONS: Dict[str, Tuple[List[str], Dict[str, str], Dict[str, str]]] = {
     "fp16": (
         ["--use-fp16", "true"],
         {
-            "icefall_lite/train/loop.py:device_step (item)": "GradScaler.step's found_inf.item()",
+            "icefall_lite/train/step.py:device_step (item)": "GradScaler.step's found_inf.item()",
             "icefall_lite/train/step_log.py:read_scalars (tolist)": "the skip decision read (the scaler's path)",
         },
         {},

@@ -7,7 +7,8 @@ import argparse
 import torch
 
 from benchmarks.train_setup import TokenTable, Trainer, add_batch_arguments, make_batches
-from icefall_lite.train.loop import filter_stats, train_step
+from icefall_lite.train.loop import filter_stats
+from icefall_lite.train.step import train_step
 
 SMALL = ["--num-encoder-layers", "2", "--encoder-dim", "32", "--rnn-hidden-size", "64", "--dim-feedforward", "64"]
 

@@ -11,7 +11,7 @@ import torch
 from benchmarks.train_setup import Batch, TokenTable, Trainer, add_batch_arguments, make_batches
 from conftest import TINY_MODEL
 from icefall_lite.train.args import add_training_arguments, check_training_args
-from icefall_lite.train.loop import mixed_precision
+from icefall_lite.train.step import mixed_precision
 
 
 def _batch(tokens: TokenTable) -> Batch:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from benchmarks.train_setup import TokenTable, Trainer
-from icefall_lite.train.loop import mixed_precision, train_step
 from icefall_lite.train.loss import batch_loss, compute_loss, loss_inputs
+from icefall_lite.train.step import mixed_precision, train_step
 
 TINY = ["--num-encoder-layers", "2", "--encoder-dim", "32", "--rnn-hidden-size", "32", "--dim-feedforward", "64"]
 TINY += ["--decoder-dim", "32", "--joiner-dim", "32", "--layer-dropout", "0"]

@@ -26,11 +26,12 @@ from icefall_lite.nn.model import build_transducer
 from icefall_lite.train.checkpoint import load_checkpoint_file
 from icefall_lite.train.cli import get_params, get_parser, parse_args, validate_args
 from icefall_lite.train.grad_control import GradientControl
-from icefall_lite.train.loop import Training, train_step
 from icefall_lite.train.loss import compute_loss, loss_scales, pruned_loss_scale
 from icefall_lite.train.optim import Eden, Eve
 from icefall_lite.train.presets import ICEFALL_PRESET
 from icefall_lite.train.setup import training_model_config
+from icefall_lite.train.step import train_step
+from icefall_lite.train.training import Training
 
 
 @pytest.fixture(scope="module")

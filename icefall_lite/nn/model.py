@@ -13,14 +13,8 @@ from torch import Tensor
 from icefall_lite.nn.decoder import Decoder
 from icefall_lite.nn.encoder import RNN, EncoderStates
 from icefall_lite.nn.joiner import Joiner
-from icefall_lite.nn.rnnt_loss import (
-    do_rnnt_pruning,
-    get_rnnt_prune_ranges,
-    get_rnnt_prune_ranges_raised,
-    make_boundary,
-    rnnt_loss_pruned,
-    rnnt_loss_smoothed,
-)
+from icefall_lite.nn.rnnt_loss import make_boundary, rnnt_loss_pruned, rnnt_loss_smoothed
+from icefall_lite.nn.rnnt_pruning import do_rnnt_pruning, get_rnnt_prune_ranges, get_rnnt_prune_ranges_raised
 from icefall_lite.nn.scaling import ScaledLinear
 
 # Token ids: N lists (no blank), or a padded (N, U) int64 tensor with its (N,) lengths.

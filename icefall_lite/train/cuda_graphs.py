@@ -8,7 +8,7 @@ replays them with a single call. What it needs, and where it comes from:
   (:func:`icefall_lite.data.static_batch.static_shape`) and copied into that shape's static input tensors;
   one graph per (shape, pruned-loss window);
 - no host read and no Python value that changes between steps inside the step
-  (:func:`icefall_lite.train.loop.step_on_device`; ``tests/test_graph_safety.py`` lists what is left per
+  (:func:`icefall_lite.train.step.step_on_device`; ``tests/test_graph_safety.py`` lists what is left per
   configuration, and :func:`refusals` names the configurations that still read);
 - the step's outputs read only after it: each replay's outputs are copied out of the graph's static
   outputs, since the next replay overwrites them.
@@ -222,7 +222,7 @@ def _copy_into(static: BatchTensors, batch: BatchTensors) -> None:
 
 
 def copy_tensors(value: Any) -> Any:
-    """``value`` with every tensor in it copied (dataclasses, dicts (their type kept), lists and tuples)."""
+    """``value`` with every tensor in it copied (dataclasses and dicts, their types kept: a step's outputs)."""
     if isinstance(value, torch.Tensor):
         return value.clone()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -233,6 +233,4 @@ def copy_tensors(value: Any) -> Any:
         out = type(value)()
         out.update({k: copy_tensors(v) for k, v in value.items()})
         return out
-    if isinstance(value, (list, tuple)):
-        return type(value)(copy_tensors(v) for v in value)
     return value

@@ -1,9 +1,6 @@
-"""The training loop: one step, one epoch, the epochs of a run, validation and the checkpoints they save.
-
-A run's objects travel together in :class:`Training`; ``params`` (icefall's
-AttributeDict of flags and progress) is updated in place as batches go by and
-is saved in every checkpoint.
-"""
+"""The training loop: one epoch, the epochs of a run, what each step logs, validation and the checkpoints
+they save (a run's objects: :class:`icefall_lite.train.training.Training`; one step:
+:mod:`icefall_lite.train.step`)."""
 
 from __future__ import annotations
 
@@ -12,9 +9,8 @@ import math
 import shutil
 import time
 import zlib
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
 
 import sentencepiece as spm
 import torch
@@ -22,283 +18,19 @@ import torch.nn as nn
 
 from icefall_lite.data.datamodule import LibriSpeechAsrDataModule
 from icefall_lite.train.averaging import update_averaged_model
-from icefall_lite.train.checkpoint import remove_checkpoints, save_checkpoint, unwrap
-from icefall_lite.train.cuda_graphs import StepGraphs
-from icefall_lite.train.diagnostics import ModelDiagnostics
-from icefall_lite.train.distributed import any_rank, gather_objects, summed_over_ranks
-from icefall_lite.train.grad_control import GradientControl
-from icefall_lite.train.loss import LossInputs, batch_loss, compute_loss, loss_inputs, warn_dropped
-from icefall_lite.train.optim import Eden, ScaledAdam
-from icefall_lite.train.optimizer_state import SecondMomentMonitor
+from icefall_lite.train.checkpoint import remove_checkpoints, unwrap
+from icefall_lite.train.distributed import any_rank
+from icefall_lite.train.loss import compute_loss
+from icefall_lite.train.optim import ScaledAdam
 from icefall_lite.train.resume import Resumption
 from icefall_lite.train.rng import fix_random_seed, get_rng_state, set_rng_state
-from icefall_lite.train.sequence_log import SequenceLog
-from icefall_lite.train.step_log import Scalar, StepLog, read_metrics, read_scalars
+from icefall_lite.train.step import train_step
+from icefall_lite.train.step_log import read_metrics, read_scalars
 from icefall_lite.train.tb_tags import TB_TAGS
+from icefall_lite.train.training import Training
 from icefall_lite.utils import AttributeDict, MetricsTracker, progress_bar
 
 DIAGNOSTICS_BATCHES = 5
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What a step leaves to be read at the next :meth:`Training.flush_log`, as device tensors: its dropped
-    utterances (the ``finite`` mask over ``cut_ids``), and whether the device skipped it (``skipped``, None
-    where the host decided), with the gradient norm and the utterances kept (all ranks') that say why."""
-
-    batch_idx: int
-    dropped: torch.Tensor
-    finite: torch.Tensor
-    cut_ids: List[str]
-    skipped: Optional[torch.Tensor] = None
-    grad_norm: Optional[torch.Tensor] = None
-    utterances: Optional[torch.Tensor] = None
-
-    def values(self) -> Tuple[Scalar, Scalar, Scalar, Scalar]:
-        """(dropped, skipped, grad_norm, utterances): the values flush_log reads (0 for the host's None)."""
-        return tuple(0 if v is None else v for v in (self.dropped, self.skipped, self.grad_norm, self.utterances))
-
-
-@dataclass
-class Training:
-    """What every epoch of a run uses."""
-
-    params: AttributeDict
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Eden
-    grad_control: GradientControl
-    sp: spm.SentencePieceProcessor
-    model_avg: Optional[nn.Module] = None
-    scaler: Optional[torch.amp.GradScaler] = None
-    valid_dl: Any = None
-    tb_writer: Any = None
-    world_size: int = 1
-    rank: int = 0
-    diagnostics: Optional[ModelDiagnostics] = None
-    second_moment: Optional[SecondMomentMonitor] = None
-    sequence_log: Optional[SequenceLog] = None
-    # --cuda-graphs: the graphs that replay step_on_device, one per static batch shape (None: eager steps).
-    graphs: Optional[StepGraphs] = None
-    step_log: StepLog = field(init=False)
-    # The GradScaler's scale of the last backward (--use-fp16), a device tensor.
-    loss_scale: Optional[torch.Tensor] = field(init=False, default=None)
-    # Steps skipped on the device's decision (a non-finite gradient norm, or no utterance with a finite loss)
-    # since the last flush_log, a device count added to ``params.skipped_steps`` there; and each step's
-    # outcome since then, read there (one transfer) to log its dropped utterances and, if it was skipped,
-    # the skip, as the host-decided paths log them at once.
-    skipped_on_device: Optional[torch.Tensor] = field(init=False, default=None)
-    outcomes: List[StepOutcome] = field(init=False, default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.step_log = StepLog(self.tb_writer)
-
-    def add_scalar(self, tag: str, value: Scalar, when: Optional[Scalar] = None) -> None:
-        """A TensorBoard scalar at the current global batch (rank 0 with --tensorboard), written at the next
-        :meth:`flush_log` (only if ``when``, a device flag, is true, where given)."""
-        self.step_log.add(tag, value, self.params.batch_idx_train, when)
-
-    def skipped_steps(self) -> Scalar:
-        """The steps skipped so far, without a host read (a device tensor once the device has decided one)."""
-        if self.skipped_on_device is None:
-            return self.params.skipped_steps
-        return self.skipped_on_device + self.params.skipped_steps
-
-    def flush_log(self) -> None:
-        """Log the steps' dropped utterances and device-decided skips, write the queued scalars and the
-        second-moment reports (one device-to-host transfer each), and add the device's count of skipped steps
-        to ``params.skipped_steps``."""
-        outcomes, self.outcomes, self.skipped_on_device = self.outcomes, [], None
-        values = iter(read_scalars([v for o in outcomes for v in o.values()]))
-        for outcome in outcomes:
-            dropped, skipped, grad_norm, utterances = (next(values) for _ in outcome.values())
-            if dropped:
-                warn_dropped(outcome.cut_ids, outcome.finite)
-                self.params.skipped_utterances += int(dropped)
-            if skipped:
-                reason = "no utterance with a finite loss" if utterances == 0 else f"gradient norm is {grad_norm}"
-                log_skip(self.params, outcome.batch_idx, reason)
-        if self.second_moment is not None:
-            for step, moment in self.second_moment.reports():
-                self.step_log.add(TB_TAGS.exp_avg_sq_jump, moment.jump, step)
-                if moment.recovery_steps:
-                    self.step_log.add(TB_TAGS.exp_avg_sq_recovery, max(moment.recovery_steps), step)
-        self.step_log.flush()
-        if self.sequence_log is not None:
-            self.sequence_log.flush()
-
-    def save(self, filename: Path, train_dl) -> None:
-        """Rank 0 saves model, model_avg, optimizer, scheduler, scaler, sampler position and the RNG states of
-        every rank (a collective under DDP: every rank calls this)."""
-        rng_states = gather_objects(get_rng_state(train_dl))
-        if self.sequence_log is not None:  # every rank's steps up to the checkpoint, for a resumed run
-            self.sequence_log.flush()
-        if self.rank != 0:
-            return
-        self.flush_log()
-        save_checkpoint(
-            filename,
-            model=self.model,
-            model_avg=self.model_avg,
-            params=self.params,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            scaler=self.scaler,
-            sampler=None if train_dl is None else train_dl.sampler,
-            extra={
-                "rng_state": rng_states[0],
-                "rng_states": rng_states,
-                "grad_control": self.grad_control.state_dict(),
-            },
-        )
-
-
-# --------------------------------------------------------------------------
-# One step
-# --------------------------------------------------------------------------
-
-
-def mixed_precision(params: AttributeDict, device: torch.device) -> torch.autocast:
-    """The autocast of a training step on ``device``: float16 with --use-fp16, bfloat16 with --use-bf16, else
-    off (float32). Without autocast's cache of cast weights, which a CUDA graph's capture cannot keep (each
-    weight is cast where it is used, once per step here)."""
-    dtype = torch.float16 if params.use_fp16 else torch.bfloat16
-    enabled = params.use_fp16 or params.use_bf16
-    return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled, cache_enabled=False)
-
-
-def log_skip(params: AttributeDict, batch_idx: int, reason: str) -> None:
-    """Count a skipped step in ``params.skipped_steps`` and log it (icefall's warning)."""
-    params.skipped_steps += 1
-    logging.warning(f"Skipping step at batch {batch_idx}: {reason} (skipped steps so far: {params.skipped_steps})")
-
-
-def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, torch.Tensor, torch.Tensor]:
-    """One training step on a lhotse batch (``t.params.batch_idx_train`` already counts it):
-    :func:`prepare_step` on the host, then :func:`device_step`."""
-    return device_step(t, prepare_step(t, batch))
-
-
-def prepare_step(t: Training, batch: Dict[str, Any]) -> LossInputs:
-    """The host's part of a step: the batch's :class:`LossInputs`, and Eden's learning rate of this update
-    (as icefall: the rate of update b is Eden's at batch b), staged on the device for Eve before the step."""
-    t.scheduler.step_batch(t.params.batch_idx_train)
-    return loss_inputs(t.params, t.sp, batch)
-
-
-@dataclass(frozen=True)
-class DeviceStep:
-    """A step decided on the device (:func:`step_on_device`), every field a device tensor: the batch's sums,
-    the pre-clip gradient norm and the clip scale (0-dim), the utterances with a finite loss ((N,) bool),
-    whether the step was skipped and the utterances kept on all ranks (0-dim)."""
-
-    info: MetricsTracker
-    grad_norm: torch.Tensor
-    clip_scale: torch.Tensor
-    finite: torch.Tensor
-    skipped: torch.Tensor
-    utterances: torch.Tensor
-
-
-def decided_on_device(t: Training) -> bool:
-    """Whether the step's skip is decided on the device: with Eve and no loss scaler (float32, bfloat16)."""
-    return t.scaler is None and not isinstance(t.optimizer, ScaledAdam)
-
-
-def device_step(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, torch.Tensor, torch.Tensor]:
-    """Forward, backward, clip and update on one batch (its inputs and learning rate from
-    :func:`prepare_step`).
-
-    A step whose gradient norm is not finite, or whose batch has no utterance
-    with a finite loss, is skipped: no update, counted in
-    ``params.skipped_steps`` and logged. With Eve in float32 or bfloat16 the skip
-    is decided on the device (:func:`step_on_device`, replayed as a CUDA graph with ``t.graphs``), and
-    counted and logged at :meth:`Training.flush_log` (``--log-interval``), as the dropped utterances are: then
-    this step reads nothing back from the device (with one process). With ScaledAdam or --use-fp16 the
-    decision is read here; under DDP, whether the rank's batch has a finite loss. Under --use-fp16 a
-    non-finite norm is the loss scaler's overflow: the scaler skips the update and halves its
-    scale, counted in ``params.scaler_backoffs``, not as a skipped step.
-    Returns (info: the batch's sums, pre-clip grad norm, clip scale), all 0-dim device tensors.
-    """
-    params, optimizer, scaler = t.params, t.optimizer, t.scaler
-    if decided_on_device(t):
-        out = step_on_device(t, inputs) if t.graphs is None else t.graphs.run(step_on_device, t, inputs)
-        count = out.skipped.to(torch.int64)
-        t.skipped_on_device = count if t.skipped_on_device is None else t.skipped_on_device + count
-        t.outcomes.append(
-            StepOutcome(
-                params.batch_idx_train,
-                out.info["dropped_utterances"],
-                out.finite,
-                inputs.cut_ids,
-                out.skipped,
-                out.grad_norm,
-                out.utterances,
-            )
-        )
-        return out.info, out.grad_norm, out.clip_scale
-    info, finite = _forward_backward(t, inputs)
-    grad_norm, clip_scale = t.grad_control.clip(t.model)
-    t.outcomes.append(StepOutcome(params.batch_idx_train, info["dropped_utterances"], finite, inputs.cut_ids))
-    kept, norm = read_scalars([summed_over_ranks(info["utterances"]), grad_norm])
-    if scaler is not None and not math.isfinite(norm) and kept > 0:
-        params.scaler_backoffs += 1
-        optimizer.zero_grad(set_to_none=True)
-        scaler.update()  # unscale_ recorded the inf/NaN: the scale is halved
-    elif not math.isfinite(norm) or kept == 0:
-        reason = "no utterance with a finite loss" if kept == 0 else f"gradient norm is {norm}"
-        log_skip(params, params.batch_idx_train, reason)
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.update()
-    else:
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return info, grad_norm, clip_scale
-
-
-def step_on_device(t: Training, inputs: LossInputs) -> DeviceStep:
-    """The step of :func:`device_step` decided on the device (Eve; float32 or bfloat16), what a CUDA graph
-    captures (:mod:`icefall_lite.train.cuda_graphs`): no host read and no Python state changed but
-    the model's, the optimizer's and the gradient controls' tensors."""
-    info, finite = _forward_backward(t, inputs)
-    grad_norm, clip_scale = t.grad_control.clip(t.model)
-    # One decision for every DDP rank: the utterances with a finite loss of all ranks (the gradient norm is
-    # already the same on every rank after DDP's all-reduce).
-    utterances = summed_over_ranks(info["utterances"])
-    skipped = ~torch.isfinite(grad_norm) | (utterances == 0)
-    t.optimizer.step(found_inf=skipped)  # Eve masks its update where the step is skipped
-    t.optimizer.zero_grad(set_to_none=True)
-    return DeviceStep(info, grad_norm, clip_scale, finite, skipped, utterances)
-
-
-def _forward_backward(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, torch.Tensor]:
-    """The batch's loss and its backward (through the loss scaler with --use-fp16, its gradients unscaled):
-    the sums and the utterances with a finite loss."""
-    params, model, scaler = t.params, t.model, t.scaler
-    warmup = params.batch_idx_train / params.model_warm_step
-    with mixed_precision(params, next(model.parameters()).device):
-        loss, info, finite = batch_loss(params, model, inputs, is_training=True, warmup=warmup)
-    if (t.world_size > 1 or not decided_on_device(t)) and read_scalars([info["utterances"]])[0] == 0:
-        # A batch without a finite loss: a backward through a zero that touches every parameter, whose
-        # gradients are zeros (the masked loss's backward could give NaN). Under DDP the rank still takes part
-        # in the gradient all-reduce, and its NaN would reach the ranks that have a step to take; the loss
-        # scaler would count the NaN as an overflow and halve its scale. A read per step on those paths only.
-        loss = sum(p.sum() * 0.0 for p in model.parameters())
-    if scaler is not None:
-        scaled = scaler.scale(loss)
-        # The loss scale of this backward, for the filter statistics: a copy on the device (no sync), since
-        # scaler.update() changes the scaler's own tensor in place.
-        t.loss_scale = scaler._get_scale_async().clone()
-        scaled.backward()
-        scaler.unscale_(t.optimizer)
-    else:
-        loss.backward()
-    return info, finite
 
 
 @dataclass(frozen=True)

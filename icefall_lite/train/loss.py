@@ -13,7 +13,7 @@ import torch.nn as nn
 from icefall_lite.data.features import pad_tail
 from icefall_lite.data.static_batch import BatchTensors, batch_tensors
 from icefall_lite.nn.encoder import subsampled_length
-from icefall_lite.nn.rnnt_loss import raised_s_range
+from icefall_lite.nn.rnnt_pruning import raised_s_range
 from icefall_lite.train.step_log import read_metrics
 from icefall_lite.utils import MetricsTracker
 
@@ -159,7 +159,7 @@ def compute_loss(
 ) -> Tuple[Optional[torch.Tensor], MetricsTracker]:
     """:func:`batch_loss` of a lhotse batch, its sums read as Python floats (one transfer) and the dropped
     utterances logged: ``(None, info)`` when no utterance is left. Validation's loss and the tools' (the
-    training step reads at ``--log-interval`` only: :func:`icefall_lite.train.loop.train_step`)."""
+    training step reads at ``--log-interval`` only: :func:`icefall_lite.train.step.train_step`)."""
     inputs = loss_inputs(params, sp, batch)
     loss, sums, finite = batch_loss(params, model, inputs, is_training, warmup)
     info = read_metrics(sums)

@@ -46,7 +46,7 @@ from icefall_lite.train.distributed import (
     torchrun_placement,
 )
 from icefall_lite.train.grad_control import GradientControl
-from icefall_lite.train.loop import Training, train_epochs
+from icefall_lite.train.loop import train_epochs
 from icefall_lite.train.optim import Eden
 from icefall_lite.train.optimizer_state import SecondMomentMonitor
 from icefall_lite.train.resume import Resumption, init_from_weights
@@ -62,6 +62,7 @@ from icefall_lite.train.setup import (
     place_model,
     training_device,
 )
+from icefall_lite.train.training import Training
 from icefall_lite.utils import setup_logger
 
 
