@@ -47,7 +47,8 @@ bench: setup
 # The GPU check: icefall-preset training in float32/fp16/bf16 with a resume, the three decoding methods and
 # streaming on CUDA, LSTM dtypes under autocast, an injected overflow under the GradScaler, the losses CUDA
 # against CPU, host synchronisations per step, DDP decisions on two ranks, every gradient control CUDA against
-# the CPU -> benchmarks/gpu-check.md. Fails at once without a GPU.
+# the CPU, the step's profile, the graphed step against the eager one -> benchmarks/gpu-check.md, within 7.5 minutes
+# (--minutes). Fails at once without a GPU. On a lent GPU machine: benchmarks/device_bundle.sh, device_check.sh.
 gpu-check: setup
 	. $(VENV)/bin/activate && python -m benchmarks.gpu_check
 

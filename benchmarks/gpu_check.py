@@ -42,6 +42,11 @@ The checks (those in one process first, then the recipe's scripts):
 11. The icefall preset's step as a CUDA graph against the eager step (float32, TF32 off): 8 steps of one
     batch shape, 1 eager, a capture, 6 replays, one of them a NaN batch skipped; losses, gradient norms and
     weights within 1e-5 relative. (Check 6 also trains with ``--cuda-graphs true``, stopped and resumed.)
+
+They run in the order of ``ORDER`` (what no GPU has run yet first) within ``--minutes`` (default 7.5,
+counted from the script's start, the corpus's preparation included): a check still running at the end is
+stopped and reported as such, the checks not reached are listed with the ``--only`` command that runs them,
+and the command exits 1 unless every check asked for ran and passed.
 """
 
 from __future__ import annotations
@@ -50,7 +55,10 @@ import argparse
 import copy
 import json
 import math
+import multiprocessing
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -103,6 +111,18 @@ GRAPH_NAN_STEP = 6
 LOSS_SHAPES = [(8, 25, 110, 500), (8, 250, 15, 50)]
 
 
+# The order the checks run in: those no GPU has run yet first (the graphed step, the step's profile, the
+# training runs with their graphed run), then the rest; 7 decodes 6's float32 model.
+ORDER = (11, 10, 6, 7, 4, 3, 9, 8, 1, 2, 5)
+# The device script's budget: a lent GPU's session is asked for at most 8 minutes; 30 s are left for the
+# interpreter's start, the imports and the machine's file transfers.
+DEFAULT_MINUTES = 7.5
+
+
+class OutOfTime(Exception):
+    """Raised in the check running when the budget ends (SIGALRM)."""
+
+
 class Report:
     """The Markdown report, rewritten after every check so that a run cut short keeps what it found."""
 
@@ -110,6 +130,7 @@ class Report:
         self.path = path
         self.parts: List[str] = []
         self.failures: List[str] = []
+        self.stopped: List[str] = []
 
     def add(self, text: str) -> None:
         self.parts.append(text.rstrip() + "\n")
@@ -119,16 +140,62 @@ class Report:
         tmp.replace(self.path)
         print(text, flush=True)
 
-    def run(self, title: str, check: Callable[[], str]) -> None:
+    def run(self, title: str, check: Callable[[], str], seconds: float) -> bool:
+        """Run one check for at most ``seconds`` and report it; False when the budget ended during it."""
         start = time.time()
+        signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
-            body = check()
+            try:
+                body = check()
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
             status = "passed"
+        except OutOfTime:
+            body = "```\n" + traceback.format_exc()[-2000:] + "```"
+            status = "STOPPED at the time budget"
+            self.stopped.append(title)
         except Exception:  # a failed check is reported and the next one runs
             body = "```\n" + traceback.format_exc()[-4000:] + "```"
             status = "FAILED"
             self.failures.append(title)
         self.add(f"## {title}: {status} ({time.time() - start:.0f} s)\n\n{body}\n")
+        return not self.stopped
+
+
+def run_checks(report: Report, checks: Dict[int, Tuple[str, Callable[[], str]]], deadline: float) -> str:
+    """Run ``checks`` ({number: (title, check)}) in the order of ORDER until ``deadline`` (time.time()): a check
+    running then is interrupted (SIGALRM, which also ends a subprocess.run it waits on: the child is killed),
+    later ones are not started. Returns the verdict line (also added to the report)."""
+
+    def out_of_time(signum, frame) -> None:
+        raise OutOfTime(f"the budget ended at {time.strftime('%H:%M:%S')}")
+
+    previous = signal.signal(signal.SIGALRM, out_of_time)
+    passed, not_run = [], []
+    try:
+        for number in sorted(checks, key=ORDER.index):
+            title, check = checks[number]
+            left = deadline - time.time()
+            if left <= 0 or report.stopped:
+                not_run.append(number)
+                continue
+            if report.run(title, check, left) and title not in report.failures:
+                passed.append(number)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    for child in multiprocessing.active_children():  # a stopped check's workers (check 8's ranks)
+        child.terminate()
+    parts = [f"passed: {', '.join(map(str, passed)) or 'none'}"]
+    if report.failures:
+        parts.append(f"FAILED: {', '.join(report.failures)}")
+    if report.stopped:
+        parts.append(f"STOPPED at the time budget: {', '.join(report.stopped)}")
+    if not_run:
+        numbers = ",".join(map(str, not_run))
+        parts.append(f"not run (out of time): {numbers.replace(',', ', ')}; run them with `--only {numbers}`")
+    verdict = "all checks passed" if len(passed) == len(checks) else "; ".join(parts)
+    report.add(f"**{verdict}**")
+    return verdict
 
 
 def run_script(script: str, args: Sequence[str], work_dir: Path, log: Path) -> Tuple[float, str]:
@@ -770,6 +837,7 @@ def prepare_tiny(work_dir: Path) -> None:
 
 
 def main() -> None:
+    start = time.time()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--work-dir",
@@ -787,7 +855,17 @@ def main() -> None:
         default=None,
         help="Run only these checks, by number (e.g. 3,4); default: all eleven.",
     )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=DEFAULT_MINUTES,
+        help="The time budget from the script's start: the check running at its end is stopped, later ones are "
+        "not started (each is listed in the report). Default: %(default)s.",
+    )
     args = parser.parse_args()
+    unknown = sorted(set(args.only or ()) - set(ORDER))
+    if unknown:
+        parser.error(f"--only: no check {', '.join(map(str, unknown))}; the checks are 1 to {len(ORDER)}")
     if not torch.cuda.is_available():
         sys.exit(
             f"gpu_check: no CUDA GPU: torch.cuda.is_available() is False (torch {torch.__version__}, CUDA build "
@@ -808,29 +886,30 @@ def main() -> None:
         f"compute capability {props.major}.{props.minor}); torch {torch.__version__}, CUDA {torch.version.cuda}, "
         f"cuDNN {torch.backends.cudnn.version()}; Python {sys.version.split()[0]}; command: "
         f"`python -m benchmarks.gpu_check{' --work-dir ' + str(args.work_dir) if args.work_dir else ''}"
-        f"{' --only ' + ','.join(map(str, args.only)) if args.only else ''}`.\n"
+        f"{' --only ' + ','.join(map(str, args.only)) if args.only else ''} --minutes {args.minutes:g}`; "
+        f"{time.time() - start:.0f} s of the budget spent before the first check.\n"
     )
-    checks: Dict[str, Callable[[], str]] = {
-        "1. LSTM output dtype under autocast": lambda: lstm_dtypes(device),
-        "2. a non-finite gradient under the GradScaler": lambda: injected_overflow(device),
-        "3. simple and pruned loss, CUDA against CPU": lambda: loss_parity(device),
-        "4. host synchronisations of one training step": lambda: sync_counts(device),
-        "5. training step time by precision": lambda: step_times(device),
-        "6. train.py --preset icefall in float32, float16 (resumed) and bfloat16": lambda: training_runs(
-            work_dir, logs
+    checks: Dict[int, Tuple[str, Callable[[], str]]] = {
+        1: ("LSTM output dtype under autocast", lambda: lstm_dtypes(device)),
+        2: ("a non-finite gradient under the GradScaler", lambda: injected_overflow(device)),
+        3: ("simple and pruned loss, CUDA against CPU", lambda: loss_parity(device)),
+        4: ("host synchronisations of one training step", lambda: sync_counts(device)),
+        5: ("training step time by precision", lambda: step_times(device)),
+        6: (
+            "train.py --preset icefall in float32, float16 (resumed), bfloat16 and float32 graphed (resumed)",
+            lambda: training_runs(work_dir, logs),
         ),
-        "7. decoding on CUDA (three methods, streaming)": lambda: decoding_runs(work_dir, logs),
-        "8. DDP decisions taken on all ranks (2 ranks)": lambda: ddp_decisions(device),
-        "9. every gradient control, CUDA against the CPU": lambda: rule_parity(device),
-        "10. the training step's profile (bench_gpu_step)": lambda: bench_gpu_step.report(device, reps=5),
-        "11. the step as a CUDA graph against the eager step": lambda: graphed_step(device),
+        7: ("decoding on CUDA (three methods, streaming)", lambda: decoding_runs(work_dir, logs)),
+        8: ("DDP decisions taken on all ranks (2 ranks)", lambda: ddp_decisions(device)),
+        9: ("every gradient control, CUDA against the CPU", lambda: rule_parity(device)),
+        10: ("the training step's profile (bench_gpu_step)", lambda: bench_gpu_step.report(device, reps=5)),
+        11: ("the step as a CUDA graph against the eager step", lambda: graphed_step(device)),
     }
-    for title, check in checks.items():
-        if args.only is None or int(title.split(".")[0]) in args.only:
-            report.run(title, check)
-    verdict = "all checks passed" if not report.failures else f"FAILED: {', '.join(report.failures)}"
-    report.add(f"**{verdict}**")
-    sys.exit(1 if report.failures else 0)
+    chosen = {n: (f"{n}. {title}", check) for n, (title, check) in checks.items() if not args.only or n in args.only}
+    verdict = run_checks(report, chosen, deadline=start + 60 * args.minutes)
+    sys.stdout.flush()
+    # os._exit: a stopped check's threads or CUDA work must not hold the exit past the budget.
+    os._exit(0 if verdict == "all checks passed" else 1)
 
 
 if __name__ == "__main__":
