@@ -66,10 +66,13 @@ def _train(graphs: StepGraphs, flags: Sequence[str] = ()) -> Dict[str, object]:
         counts += [c.fraction_clipped for c in trainer.grad_control.error_clip_counts]
         steps.append((dict(read_metrics(info)), read_scalars([grad_norm, clip_scale, *stats, *filter(None, counts)])))
     t.flush_log()
+    optimizer = trainer.optimizer
+    threshold = getattr(optimizer, "_clip_threshold", None)  # ScaledAdam's clipping rule
     return {
         "steps": steps,
         "params": {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
-        "eve": [{k: v.clone() for k, v in s.items()} for s in trainer.optimizer.state.values()],
+        "optimizer": [{k: v.clone() for k, v in s.items()} for s in optimizer.state.values()],
+        "clipping": None if threshold is None else (threshold.state_dict(), optimizer.num_clipped),
         "skipped": trainer.params.skipped_steps,
     }
 
@@ -81,8 +84,9 @@ def _assert_same(a: Dict[str, object], b: Dict[str, object]) -> None:
         assert norm_a == norm_b or (i == NAN_STEP and math.isnan(norm_a[0]) and math.isnan(norm_b[0])), i
     assert a["params"].keys() == b["params"].keys()
     assert all(torch.equal(a["params"][n], b["params"][n]) for n in a["params"])
-    assert len(a["eve"]) == len(b["eve"])
-    assert all(torch.equal(x[k], y[k]) for x, y in zip(a["eve"], b["eve"]) for k in x)
+    assert len(a["optimizer"]) == len(b["optimizer"])
+    assert all(torch.equal(x[k], y[k]) for x, y in zip(a["optimizer"], b["optimizer"]) for k in x)
+    assert a["clipping"] == b["clipping"]
 
 
 @pytest.fixture(autouse=True)
@@ -107,15 +111,17 @@ def _pytorch_recursion():
         ["--zclip-z-threshold", "2.5"],
         ["--use-bf16", "true"],
         ["--error-clip", "0.001", "--recurrent-grad-clip", "1"],
+        ["--optimizer", "scaled-adam", "--clip-grad-norm", "0"],
     ],
     ids=str,
 )
 def test_the_replayed_step_trains_as_the_eager_step_bit_for_bit(flags):
     """Both runs pad every batch to its static shape; the eager one runs step_on_device every time, the
     graphed one captures each shape after WARMUP_STEPS eager steps and replays it (2 captures, 6 replays).
-    Parameters, Eve's state, every step's sums, gradient norm, clip scale, filter statistics and clip counts
-    agree exactly (the two shapes' graphs replayed in turn), the NaN batch is skipped in both (not counted
-    twice), and the random draws (layer dropout, the balancers) follow."""
+    Parameters, the optimizer's state (Eve's; ScaledAdam's with its clipping history), every step's sums,
+    gradient norm, clip scale, filter statistics and clip counts agree exactly (the two shapes' graphs replayed
+    in turn), the NaN batch is skipped in both (not counted twice), and the random draws (layer dropout, the
+    balancers) follow."""
     device = torch.device("cpu")
     eager = _train(StepGraphs(device, start_batch=0, backend=RecordedGraphs(), warmup_steps=STEPS), flags)
     backend = RecordedGraphs()
@@ -176,7 +182,6 @@ def test_true_on_a_cpu_is_refused_naming_the_gpu(tiny_data, capsys, monkeypatch)
 @pytest.mark.parametrize(
     "flags, named",
     [
-        (["--optimizer", "scaled-adam"], "--optimizer scaled-adam"),
         (["--use-fp16", "true"], "--use-fp16"),
         (["--grad-filter-mode", "uniform"], "--grad-filter-mode uniform"),
         (["--autoclip-percentile", "10"], "--autoclip-percentile"),

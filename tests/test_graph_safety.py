@@ -162,17 +162,7 @@ CONFIGURATIONS: Dict[str, Tuple[List[str], Dict[str, str], Dict[str, str]]] = {
         {"icefall_lite/nn/clip/history.py:scale": "the history's floats reach ops"},
     ),
     "error-clip": (["--error-clip", "0.001"], {}, {}),
-    "scaled-adam": (
-        ["--optimizer", "scaled-adam"],
-        {
-            "icefall_lite/train/optim.py:_clipping_factor (item)": "the clipping norm and threshold as Python floats",
-            "icefall_lite/train/step_log.py:read_scalars (tolist)": "the skip decision read (ScaledAdam is not masked)",
-        },
-        {
-            "icefall_lite/train/optim.py:_step_tensor": "lr, bias corrections and the size-update period's branch",
-            "icefall_lite/train/optim.py:_step_scalar": "lr and bias correction as Python floats",
-        },
-    ),
+    "scaled-adam": (["--optimizer", "scaled-adam"], {}, {}),
     "bf16": (["--use-bf16", "true"], {}, {}),
     "fp16": (
         ["--use-fp16", "true"],

@@ -1,18 +1,21 @@
 """The sync-free training step (issue 74 item 3) equals the step it replaced: 20 steps of the tiny model, one of
-them with an inf gradient, by train_step (the clip's device masks, Eve masked by the found-inf flag) and by an
-independent reference written here (today's rule: a host check of the norm, torch's clip_grad_norm_, and Eve's
-step as Python floats), parameters, Eve's state and losses bit for bit."""
+them with an inf gradient, by train_step (the clip's device masks, the optimizer masked by the found-inf flag)
+and by an independent reference written here (today's rule: a host check of the norm, torch's clip_grad_norm_,
+and the optimizer's step as it was, with Python floats): with Eve parameters, state and losses bit for bit;
+with ScaledAdam (its clipping rule on) within 1e-6 relative, the step counts and clipping history exactly."""
 
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import pytest
 import torch
 
 from benchmarks.train_setup import TokenTable, Trainer
+from icefall_lite.nn.clip import RunningMedianThreshold
 from icefall_lite.train.loss import batch_loss, compute_loss, loss_inputs
+from icefall_lite.train.optim import Eden
 from icefall_lite.train.step import mixed_precision, train_step
 
 TINY = ["--num-encoder-layers", "2", "--encoder-dim", "32", "--rnn-hidden-size", "32", "--dim-feedforward", "64"]
@@ -20,6 +23,7 @@ TINY += ["--decoder-dim", "32", "--joiner-dim", "32", "--layer-dropout", "0"]
 VOCAB = 50
 STEPS = 20
 INF_STEP = 7
+BIG_STEP = 15  # ScaledAdam's test: after its clipping threshold's first estimate (its 10th step)
 
 
 def _batches(tokens: TokenTable) -> List[dict]:
@@ -62,8 +66,108 @@ def _eve_step_as_today(optimizer: torch.optim.Optimizer) -> None:
                     p.clamp_(min=-10.0, max=2.0)
 
 
-def _reference_step(trainer: Trainer, tokens: TokenTable, batch: dict, max_norm: float) -> float:
-    """Today's step: forward, backward, skip on a non-finite norm read on the host, else torch's clip and Eve."""
+class _ScaledAdamAsToday(torch.optim.Optimizer):
+    """ScaledAdam's step before item 3 (copied): Python-int step counts, the clipping decision read on the host,
+    the bias corrections and the learning rate as Python floats, the scale's update in a Python branch."""
+
+    def __init__(self, params, lr: float, fused: bool) -> None:
+        self.fused = fused
+        defaults = dict(lr=lr, betas=(0.9, 0.98), scalar_lr_scale=0.1, eps=1e-8, param_min_rms=1e-5)
+        super().__init__(params, {**defaults, "param_max_rms": 3.0, "scalar_max": 10.0, "size_update_period": 4})
+        self.clip_threshold = RunningMedianThreshold(2.0, 100)
+        self.num_clipped = 0
+
+    def _add(self, delta: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        """``delta += alpha * x``: today's add_(alpha=) (fused: one rounding), or a multiply then an add."""
+        if self.fused:
+            delta.add_(x, alpha=alpha)
+        else:
+            delta.add_(x * torch.tensor(alpha, dtype=torch.float64).to(x.dtype))
+
+    @staticmethod
+    def _param_rms(p, state):
+        if "param_rms" not in state:
+            state["param_rms"] = p.detach().square().mean().sqrt()
+        return state["param_rms"]
+
+    def _clipping_factor(self) -> float:
+        terms = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                sumsq = p.grad.detach().double().square().sum()
+                terms.append(sumsq if p.numel() == 1 else sumsq * self._param_rms(p, self.state[p]).double() ** 2)
+        total = torch.stack(terms).sum().sqrt()
+        threshold = float(self.clip_threshold.update(total))
+        norm = float(total)
+        if math.isinf(threshold) or norm <= threshold or norm == 0.0:
+            return 1.0
+        self.num_clipped += 1
+        return threshold / norm
+
+    @torch.no_grad()
+    def step(self):
+        factor = self._clipping_factor()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad * factor if factor != 1.0 else p.grad
+                state = self.state[p]
+                if "step" not in state:
+                    state.update(step=0, delta=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                state["delta"].mul_(beta1)
+                (self._step_scalar if p.numel() == 1 else self._step_tensor)(group, p, grad, state)
+                state["step"] += 1
+
+    def _step_scalar(self, group, p, grad, state) -> None:
+        beta1, beta2 = group["betas"]
+        exp_avg_sq = state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        denom = (exp_avg_sq / (1 - beta2 ** (state["step"] + 1))).sqrt() + group["eps"]
+        self._add(state["delta"], grad / denom, -group["lr"] * group["scalar_lr_scale"] * (1 - beta1))
+        p.add_(state["delta"]).clamp_(min=-group["scalar_max"], max=group["scalar_max"])
+
+    def _step_tensor(self, group, p, grad, state) -> None:
+        beta1, beta2 = group["betas"]
+        period = group["size_update_period"]
+        step = state["step"]
+        param_rms = self._param_rms(p, state)
+        if "scale_grads" not in state:
+            state["scale_grads"] = torch.zeros(period, dtype=p.dtype, device=p.device)
+            state["scale_exp_avg_sq"] = torch.zeros((), dtype=p.dtype, device=p.device)
+        state["scale_grads"][step % period] = (p.detach() * grad).sum()
+        if step % period == period - 1:
+            scale_grads = state["scale_grads"]
+            state["scale_exp_avg_sq"].mul_(beta2**period).add_(scale_grads.square().mean(), alpha=1 - beta2**period)
+            size_lr = group["lr"] * group["scalar_lr_scale"]
+            bias_correction2 = 1 - beta2 ** ((step + 1) // period)
+            denom = state["scale_exp_avg_sq"].sqrt() + group["eps"]
+            scale_step = -size_lr * bias_correction2**0.5 * scale_grads.sum() / denom
+            if param_rms < group["param_min_rms"]:
+                scale_step = scale_step.clamp(min=0.0)
+            if param_rms > group["param_max_rms"]:
+                scale_step = torch.full_like(scale_step, -size_lr * period)
+            state["delta"].add_(p.detach() * scale_step, alpha=1 - beta1)
+            state["param_rms"] = p.detach().square().mean().sqrt()
+        exp_avg_sq = state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias_correction2 = 1 - beta2 ** (step + 1)
+        denom = (exp_avg_sq / bias_correction2).sqrt() + group["eps"]
+        rms = param_rms.clamp(min=group["param_min_rms"], max=group["param_max_rms"])
+        self._add(state["delta"], grad / denom * rms, -group["lr"] * (1 - beta1))
+        p.add_(state["delta"])
+
+
+def _reference_step(
+    trainer: Trainer,
+    tokens: TokenTable,
+    batch: dict,
+    max_norm: float,
+    update: Callable[[torch.optim.Optimizer], None] = _eve_step_as_today,
+) -> float:
+    """Today's step: forward, backward, skip on a non-finite norm read on the host, else torch's clip and the
+    optimizer's step as it was (``update``)."""
     params, model, optimizer = trainer.params, trainer.model, trainer.optimizer
     with mixed_precision(params, torch.device("cpu")):
         warmup = params.batch_idx_train / params.model_warm_step
@@ -75,7 +179,7 @@ def _reference_step(trainer: Trainer, tokens: TokenTable, batch: dict, max_norm:
     if math.isfinite(norm):
         if max_norm > 0:
             torch.nn.utils.clip_grad_norm_(grads, max_norm)
-        _eve_step_as_today(optimizer)
+        update(optimizer)
     else:
         params.skipped_steps += 1
     optimizer.zero_grad(set_to_none=True)
@@ -116,6 +220,64 @@ def test_twenty_steps_with_an_inf_equal_todays_step_bit_for_bit(max_norm):
         theirs: Dict = reference.optimizer.state[q]
         assert float(mine["step"]) == theirs["step"] == STEPS - 1
         assert torch.equal(mine["exp_avg"], theirs["exp_avg"]) and torch.equal(mine["exp_avg_sq"], theirs["exp_avg_sq"])
+
+
+def _relative_gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| (0 where both are zero)."""
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm()) if b.norm() > 0 else float(a.norm())
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_twenty_steps_of_scaled_adam_with_an_inf_equal_todays_step(fused):
+    """ScaledAdam with its clipping rule (threshold from step 10), its scale updated every 4th step, an inf at
+    step 8, at step BIG_STEP the joiner's gradient 100 times its own (which the rule clips): the device-decided
+    step against today's. Where today's two updates scaled by the learning rate are written as a multiply then
+    an add (``unfused``), as the device step computes them, everything agrees bit for bit; against today's
+    ``add_(alpha=)`` itself, which fuses them (one rounding), losses and parameters agree to 1e-6 relative and
+    what is counted (steps, the clipped steps, the norms' history) exactly."""
+    flags = [*TINY, "--clip-grad-norm", "0", "--optimizer", "scaled-adam", "--base-lr", "0.02"]
+    tokens = TokenTable()
+    batches = _batches(tokens)
+    ours, reference = Trainer(flags, vocab_size=VOCAB), Trainer(flags, vocab_size=VOCAB)
+    reference.optimizer = _ScaledAdamAsToday(reference.model.parameters(), lr=0.02, fused=fused)
+    reference.scheduler = Eden(reference.optimizer, reference.params.lr_batches, reference.params.lr_epochs)
+    t = ours.training(tokens)
+    our_losses, reference_losses = [], []
+    for i, batch in enumerate(batches):
+        for trainer in (ours, reference):
+            trainer.params.batch_idx_train += 1
+        handles = [_inject_inf(m) for m in (ours.model, reference.model)] if i == INF_STEP else []
+        if i == BIG_STEP:
+            models = (ours.model, reference.model)
+            handles = [m.joiner.output_linear.weight.register_hook(lambda g: g * 100.0) for m in models]
+        torch.manual_seed(100 + i)
+        info, _, _ = train_step(t, batch)
+        our_losses.append(info["loss"])
+        torch.manual_seed(100 + i)
+        reference_losses.append(_reference_step(reference, tokens, batch, 0.0, update=lambda o: o.step()))
+        for h in handles:
+            h.remove()
+    t.flush_log()
+    assert ours.params.skipped_steps == reference.params.skipped_steps == 1
+    assert reference.optimizer.num_clipped > 0, "the rule clipped in the reference: the test covers it"
+    assert ours.optimizer.num_clipped == reference.optimizer.num_clipped
+    ring, theirs = ours.optimizer._clip_threshold.state_dict(), reference.optimizer.clip_threshold.state_dict()
+    assert ring["steps"] == theirs["steps"] == STEPS - 1
+    for p, q in zip(ours.model.parameters(), reference.model.parameters()):
+        assert int(ours.optimizer.state[p]["step"]) == reference.optimizer.state[q]["step"] == STEPS - 1
+    if not fused:
+        assert our_losses == reference_losses and ring == theirs
+        for (name, a), b in zip(ours.model.named_parameters(), reference.model.parameters()):
+            assert torch.equal(a, b), name
+        for p, q in zip(ours.model.parameters(), reference.model.parameters()):
+            mine, theirs = ours.optimizer.state[p], reference.optimizer.state[q]
+            assert all(torch.equal(mine[k], theirs[k]) for k in theirs if k != "step"), list(theirs)
+        return
+    losses = torch.tensor(reference_losses, dtype=torch.float64)
+    torch.testing.assert_close(torch.stack(our_losses), losses, rtol=1e-6, atol=0)
+    for (name, a), b in zip(ours.model.named_parameters(), reference.model.parameters()):
+        assert _relative_gap(a, b) <= 1e-6, name
 
 
 def test_the_prune_window_is_raised_from_the_hosts_lengths():

@@ -66,8 +66,6 @@ def refusals(params: Any, world_size: int, triton_missing: bool = False) -> List
     out = []
     if world_size > 1:
         out.append(f"--world-size {world_size}: DDP's step reads whether a rank's batch has a finite loss")
-    if params.optimizer_name != "eve":
-        out.append(f"--optimizer {params.optimizer_name}: its step and clipping rule read on the host")
     if params.use_fp16:
         out.append("--use-fp16: the loss scaler's step reads its found-inf flag on the host")
     if params.scaled_adam_clipping_scale > 0:

@@ -3,7 +3,6 @@ norm-targeting weight decay), ScaledAdam (zipformer's) and the Eden schedule."""
 
 from __future__ import annotations
 
-import math
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -21,7 +20,54 @@ def _evaluate(closure) -> Optional[Tensor]:
         return closure()
 
 
-class Eve(Optimizer):
+class StagedLrOptimizer(Optimizer):
+    """An optimizer whose step reads each group's learning rate from a float64 device tensor, staged from the
+    group's Python float before the step (:meth:`stage_lr`), so that the step itself reads and freezes no
+    Python value that changes from step to step (a CUDA graph of the step replays with the rate staged
+    before it)."""
+
+    def __init__(self, params: Iterable, defaults: Dict) -> None:
+        super().__init__(params, defaults)
+        # Each group's learning rate as step() reads it, a float64 device tensor, by (group, device), with the
+        # Python float it holds.
+        self._staged_lr: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
+
+    def __setstate__(self, state: Dict) -> None:  # unpickled or deep-copied: the rates staged again
+        super().__setstate__(state)
+        self._staged_lr = {}
+
+    def stage_lr(self) -> None:
+        """Copy each group's learning rate (a Python float) into the device tensor step() reads, where it
+        changed. Eden calls it whenever it sets a rate, before the step, so that the copy is not part of the
+        step; step() stages too, for a rate set by hand."""
+        for i, group in enumerate(self.param_groups):
+            for device in dict.fromkeys(p.device for p in group["params"]):
+                self._lr_tensor(i, group, device)
+
+    def _lr_tensor(self, i: int, group: Dict, device: torch.device) -> Tensor:
+        lr = group["lr"]
+        if isinstance(lr, Tensor):
+            return lr
+        staged = self._staged_lr.get((i, device))
+        if staged is None or staged[0] != lr:
+            tensor = torch.empty((), dtype=torch.float64, device=device) if staged is None else staged[1]
+            self._staged_lr[(i, device)] = (lr, tensor.fill_(lr))
+        return self._staged_lr[(i, device)][1]
+
+
+def _power(base: float, exponent: Tensor) -> Tensor:
+    """``base ** exponent`` in float64 on ``exponent``'s device, as Python computes it for floats (libm's pow
+    on the CPU: a tensor exponent, which avoids torch's shortcuts for exponents such as 0.5)."""
+    exponent = exponent.to(torch.float64)
+    return torch.full_like(exponent, base).pow(exponent)
+
+
+def _where(keep: Optional[Tensor], new: Tensor, old: Tensor) -> Tensor:
+    """``new`` where ``keep`` (a 0-dim bool device tensor; None: everywhere), else ``old``."""
+    return new if keep is None else torch.where(keep, new, old)
+
+
+class Eve(StagedLrOptimizer):
     """Adam with betas (0.9, 0.98) plus icefall's weight decay and scalar clamping.
 
     - Weight decay is a multiplicative shrink ``p *= 1 - weight_decay`` (not
@@ -48,32 +94,6 @@ class Eve(Optimizer):
             raise ValueError(f"Invalid weight_decay: {weight_decay}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, target_rms=target_rms)
         super().__init__(params, defaults)
-        # Each group's learning rate as step() reads it, a float64 device tensor, by (group, device), with the
-        # Python float it holds.
-        self._staged_lr: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
-
-    def __setstate__(self, state: Dict) -> None:  # unpickled or deep-copied: the rates staged again
-        super().__setstate__(state)
-        self._staged_lr = {}
-
-    def stage_lr(self) -> None:
-        """Copy each group's learning rate (a Python float) into the device tensor step() reads, where it
-        changed. Eden calls it whenever it sets a rate, before the step, so that the copy is not part of the
-        step (a CUDA graph of the step replays with the rate staged before it); step() stages too, for a rate
-        set by hand."""
-        for i, group in enumerate(self.param_groups):
-            for device in dict.fromkeys(p.device for p in group["params"]):
-                self._lr_tensor(i, group, device)
-
-    def _lr_tensor(self, i: int, group: Dict, device: torch.device) -> Tensor:
-        lr = group["lr"]
-        if isinstance(lr, Tensor):
-            return lr
-        staged = self._staged_lr.get((i, device))
-        if staged is None or staged[0] != lr:
-            tensor = torch.empty((), dtype=torch.float64, device=device) if staged is None else staged[1]
-            self._staged_lr[(i, device)] = (lr, tensor.fill_(lr))
-        return self._staged_lr[(i, device)][1]
 
     @torch.no_grad()
     def step(self, closure=None, found_inf: Optional[Tensor] = None):
@@ -162,7 +182,7 @@ class Eden:
         factor = self.factor()
         for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base_lr * factor
-        if isinstance(self.optimizer, Eve):  # its rates on the device now, not in its step
+        if isinstance(self.optimizer, StagedLrOptimizer):  # its rates on the device now, not in its step
             self.optimizer.stage_lr()
 
     def step_batch(self, batch: Optional[int] = None) -> None:
@@ -186,7 +206,7 @@ class Eden:
         self._apply()
 
 
-class ScaledAdam(Optimizer):
+class ScaledAdam(StagedLrOptimizer):
     """ScaledAdam, the optimizer of icefall's zipformer recipes (our own code, from its description).
 
     Per non-scalar tensor ``p`` with root-mean-square ``r`` (re-measured every
@@ -212,6 +232,13 @@ class ScaledAdam(Optimizer):
     re-estimated at steps 10, 20, 40 and every ``clipping_update_period``
     steps; no clipping before step 10. ``num_clipped`` counts clipped steps and
     ``last_clipping_scale`` is the factor of the last step (1 = not clipped).
+
+    The step reads nothing back from the device (what a CUDA graph needs): the step counts, the learning rate
+    (:class:`StagedLrOptimizer`), the clipping decision and its counters are device tensors, the scale's update
+    of every ``size_update_period``-th step is computed each step and kept on those steps, and
+    ``step(found_inf=...)`` masks out the whole update, the clipping history included, where a skipped step's
+    flag is set. Its arithmetic is the host-decided step's except that an update scaled by the learning rate is
+    a multiply then an add (``add_(alpha=)`` fuses them): the two agree to about 1e-7 relative.
     """
 
     def __init__(
@@ -245,11 +272,17 @@ class ScaledAdam(Optimizer):
         super().__init__(params, defaults)
         self.clipping_scale = clipping_scale
         self.clipping_update_period = clipping_update_period
-        self.num_clipped = 0
-        self.last_clipping_scale = 1.0
+        # Device tensors from the first step on (moved to the gradients' device there).
+        self._num_clipped = torch.zeros((), dtype=torch.int64)
+        self.last_clipping_scale = torch.ones((), dtype=torch.float64)
         self._clip_threshold = (
             None if clipping_scale is None else RunningMedianThreshold(clipping_scale, clipping_update_period)
         )
+
+    @property
+    def num_clipped(self) -> int:
+        """The steps clipped so far (a host read)."""
+        return int(self._num_clipped)
 
     def state_dict(self) -> Dict:
         state = super().state_dict()
@@ -263,7 +296,7 @@ class ScaledAdam(Optimizer):
         super().load_state_dict(state_dict)
         if clipping is not None and self._clip_threshold is not None:
             self._clip_threshold.load_state_dict(clipping)
-            self.num_clipped = int(clipping["num_clipped"])
+            self._num_clipped = torch.tensor(int(clipping["num_clipped"]), device=self._num_clipped.device)
 
     @staticmethod
     def _param_rms(p: Tensor, state: Dict) -> Tensor:
@@ -271,8 +304,9 @@ class ScaledAdam(Optimizer):
             state["param_rms"] = p.detach().square().mean().sqrt()
         return state["param_rms"]
 
-    def _clipping_factor(self) -> float:
-        """Record this step's weighted gradient norm; the factor to scale the gradients by."""
+    def _clipping_factor(self, found_inf: Optional[Tensor]) -> Tensor:
+        """Record this step's weighted gradient norm (unless ``found_inf``); the factor to scale the gradients
+        by, a 0-dim float64 device tensor."""
         terms = []
         for group in self.param_groups:
             for p in group["params"]:
@@ -281,47 +315,64 @@ class ScaledAdam(Optimizer):
                 sumsq = p.grad.detach().double().square().sum()
                 terms.append(sumsq if p.numel() == 1 else sumsq * self._param_rms(p, self.state[p]).double() ** 2)
         total = torch.stack(terms).sum().sqrt() if terms else torch.zeros((), dtype=torch.float64)
-        threshold = float(self._clip_threshold.update(total))  # host reads
-        norm = float(total)
-        if math.isinf(threshold) or norm <= threshold or norm == 0.0:  # inf: no threshold yet
-            return 1.0
-        self.num_clipped += 1
-        return threshold / norm
+        threshold = self._clip_threshold.update(total, skip=found_inf)  # inf: no threshold yet
+        clipped = torch.isfinite(threshold) & (total > threshold) & (total != 0.0)
+        factor = torch.where(clipped, threshold / total, torch.ones_like(total))
+        keep = None if found_inf is None else ~found_inf
+        self._num_clipped = self._num_clipped.to(total.device)
+        self.last_clipping_scale = self.last_clipping_scale.to(total.device)
+        self._num_clipped.add_((clipped if keep is None else clipped & keep).to(torch.int64))
+        self.last_clipping_scale.copy_(_where(keep, factor, self.last_clipping_scale))
+        return factor
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, found_inf: Optional[Tensor] = None):
+        """One update, without a host read. ``found_inf``: a 0-dim bool device tensor; where true nothing
+        changes (parameters, state, the clipping history and counters: a skipped step), decided on the device."""
         loss = _evaluate(closure)
-        factor = 1.0 if self._clip_threshold is None else self._clipping_factor()
-        self.last_clipping_scale = factor
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
+        factor = None if self._clip_threshold is None else self._clipping_factor(found_inf)
+        for i, group in enumerate(self.param_groups):
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("ScaledAdam does not support sparse gradients")
-                grad = p.grad * factor if factor != 1.0 else p.grad
+                # The factor rounded to the gradient's dtype first, as a Python float would be (a 0-dim float64
+                # tensor would make a scalar parameter's update float64).
+                grad = p.grad if factor is None else p.grad * factor.to(p.grad.device, p.grad.dtype)
                 state = self.state[p]
                 if "step" not in state:
-                    state["step"] = 0
+                    state["step"] = torch.zeros((), dtype=torch.int64, device=p.device)
                     state["delta"] = torch.zeros_like(p)
                     state["exp_avg_sq"] = torch.zeros_like(p)
-                state["delta"].mul_(beta1)
+                elif not isinstance(state["step"], Tensor):  # a checkpoint's count from before it was a tensor
+                    state["step"] = torch.tensor(int(state["step"]), dtype=torch.int64, device=p.device)
+                lr = self._lr_tensor(i, group, p.device)
                 if p.numel() == 1:
-                    self._step_scalar(group, p, grad, state)
+                    new = self._step_scalar(group, p, grad, state, lr)
                 else:
-                    self._step_tensor(group, p, grad, state)
-                state["step"] += 1
+                    new = self._step_tensor(group, p, grad, state, lr)
+                keep = None if found_inf is None else ~found_inf.to(p.device)
+                for name, value in new.items():
+                    target = p if name == "param" else state[name]
+                    target.copy_(_where(keep, value, target))
         return loss
 
-    def _step_scalar(self, group: Dict, p: Tensor, grad: Tensor, state: Dict) -> None:
+    @staticmethod
+    def _step_scalar(group: Dict, p: Tensor, grad: Tensor, state: Dict, lr: Tensor) -> Dict[str, Tensor]:
+        """Plain Adam on a scalar: the new parameter and state, out of place."""
         beta1, beta2 = group["betas"]
-        exp_avg_sq = state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        denom = (exp_avg_sq / (1 - beta2 ** (state["step"] + 1))).sqrt() + group["eps"]
-        state["delta"].add_(grad / denom, alpha=-group["lr"] * group["scalar_lr_scale"] * (1 - beta1))
-        p.add_(state["delta"]).clamp_(min=-group["scalar_max"], max=group["scalar_max"])
+        step = state["step"] + 1
+        exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul(grad, grad, value=1 - beta2)
+        bias_correction2 = 1 - _power(beta2, step)
+        denom = (exp_avg_sq / bias_correction2.to(p.dtype)).sqrt() + group["eps"]
+        scale = (-lr * group["scalar_lr_scale"] * (1 - beta1)).to(p.dtype)
+        delta = state["delta"].mul(beta1) + grad / denom * scale
+        param = (p + delta).clamp(min=-group["scalar_max"], max=group["scalar_max"])
+        return {"param": param, "delta": delta, "exp_avg_sq": exp_avg_sq, "step": step}
 
-    def _step_tensor(self, group: Dict, p: Tensor, grad: Tensor, state: Dict) -> None:
+    def _step_tensor(self, group: Dict, p: Tensor, grad: Tensor, state: Dict, lr: Tensor) -> Dict[str, Tensor]:
+        """The scaled update of a non-scalar tensor: the new parameter and state, out of place."""
         beta1, beta2 = group["betas"]
         period = group["size_update_period"]
         step = state["step"]
@@ -329,24 +380,35 @@ class ScaledAdam(Optimizer):
         if "scale_grads" not in state:
             state["scale_grads"] = torch.zeros(period, dtype=p.dtype, device=p.device)
             state["scale_exp_avg_sq"] = torch.zeros((), dtype=p.dtype, device=p.device)
-        state["scale_grads"][step % period] = (p.detach() * grad).sum()
-        if step % period == period - 1:
-            # The scale: an Adam step on d(loss)/d(log scale), once per period.
-            scale_grads = state["scale_grads"]
-            state["scale_exp_avg_sq"].mul_(beta2**period).add_(scale_grads.square().mean(), alpha=1 - beta2**period)
-            size_lr = group["lr"] * group["scalar_lr_scale"]
-            bias_correction2 = 1 - beta2 ** ((step + 1) // period)
-            denom = state["scale_exp_avg_sq"].sqrt() + group["eps"]
-            scale_step = -size_lr * bias_correction2**0.5 * scale_grads.sum() / denom
-            if param_rms < group["param_min_rms"]:
-                scale_step = scale_step.clamp(min=0.0)
-            if param_rms > group["param_max_rms"]:
-                scale_step = torch.full_like(scale_step, -size_lr * period)
-            state["delta"].add_(p.detach() * scale_step, alpha=1 - beta1)
-            state["param_rms"] = p.detach().square().mean().sqrt()
-        exp_avg_sq = state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias_correction2 = 1 - beta2 ** (step + 1)
-        denom = (exp_avg_sq / bias_correction2).sqrt() + group["eps"]
+        slot = torch.arange(period, device=p.device) == torch.remainder(step, period)
+        scale_grads = torch.where(slot, (p.detach() * grad).sum(), state["scale_grads"])
+        delta = state["delta"].mul(beta1)
+        # The scale: an Adam step on d(loss)/d(log scale), kept on the last step of each period.
+        size_step = torch.remainder(step, period) == period - 1
+        scale_exp_avg_sq = state["scale_exp_avg_sq"].mul(beta2**period)
+        scale_exp_avg_sq = scale_exp_avg_sq.add(scale_grads.square().mean(), alpha=1 - beta2**period)
+        size_lr = lr * group["scalar_lr_scale"]
+        size_correction2 = 1 - _power(beta2, torch.div(step + 1, period, rounding_mode="floor"))
+        denom = scale_exp_avg_sq.sqrt() + group["eps"]
+        root = size_correction2.pow(torch.full_like(size_correction2, 0.5))  # Python's ** 0.5 (not sqrt)
+        scale_step = (-size_lr * root).to(p.dtype) * scale_grads.sum() / denom
+        scale_step = torch.where(param_rms < group["param_min_rms"], scale_step.clamp(min=0.0), scale_step)
+        scale_step = torch.where(param_rms > group["param_max_rms"], (-size_lr * period).to(p.dtype), scale_step)
+        delta = torch.where(size_step, delta.add(p.detach() * scale_step, alpha=1 - beta1), delta)
+        new_rms = torch.where(size_step, p.detach().square().mean().sqrt(), param_rms)
+        scale_exp_avg_sq = torch.where(size_step, scale_exp_avg_sq, state["scale_exp_avg_sq"])
+        # The Adam-normalised gradient, scaled by the tensor's RMS (as it was before this step's size update).
+        exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul(grad, grad, value=1 - beta2)
+        bias_correction2 = 1 - _power(beta2, step + 1)
+        denom = (exp_avg_sq / bias_correction2.to(p.dtype)).sqrt() + group["eps"]
         rms = param_rms.clamp(min=group["param_min_rms"], max=group["param_max_rms"])
-        state["delta"].add_(grad / denom * rms, alpha=-group["lr"] * (1 - beta1))
-        p.add_(state["delta"])
+        delta = delta + grad / denom * rms * (-lr * (1 - beta1)).to(p.dtype)
+        return {
+            "param": p + delta,
+            "delta": delta,
+            "exp_avg_sq": exp_avg_sq,
+            "step": step + 1,
+            "param_rms": new_rms,
+            "scale_grads": scale_grads,
+            "scale_exp_avg_sq": scale_exp_avg_sq,
+        }

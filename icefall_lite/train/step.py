@@ -1,6 +1,6 @@
 """One training step: the host's part (:func:`prepare_step`), then forward, backward, clip and update
-(:func:`device_step`): decided on the device with Eve in float32 or bfloat16 (:func:`step_on_device`, what
-a CUDA graph captures), else read on the host."""
+(:func:`device_step`): decided on the device in float32 or bfloat16 (:func:`step_on_device`, what a CUDA graph
+captures), read on the host with float16's loss scaler."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import torch
 
 from icefall_lite.train.distributed import summed_over_ranks
 from icefall_lite.train.loss import LossInputs, batch_loss, loss_inputs
-from icefall_lite.train.optim import ScaledAdam
 from icefall_lite.train.step_log import read_scalars
 from icefall_lite.train.training import StepOutcome, Training, log_skip
 from icefall_lite.utils import AttributeDict, MetricsTracker
@@ -35,7 +34,7 @@ def train_step(t: Training, batch: Dict[str, Any]) -> Tuple[MetricsTracker, torc
 
 def prepare_step(t: Training, batch: Dict[str, Any]) -> LossInputs:
     """The host's part of a step: the batch's :class:`LossInputs`, and Eden's learning rate of this update
-    (as icefall: the rate of update b is Eden's at batch b), staged on the device for Eve before the step."""
+    (as icefall: the rate of update b is Eden's at batch b), staged on the device for the optimizer before the step."""
     t.scheduler.step_batch(t.params.batch_idx_train)
     return loss_inputs(t.params, t.sp, batch)
 
@@ -55,8 +54,8 @@ class DeviceStep:
 
 
 def decided_on_device(t: Training) -> bool:
-    """Whether the step's skip is decided on the device: with Eve and no loss scaler (float32, bfloat16)."""
-    return t.scaler is None and not isinstance(t.optimizer, ScaledAdam)
+    """Whether the step's skip is decided on the device: without a loss scaler (float32, bfloat16)."""
+    return t.scaler is None
 
 
 def device_step(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, torch.Tensor, torch.Tensor]:
@@ -65,10 +64,10 @@ def device_step(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, torch.
 
     A step whose gradient norm is not finite, or whose batch has no utterance
     with a finite loss, is skipped: no update, counted in
-    ``params.skipped_steps`` and logged. With Eve in float32 or bfloat16 the skip
+    ``params.skipped_steps`` and logged. In float32 or bfloat16 the skip
     is decided on the device (:func:`step_on_device`, replayed as a CUDA graph with ``t.graphs``), and
     counted and logged at :meth:`Training.flush_log` (``--log-interval``), as the dropped utterances are: then
-    this step reads nothing back from the device (with one process). With ScaledAdam or --use-fp16 the
+    this step reads nothing back from the device (with one process). With --use-fp16 the
     decision is read here; under DDP, whether the rank's batch has a finite loss. Under --use-fp16 a
     non-finite norm is the loss scaler's overflow: the scaler skips the update and halves its
     scale, counted in ``params.scaler_backoffs``, not as a skipped step.
@@ -116,7 +115,7 @@ def device_step(t: Training, inputs: LossInputs) -> Tuple[MetricsTracker, torch.
 
 
 def step_on_device(t: Training, inputs: LossInputs) -> DeviceStep:
-    """The step of :func:`device_step` decided on the device (Eve; float32 or bfloat16), what a CUDA graph
+    """The step of :func:`device_step` decided on the device (float32 or bfloat16), what a CUDA graph
     captures (:mod:`icefall_lite.train.cuda_graphs`): no host read and no Python state changed but
     the model's, the optimizer's and the gradient controls' tensors."""
     info, finite = _forward_backward(t, inputs)
@@ -125,7 +124,7 @@ def step_on_device(t: Training, inputs: LossInputs) -> DeviceStep:
     # already the same on every rank after DDP's all-reduce).
     utterances = summed_over_ranks(info["utterances"])
     skipped = ~torch.isfinite(grad_norm) | (utterances == 0)
-    t.optimizer.step(found_inf=skipped)  # Eve masks its update where the step is skipped
+    t.optimizer.step(found_inf=skipped)  # the optimizer masks its update where the step is skipped
     t.optimizer.zero_grad(set_to_none=True)
     return DeviceStep(info, grad_norm, clip_scale, finite, skipped, utterances)
 
