@@ -1136,7 +1136,8 @@ def test_rerun_with_other_settings_is_refused_and_list_shows_the_plan(ablation, 
     assert lines[-1].split()[:2] == ["digits/clip-grad-value/seed-44", "to"]
 
 
-def test_bad_thresholds_and_arms_are_refused(tiny_data, tmp_path):
+def test_bad_thresholds_and_arms_are_refused(tiny_data, tmp_path, capsys):
+    """ablation.py's main (in this process: the script is its launcher) exits 2 naming the flag."""
     for extra, message in (
         (["--error-clip", "0"], "--error-clip: thresholds must be positive and finite"),
         (["--filter-sweep", "inf"], "--filter-sweep inf: thresholds must be positive"),
@@ -1144,10 +1145,12 @@ def test_bad_thresholds_and_arms_are_refused(tiny_data, tmp_path):
         (["--zclip-z-threshold", "-1"], "--zclip-z-threshold: thresholds must be positive"),
         (["--arms", "nope"], "unknown arm(s) nope"),
     ):
-        args = ablation_args(tiny_data, tmp_path)
+        args = ablation_args(tiny_data, tmp_path)[2:]
         args = args[: args.index("--arms")] + args[args.index("--num-seeds") :] + extra
-        proc = run_ablation(args)
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(args)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and message in err, err[-2000:]
     assert not (tmp_path / "exp").exists()
     assert math.isinf(OBSERVE)
 
@@ -1280,7 +1283,9 @@ def test_the_plan_replays_each_seeds_events_then_prunes_its_none_run(ablation, t
     parser = cli.get_parser()
     args = ablation_args(tiny_data, tmp_path)[2:]
     args[args.index("--replay-events") + 1] = "2"
-    args += ["--replays-per-seed", "1", "--replay-steps", "2", "--grad-filter-threshold", "1.0001"]
+    # One step a branch (the two-segment branches are test_a_replay_trains_its_five_branches_on_the_same_batches'):
+    # this test is about the plan, and each train.py run of a branch costs seconds.
+    args += ["--replays-per-seed", "1", "--replay-steps", "1", "--grad-filter-threshold", "1.0001"]
     s = cli.resolve_settings(parser, parser.parse_args(args))
     made = run_plan(s, "test")
     assert made == 2, "every run done earlier; one replay for each of the two seeds"

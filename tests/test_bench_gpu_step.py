@@ -81,6 +81,7 @@ def test_the_dry_run_measures_every_batch_and_loss_path_on_the_cpu() -> None:
     assert float(losses["full `rnnt_loss` (the library, its default recursion)"]) > 0
     assert "torchaudio's `rnnt_loss`" in losses
     assert "B x T x S x V = 2 x 12 x 4 x 10" in text
+    assert "(`--model-preset icefall --num-encoder-layers 2`: 2 (dry run) LSTM layers" in text
     recursion = {r[0].strip("| "): r for r in rows if r[0] in ("| PyTorch (the CPU path)", "| Triton kernel")}
     assert float(recursion["PyTorch (the CPU path)"][4].strip(" |")) == 0.0  # against itself
     assert float(recursion["Triton kernel"][4].strip(" |")) < 1e-6  # the kernel, in Triton's interpreter
