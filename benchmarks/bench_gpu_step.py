@@ -90,6 +90,7 @@ ARMS = (
     Arm("float32", (), recursion="pytorch"),  # the step before the Triton kernel was wired in (issue 74)
     Arm("float32", (), graphed=True),
     Arm("float16", ("--use-fp16", "true")),
+    Arm("float16", ("--use-fp16", "true"), graphed=True),
     Arm("bfloat16", ("--use-bf16", "true")),
     Arm("bfloat16", ("--use-bf16", "true"), graphed=True),
 )

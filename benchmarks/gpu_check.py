@@ -334,6 +334,7 @@ def injected_overflow(device: torch.device) -> str:
         if math.isfinite(norm):
             break
     assert math.isfinite(norm), "16 steps in a row overflowed"
+    t.flush_log()  # the back-offs, decided on the device, are counted at the log interval
     backoffs = trainer.params.scaler_backoffs
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     scale_before = scaler.get_scale()
@@ -346,6 +347,7 @@ def injected_overflow(device: torch.device) -> str:
     unchanged = all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
     assert unchanged, "weights changed on an overflow step"
     assert scaler.get_scale() == scale_before / 2, (scaler.get_scale(), scale_before)
+    t.flush_log()
     assert trainer.params.scaler_backoffs == backoffs + 1 and trainer.params.skipped_steps == 0
     trainer.params.batch_idx_train += 1
     train_step(t, data[1].data)

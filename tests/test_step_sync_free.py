@@ -23,6 +23,7 @@ TINY += ["--decoder-dim", "32", "--joiner-dim", "32", "--layer-dropout", "0"]
 VOCAB = 50
 STEPS = 20
 INF_STEP = 7
+NAN_BATCH = 12  # the float16 test: a batch without a finite loss
 BIG_STEP = 15  # ScaledAdam's test: after its clipping threshold's first estimate (its 10th step)
 
 
@@ -219,6 +220,70 @@ def test_twenty_steps_with_an_inf_equal_todays_step_bit_for_bit(max_norm):
         mine: Dict = ours.optimizer.state[p]
         theirs: Dict = reference.optimizer.state[q]
         assert float(mine["step"]) == theirs["step"] == STEPS - 1
+        assert torch.equal(mine["exp_avg"], theirs["exp_avg"]) and torch.equal(mine["exp_avg_sq"], theirs["exp_avg_sq"])
+
+
+def _reference_fp16_step(trainer: Trainer, tokens: TokenTable, batch: dict, scaler: torch.amp.GradScaler) -> float:
+    """Today's float16 step, decided on the host: a batch without a finite loss back-propagates a zero (no
+    overflow for the scaler) and is a skipped step; a non-finite norm with a finite loss is the scaler's
+    overflow (a back-off: its scale halved, no update); else torch's clip and Eve's step as it was."""
+    params, model, optimizer = trainer.params, trainer.model, trainer.optimizer
+    with mixed_precision(params, torch.device("cpu")):
+        warmup = params.batch_idx_train / params.model_warm_step
+        loss, info = compute_loss(params, model, tokens, batch, is_training=True, warmup=warmup)
+    if loss is None:
+        loss = sum(p.sum() * 0.0 for p in model.parameters())
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    grads = [p for p in model.parameters() if p.grad is not None]
+    norm = float(torch.nn.utils.get_total_norm([p.grad for p in grads]))
+    trainer.scheduler.step_batch(params.batch_idx_train)
+    if not math.isfinite(norm) and info["utterances"] > 0:
+        params.scaler_backoffs += 1
+    elif info["utterances"] == 0:
+        params.skipped_steps += 1
+    else:
+        torch.nn.utils.clip_grad_norm_(grads, 5.0)
+        _eve_step_as_today(optimizer)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.update()
+    return info["loss"]
+
+
+def test_twenty_float16_steps_with_overflows_and_a_nan_batch_equal_todays_step_bit_for_bit():
+    """--use-fp16 (autocast float16 and a GradScaler on the CPU, from a scale of 2^20 growing every 3 steps, so
+    that steps overflow and back off), an inf gradient at step 8 and a batch without a finite loss at step 13:
+    the device-decided step (the scaler's update and the back-offs counted on the device) against today's
+    host-decided one: losses, parameters, Eve's state, the scaler's state, skipped steps and back-offs."""
+    tokens = TokenTable()
+    batches = _batches(tokens)
+    batches[NAN_BATCH]["inputs"][:] = math.nan
+    flags = [*TINY, "--use-fp16", "true"]
+    ours, reference = Trainer(flags, vocab_size=VOCAB), Trainer(flags, vocab_size=VOCAB)
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**20, growth_interval=3) for _ in range(2)]
+    t = ours.training(tokens, scaler=scalers[0])
+    our_losses, reference_losses = [], []
+    for i, batch in enumerate(batches):
+        for trainer in (ours, reference):
+            trainer.params.batch_idx_train += 1
+        handles = [_inject_inf(m) for m in (ours.model, reference.model)] if i == INF_STEP else []
+        torch.manual_seed(100 + i)
+        info, _, _ = train_step(t, batch)
+        our_losses.append(info["loss"])
+        torch.manual_seed(100 + i)
+        reference_losses.append(_reference_fp16_step(reference, tokens, batch, scalers[1]))
+        for h in handles:
+            h.remove()
+    t.flush_log()
+    assert ours.params.skipped_steps == reference.params.skipped_steps == 1
+    assert ours.params.scaler_backoffs == reference.params.scaler_backoffs >= 2, "overflows, the inf's among them"
+    assert scalers[0].state_dict() == scalers[1].state_dict()
+    assert our_losses == reference_losses
+    for (name, a), b in zip(ours.model.named_parameters(), reference.model.parameters()):
+        assert torch.equal(a, b), name
+    for p, q in zip(ours.model.parameters(), reference.model.parameters()):
+        mine, theirs = ours.optimizer.state[p], reference.optimizer.state[q]
+        assert float(mine["step"]) == theirs["step"]
         assert torch.equal(mine["exp_avg"], theirs["exp_avg"]) and torch.equal(mine["exp_avg_sq"], theirs["exp_avg_sq"])
 
 

@@ -66,8 +66,6 @@ def refusals(params: Any, world_size: int, triton_missing: bool = False) -> List
     out = []
     if world_size > 1:
         out.append(f"--world-size {world_size}: DDP's step reads whether a rank's batch has a finite loss")
-    if params.use_fp16:
-        out.append("--use-fp16: the loss scaler's step reads its found-inf flag on the host")
     if params.scaled_adam_clipping_scale > 0:
         out.append("--scaled-adam-clipping-scale: its norm history is read on the host")
     if params.grad_filter_threshold > 0 and params.grad_filter_mode != "soft":

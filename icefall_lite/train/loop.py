@@ -85,11 +85,12 @@ def log_step(
     grad_norm: float,
     clip_scale: float,
     stats: List[LayerFilterStats],
+    stats_valid: Optional[torch.Tensor] = None,
 ) -> None:
     """The step's TensorBoard scalars: losses per frame, learning rate, gradient norm and clip scale,
-    skipped steps, the filter statistics, the recurrent cap's fraction of rows capped (--recurrent-grad-clip),
-    the error clip's fraction of elements clipped (--error-clip) and the batch digest (the second moment's come with
-    :meth:`Training.flush_log`)."""
+    skipped steps, the filter statistics (where ``stats_valid``, a device flag, is true, if given), the
+    recurrent cap's fraction of rows capped (--recurrent-grad-clip), the error clip's fraction of elements
+    clipped (--error-clip) and the batch digest (the second moment's come with :meth:`Training.flush_log`)."""
     if t.tb_writer is None:
         return
     digest = batch_digest(batch)
@@ -106,7 +107,7 @@ def log_step(
     t.add_scalar(TB_TAGS.skipped_steps, t.skipped_steps())
     for layer_stats in stats:
         for stat in LayerFilterStats.STATS:
-            t.add_scalar(TB_TAGS.filter_tag(layer_stats.layer, stat), getattr(layer_stats, stat))
+            t.add_scalar(TB_TAGS.filter_tag(layer_stats.layer, stat), getattr(layer_stats, stat), when=stats_valid)
     for i, layer in enumerate(unwrap(t.model).encoder.encoder.layers):
         fraction = layer.lstm.recurrent_clip_stats.fraction_clipped  # None unless the cap is on
         if fraction is not None:
@@ -199,9 +200,11 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
         params.batch_idx_train += 1
         params.batch_idx_in_epoch += 1
         info, grad_norm, clip_scale = train_step(t, batch)
-        # A loss-scale overflow (--use-fp16) leaves the filters' statistics non-finite: not logged.
-        stats = filter_stats(t.model, t.loss_scale) if t.scaler is None or math.isfinite(grad_norm) else []
-        if t.sequence_log is not None and stats:
+        stats = filter_stats(t.model, t.loss_scale)
+        # A loss-scale overflow (--use-fp16) leaves the filters' statistics non-finite: not logged (a device
+        # flag; the sequence log reads it).
+        stats_valid = None if t.scaler is None else torch.isfinite(grad_norm)
+        if t.sequence_log is not None and (stats_valid is None or bool(stats_valid)):
             cuts = batch["supervisions"]["cut"]
             t.sequence_log.add(params.batch_idx_train, [c.id for c in cuts], [s.ratio for s in stats])
         if t.second_moment is not None:
@@ -213,13 +216,15 @@ def train_one_epoch(t: Training, train_dl, rng_state: Optional[Dict[str, Any]] =
         if t.model_avg is not None and params.batch_idx_train % params.average_period == 0:
             update_averaged_model(params.average_period, params.batch_idx_train, t.model, t.model_avg)
         tot_loss = tot_loss * (1 - 1 / params.reset_interval) + info
-        log_step(t, batch, info, grad_norm, clip_scale, stats)
+        log_step(t, batch, info, grad_norm, clip_scale, stats, stats_valid)
         lr = t.scheduler.get_last_lr()[0]
         if params.batch_idx_train % params.log_interval == 0:  # the step's device values read here only
             t.flush_log()
             tot, info = read_metrics(tot_loss), read_metrics(info)
             fractions = [s.fraction_filtered for s in stats]
             grad_norm, clip_scale, *filtered = read_scalars([grad_norm, clip_scale, *fractions])
+            if stats_valid is not None and not math.isfinite(grad_norm):
+                filtered = []
             if t.rank == 0:
                 progress.set_postfix(
                     loss=f"{tot.per_frame('loss'):.3f}", lr=f"{lr:.2e}", gnorm=f"{grad_norm:.3g}", refresh=False

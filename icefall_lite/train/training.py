@@ -32,20 +32,23 @@ from icefall_lite.utils import AttributeDict
 @dataclass(frozen=True)
 class StepOutcome:
     """What a step leaves to be read at the next :meth:`Training.flush_log`, as device tensors: its dropped
-    utterances (the ``finite`` mask over ``cut_ids``), and whether the device skipped it (``skipped``, None
-    where the host decided), with the gradient norm and the utterances kept (all ranks') that say why."""
+    utterances (the ``finite`` mask over ``cut_ids``), whether it counts as skipped, with the gradient norm and
+    the utterances kept (all ranks') that say why, and whether the loss scaler backed off (None without one)."""
 
     batch_idx: int
     dropped: torch.Tensor
     finite: torch.Tensor
     cut_ids: List[str]
-    skipped: Optional[torch.Tensor] = None
-    grad_norm: Optional[torch.Tensor] = None
-    utterances: Optional[torch.Tensor] = None
+    skipped: torch.Tensor
+    grad_norm: torch.Tensor
+    utterances: torch.Tensor
+    backoff: Optional[torch.Tensor] = None
 
-    def values(self) -> Tuple[Scalar, Scalar, Scalar, Scalar]:
-        """(dropped, skipped, grad_norm, utterances): the values flush_log reads (0 for the host's None)."""
-        return tuple(0 if v is None else v for v in (self.dropped, self.skipped, self.grad_norm, self.utterances))
+    def values(self) -> Tuple[Scalar, ...]:
+        """(dropped, skipped, grad_norm, utterances, backoff): the values flush_log reads (backoff 0 without a
+        loss scaler)."""
+        backoff = 0 if self.backoff is None else self.backoff
+        return (self.dropped, self.skipped, self.grad_norm, self.utterances, backoff)
 
 
 @dataclass
@@ -72,10 +75,9 @@ class Training:
     step_log: StepLog = field(init=False)
     # The GradScaler's scale of the last backward (--use-fp16), a device tensor.
     loss_scale: Optional[torch.Tensor] = field(init=False, default=None)
-    # Steps skipped on the device's decision (a non-finite gradient norm, or no utterance with a finite loss)
-    # since the last flush_log, a device count added to ``params.skipped_steps`` there; and each step's
-    # outcome since then, read there (one transfer) to log its dropped utterances and, if it was skipped,
-    # the skip, as the host-decided paths log them at once.
+    # Steps skipped (a non-finite gradient norm, or no utterance with a finite loss) since the last flush_log,
+    # a device count (what skipped_steps() adds to ``params.skipped_steps``); and each step's outcome since
+    # then, read there (one transfer) to log its dropped utterances, its skip and its loss scaler's back-off.
     skipped_on_device: Optional[torch.Tensor] = field(init=False, default=None)
     outcomes: List[StepOutcome] = field(init=False, default_factory=list)
 
@@ -94,19 +96,20 @@ class Training:
         return self.skipped_on_device + self.params.skipped_steps
 
     def flush_log(self) -> None:
-        """Log the steps' dropped utterances and device-decided skips, write the queued scalars and the
-        second-moment reports (one device-to-host transfer each), and add the device's count of skipped steps
-        to ``params.skipped_steps``."""
+        """Log the steps' dropped utterances and skips, write the queued scalars and the second-moment reports
+        (one device-to-host transfer each), and count the skipped steps in ``params.skipped_steps`` and the loss
+        scaler's back-offs in ``params.scaler_backoffs``."""
         outcomes, self.outcomes, self.skipped_on_device = self.outcomes, [], None
         values = iter(read_scalars([v for o in outcomes for v in o.values()]))
         for outcome in outcomes:
-            dropped, skipped, grad_norm, utterances = (next(values) for _ in outcome.values())
+            dropped, skipped, grad_norm, utterances, backoff = (next(values) for _ in outcome.values())
             if dropped:
                 warn_dropped(outcome.cut_ids, outcome.finite)
                 self.params.skipped_utterances += int(dropped)
             if skipped:
                 reason = "no utterance with a finite loss" if utterances == 0 else f"gradient norm is {grad_norm}"
                 log_skip(self.params, outcome.batch_idx, reason)
+            self.params.scaler_backoffs += int(backoff)
         if self.second_moment is not None:
             for step, moment in self.second_moment.reports():
                 self.step_log.add(TB_TAGS.exp_avg_sq_jump, moment.jump, step)
