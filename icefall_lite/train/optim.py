@@ -238,7 +238,8 @@ class ScaledAdam(StagedLrOptimizer):
     of every ``size_update_period``-th step is computed each step and kept on those steps, and
     ``step(found_inf=...)`` masks out the whole update, the clipping history included, where a skipped step's
     flag is set. Its arithmetic is the host-decided step's except that an update scaled by the learning rate is
-    a multiply then an add (``add_(alpha=)`` fuses them): the two agree to about 1e-7 relative.
+    a multiply then an add (``add_(alpha=)`` fuses them): over 20 steps of the tiny model the parameters agree
+    to 3.6e-7 relative (``tests/test_step_sync_free.py``).
     """
 
     def __init__(
