@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import pytest
 import sentencepiece as spm
 import torch
 import torch.nn as nn
+from filelock import FileLock
 
 from icefall_lite.nn.model import Transducer, build_transducer
 from icefall_lite.train.cli import get_params, get_parser
@@ -72,10 +74,26 @@ def recipe_env() -> dict:
     return env
 
 
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Work dir holding data/fbank, data/lang_bpe_100 (and download/) of the tiny corpus."""
-    work = tmp_path_factory.mktemp("tiny_data")
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """A read-only folder ``name`` that ``make(folder)`` fills once per test session: under pytest-xdist once for
+    all its workers (a session fixture is otherwise made by each: the tiny corpus took 20-50 s a worker), in
+    their common base folder, the first worker making it under a file lock while the others wait."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    root = tmp_path_factory.getbasetemp().parent
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed to make it left this
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
+
+
+def prepare_tiny(work: Path) -> None:
     proc = subprocess.run(
         ["bash", str(RECIPE / "prepare.sh"), "--size", "tiny", "--work-dir", str(work)],
         capture_output=True,
@@ -83,7 +101,12 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
         env=recipe_env(),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return work
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Work dir holding data/fbank, data/lang_bpe_100 (and download/) of the tiny corpus."""
+    return made_once(tmp_path_factory, "tiny_data", prepare_tiny)
 
 
 TRAIN = RECIPE_SCRIPTS / "train.py"
@@ -129,11 +152,13 @@ def six_batches(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     """The uninterrupted reference run of the resume tests (test_train, test_faults_train): an exp dir of
     ``train.py --max-batches 6 --save-every-n 1`` on the tiny corpus (checkpoint-6.pt, the per-batch losses
     in its log); read-only."""
-    exp = tmp_path_factory.mktemp("six_batches") / "exp"
-    proc = run_train(tiny_data, exp, "--max-batches", "6", "--save-every-n", "1")
-    assert proc.returncode == 0, proc.stderr
-    assert sorted(batch_losses(exp)) == [1, 2, 3, 4, 5, 6]
-    return exp
+
+    def make(folder: Path) -> None:
+        proc = run_train(tiny_data, folder / "exp", "--max-batches", "6", "--save-every-n", "1")
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(batch_losses(folder / "exp")) == [1, 2, 3, 4, 5, 6]
+
+    return made_once(tmp_path_factory, "six_batches", make) / "exp"
 
 
 @pytest.fixture
