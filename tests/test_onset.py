@@ -184,11 +184,20 @@ def test_runs_from_another_machine_count_once_verified_alike(tmp_path, monkeypat
     runs[(cell, "guard", 101)] = _summary(slow, "guard", 101, _curve(10), {900: 1, 1200: 1}, machine=other)
     assert onset.comparable(slow, runs)[1] == 1
     record = {"machine": onset.machine_name(other), "of": onset.machine_name(MACHINE), "alike": True}
+    record.update(date="2026-12-03", steps=300, run="12-layers.clean/none/seed-101")
     (tmp_path / "slow-start").mkdir()
     (tmp_path / "slow-start" / onset.MACHINES_FILE).write_text(json.dumps({"verified": [record]}))
     assert onset.comparable(slow, runs) == (runs, 0)
+    # The report says which machine was shown alike, how and when.
+    assert (
+        "left out of the tests for another machine: 0. X (flags def), 2 threads, torch 2.13.0 was shown to compute "
+        "as X (flags abc), 2 threads, torch 2.13.0 on 2026-12-03: 300 steps of 12-layers.clean/none/seed-101 "
+        "retrained there, their training losses' digest equal to the run's (summaries/slow-start/machines.json). "
+        "Code commit:"
+    ) in onset_report.provenance_line(slow, runs, 0)
     (tmp_path / "slow-start" / onset.MACHINES_FILE).write_text(json.dumps({"verified": [{**record, "alike": False}]}))
     assert onset.comparable(slow, runs)[1] == 1
+    assert "torch 2.13.0 was not shown to compute as X (flags abc)" in onset_report.provenance_line(slow, runs, 1)
 
 
 def test_the_study_refuses_another_commit_or_an_unverified_machine(tmp_path, monkeypatch):

@@ -20,8 +20,10 @@ import numpy as np  # noqa: E402
 
 from studies.regime.family import diverged, paired, per_seed_differences  # noqa: E402
 from studies.regime.onset import (  # noqa: E402
+    MACHINES_FILE,
     QUESTIONS,
     Summaries,
+    alike,
     comparable,
     gate_passed,
     gate_runs,
@@ -407,9 +409,15 @@ def provenance_line(stage: Stage, summaries: Summaries, left_out: int) -> str:
     commits = collections.Counter(s.get("commit", "unknown")[:12] for s in summaries.values())
     where = "; ".join(f"{n} on {m}" for m, n in machines.items())
     code = ", ".join(f"{c} ({n})" for c, n in commits.items())
+    shown = "".join(
+        f" {r['machine']} {'was' if r['alike'] else 'was not'} shown to compute as {r['of']} on {r['date']}: "
+        f"{r['steps']} steps of {r['run']} retrained there, their training losses' digest "
+        f"{'equal to' if r['alike'] else 'unlike'} the run's (summaries/{stage.name}/{MACHINES_FILE})."
+        for r in alike(stage)
+    )
     return (
-        f"Runs: {where}; left out of the tests for another machine: {left_out}. Code commit: {code}. Commands "
-        "of each run: its summary in summaries/" + stage.name + "/."
+        f"Runs: {where}; left out of the tests for another machine: {left_out}.{shown} Code commit: {code}. "
+        "Commands of each run: its summary in summaries/" + stage.name + "/."
     )
 
 
