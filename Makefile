@@ -3,8 +3,8 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Tests on up to 2 worker processes (pytest-xdist; the number measured and tested), one OpenMP thread each
-# (tests/conftest.py): on 2 idle cores the suite took 5 min 13 s this way, 10 min 38 s in one process beside
-# other jobs (2026-11-26, AMD EPYC).
+# (tests/conftest.py): on 2 idle cores (AMD EPYC) pytest took 9 min 14 s this way at cf61c56, make test on a clean
+# clone 10 min 56 s with the new venv (2026-12-03: `d=$(mktemp -d) && git clone -q . $d && cd $d && make test`).
 # PYTEST_ARGS= runs it in one process.
 PYTEST_ARGS ?= -n auto --maxprocesses 2
 
