@@ -94,6 +94,12 @@ def test_fisher_is_the_hypergeometric_sum_worked_by_hand(a, b):
     assert onset_stats.fisher((a, 10), (b, 10)) == pytest.approx(_fisher_by_hand(a, 10, b, 10), rel=1e-9)
 
 
+def test_fisher_without_variation_is_1_and_without_runs_is_not_a_test():
+    # Collapses in every run of both groups, or in none: the observed table is the only one with its margins.
+    assert onset_stats.fisher((10, 10), (10, 10)) == onset_stats.fisher((0, 10), (0, 10)) == 1.0
+    assert math.isnan(onset_stats.fisher((0, 0), (3, 10)))
+
+
 def test_the_designs_fisher_power_sentences_hold():
     # onset.json's rescue power: from 10 of 10, at most 4 of 10; from 9, 2; from 8, 1; from 6 or 7, only 0.
     alpha = 0.05 / 3
@@ -148,6 +154,31 @@ def test_the_gate_needs_every_none_run_and_most_of_them_collapsed():
     assert onset.gate_passed(rescue, runs) is None
     text = " ".join(onset_report.rescue_section(rescue, runs))
     assert "**The gate**: 9 of 10 `none` runs in, 5 collapsed" in text
+    runs[(rescue.cells[0].name, "none", 110)] = _summary(rescue, "none", 110, _curve(30), {1200: 20.0})
+    text = " ".join(onset_report.rescue_section(rescue, runs))
+    assert "`none` collapsed in 5 of 10 runs at 1,200 steps, fewer than the 6 onset.json asked for" in text
+
+
+def test_rescue_answer_on_made_up_runs():
+    # none collapses in 10 of 10; guard in 1 (by skipped steps, not WER: the divergence rule's second clause is
+    # counted too), zclip in 5, filter-25 in 10. Fisher by hand (hypergeometric, 20 runs, 10 an arm):
+    # guard 1 against 10: (C(11,1) + C(11,10)) / C(20,10) = 22 / 184756; zclip 5 against 10: (C(15,5) + C(15,10))
+    # / C(20,10) = 6006 / 184756 = 0.0325; filter-25: 1. Holm over three: guard 3 x 22/184756 = 3.6e-4,
+    # zclip 2 x 0.0325 = 0.065, filter-25 1.
+    rescue = onset.question_stage("rescue", DESIGN)
+    cell = rescue.cells[0].name
+    collapsed_seeds = {"none": 10, "filter-25": 10, "guard": 0, "zclip": 5}
+    runs = {}
+    for arm, k in collapsed_seeds.items():
+        for i, seed in enumerate(rescue.seeds):
+            runs[(cell, arm, seed)] = _summary(rescue, arm, seed, _curve(30), {1200: 100.0 if i < k else 15.0})
+    runs[(cell, "guard", 110)]["skipped_steps"] = 121  # more than 10% of 1,200 steps; WER 15%
+    text = " ".join(onset_report.rescue_section(rescue, runs))
+    guard, zclip_holm = 22 / 184756, 2 * 6006 / 184756
+    assert f"`guard`: confirmed, collapsed 1 of 10 against 10 (Fisher p {guard:.1e}, Holm p {3 * guard:.1e})" in text
+    assert f"`zclip`: not resolved, collapsed 5 of 10 against 10 (Fisher p 0.033, Holm p {zclip_holm:.3f})" in text
+    assert "`filter-25`: not resolved, collapsed 10 of 10 against 10 (Fisher p 1.000, Holm p 1.000)" in text
+    assert "**The answer** (40 runs, 1,200 steps;" in text
 
 
 def test_slow_start_answer_on_made_up_runs():

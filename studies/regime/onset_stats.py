@@ -120,10 +120,11 @@ def _separated(a: Sequence[Exit], b: Sequence[Exit]) -> bool:
 
 
 def fisher(a: Tuple[int, int], b: Tuple[int, int]) -> float:
-    """Fisher's exact two-sided p of ``(events, runs)`` in two groups (SciPy); nan without any event or any
-    non-event."""
+    """Fisher's exact two-sided p of ``(events, runs)`` in two groups (SciPy); nan when a group has no run.
+    With events in every run of both groups, or in none, every table with those margins is the observed one:
+    p is 1 (SciPy's answer too), and the report shows it rather than a dash."""
     table = [[a[0], a[1] - a[0]], [b[0], b[1] - b[0]]]
-    if a[0] + b[0] == 0 or a[0] + b[0] == a[1] + b[1]:
+    if not a[1] or not b[1]:
         return math.nan
     return float(stats.fisher_exact(table).pvalue)
 
