@@ -4,6 +4,7 @@ report's answers on made-up runs."""
 
 import json
 import math
+import statistics
 from fractions import Fraction
 from pathlib import Path
 from typing import Dict, List, Sequence
@@ -68,13 +69,58 @@ def test_hazard_ratio_is_above_1_for_the_group_that_leaves_sooner_and_inverts_wh
     back = onset_stats.hazard_ratio(late, early)
     assert back[0] == pytest.approx(1 / hr, rel=1e-6)
     assert (back[1], back[2]) == pytest.approx((1 / high, 1 / low), rel=1e-6)
-    # No event in one group: not fitted; every exit of one group before every exit of the other (no maximum of the
-    # likelihood): infinite, or 0, without an interval.
-    assert math.isnan(onset_stats.hazard_ratio(early, [Exit(1200, False)] * 3)[0])
+    # No exit in one group, or every exit of one group before every exit of the other: the likelihood has no
+    # maximum, the ratio is infinite (or 0) without an interval; no exit in either: no ratio.
+    never = [Exit(1200, False)] * 3
+    assert onset_stats.hazard_ratio(early, never)[0] == math.inf
+    assert onset_stats.hazard_ratio(late, never)[0] == math.inf  # late has runs censored too
+    assert onset_stats.hazard_ratio(never, late)[0] == 0.0
+    assert all(math.isnan(x) for x in onset_stats.hazard_ratio(never, never))
+    assert all(math.isnan(x) for x in onset_stats.hazard_ratio(early, []))
     apart = [Exit(s, True) for s in (700, 800, 900)]
     separated = onset_stats.hazard_ratio(early, apart)
     assert separated[0] == math.inf and math.isnan(separated[1]) and math.isnan(separated[2])
     assert onset_stats.hazard_ratio(apart, early)[0] == 0.0
+
+
+def _km_median_by_hand(exits: Sequence[Exit]) -> float:
+    """The product-limit curve worked here; the median by R survival's rule: the first step where the curve is
+    below one half, or the midpoint of a stretch at exactly one half (to the next exit, or to the last step)."""
+    steps = sorted({e.step for e in exits if e.observed})
+    surv = Fraction(1)
+    curve = []
+    for t in steps:
+        at_risk = sum(e.step >= t for e in exits)
+        left = sum(e.step == t and e.observed for e in exits)
+        surv *= 1 - Fraction(left, at_risk)
+        curve.append((t, surv))
+    for i, (t, s) in enumerate(curve):
+        if s == Fraction(1, 2):
+            return (t + (curve[i + 1][0] if i + 1 < len(curve) else max(e.step for e in exits))) / 2
+        if s < Fraction(1, 2):
+            return t
+    return math.nan
+
+
+@pytest.mark.parametrize(
+    "observed, censored",
+    [
+        ([300, 350, 400, 450, 500, 550, 600, 650, 700, 750], 0),  # the sample median, 525
+        ([300, 400, 500, 500, 500, 550, 600, 650, 700, 750], 0),  # 500: the fifth and sixth exits tie
+        ([300, 350, 400, 450, 500], 5),  # at one half from 500 to the budget: (500 + 1200) / 2
+        ([300, 400, 500, 500, 500], 5),
+        ([250, 300, 350, 400, 450, 500, 600], 3),
+        ([400, 450], 8),  # not reached
+        ([450, 700, 900, 500, 650, 800, 550], 1),
+    ],
+)
+def test_km_median_is_r_survivals_median_of_the_curve_worked_by_hand(observed, censored):
+    exits = [Exit(s, True) for s in observed] + [Exit(1200, False)] * censored
+    expected = _km_median_by_hand(exits)
+    got = onset_stats.km_median(exits)
+    assert (got is None) if math.isnan(expected) else got == expected
+    if not censored:
+        assert got == statistics.median(observed)
 
 
 def _fisher_by_hand(a: int, n: int, b: int, m: int) -> float:
@@ -179,6 +225,30 @@ def test_rescue_answer_on_made_up_runs():
     assert f"`zclip`: not resolved, collapsed 5 of 10 against 10 (Fisher p 0.033, Holm p {zclip_holm:.3f})" in text
     assert "`filter-25`: not resolved, collapsed 10 of 10 against 10 (Fisher p 1.000, Holm p 1.000)" in text
     assert "**The answer** (40 runs, 1,200 steps;" in text
+    # The secondary signed-rank test over seeds: guard 15 against 100 in every seed (ten differences of -85, all of
+    # one sign: exact p 2 / 2^10); zclip -85 in seeds 106-110, 0 (dropped from the test) in the rest: median
+    # -42.5, p 2 / 2^5.
+    assert f"| -85.00 (10 seeds; p {2 / 2**10:.3f}) |" in text
+    assert f"| -42.50 (10 seeds; p {2 / 2**5:.3f}) |" in text
+    del runs[(cell, "zclip", 101)]["wer_at"]["1200"]
+    with pytest.raises(ValueError, match=r"lr-x10.clean/zclip/seed-101 has no decoding at step 1200"):
+        onset_report.rescue_section(rescue, runs)
+
+
+def test_a_baseline_that_never_leaves_the_plateau_confirms_an_arm_that_does():
+    slow = onset.question_stage("slow-start", DESIGN)
+    cell = slow.cells[0].name
+    runs = {}
+    for i, seed in enumerate(slow.seeds):
+        for arm, w in (("none", 30), ("filter-25", 30), ("guard", 4 + i % 3), ("zclip", 30 if i else 5)):
+            runs[(cell, arm, seed)] = _summary(slow, arm, seed, _curve(w), {900: 60.0, 1200: 10.0})
+    text = "\n".join(onset_report.slow_start_section(slow, runs, None, {}))
+    assert (
+        "`guard`: confirmed, hazard ratio of leaving the plateau ∞ (no baseline run left the plateau while a run of "
+        "the arm was still on it)"
+    ) in text
+    assert "`filter-25`: not resolved, hazard ratio of leaving the plateau -" in text
+    assert "`zclip`: not resolved" in text  # one exit against none: log-rank p 0.32
 
 
 def test_slow_start_answer_on_made_up_runs():
@@ -266,12 +336,16 @@ def test_the_design_states_the_exploratory_medians_and_rescues_guard_from_the_pi
     # onset.json's prompted_by: none 700, filter-25 550, guard 475, zclip 525 (medians of the family's exits).
     exits = onset_stats.exploratory_exits(DESIGN["slow-start"]["plateau"], DESIGN["slow-start"]["steps"])
     medians = {arm: sorted(x)[4:6] for arm, x in exits.items()}
-    assert {arm: sum(m) / 2 for arm, m in medians.items()} == {
-        "none": 700,
-        "filter-25": 550,
-        "guard": 475,
-        "zclip": 525,
-    }
+    stated = {"none": 700, "filter-25": 550, "guard": 475, "zclip": 525}
+    assert {arm: sum(m) / 2 for arm, m in medians.items()} == stated
+    # The report's "what prompted it" table, rendered from the family's summaries, gives the same medians.
+    from studies.regime.family import family_stage
+
+    family = family_stage()
+    slow = DESIGN["slow-start"]
+    rows = onset_report.prompted_by(family, family.load_summaries(), slow["plateau"], slow["steps"])
+    medians_shown = {row.split(" | ")[0].strip("| `"): row.split(" | ")[-1].strip(" |") for row in rows[4:8]}
+    assert medians_shown == {arm: f"{m:,}" for arm, m in stated.items()}
     pilot = Path(onset.__file__).parent / "summaries" / "pilot" / "lr-x10.clean"
     norms = [json.loads((pilot / f"seed-{s}.json").read_text())["grad_norm"]["median"] for s in (42, 43)]
     assert float(f"{4 * sum(norms) / 2:.2g}") == 540 and DESIGN["rescue"]["arms"]["guard"] == "clip-grad-norm=540"

@@ -63,8 +63,16 @@ def exits(stage: Stage, runs: Dict[int, Dict]) -> Dict[int, Exit]:
 
 
 def wer_at(summary: Dict, point: int) -> float:
-    """Greedy test-other WER at decoding point ``point`` (the endpoint's is also the summary's ``wer``)."""
-    return summary.get("wer_at", {}).get(str(point), summary["wer"])["test-other"]
+    """Greedy test-other WER at decoding point ``point``; ValueError naming the run where it was not decoded
+    there (the endpoint's WER stands in for no other point)."""
+    wer = summary.get("wer_at", {}).get(str(point))
+    if wer is None:
+        key = summary["key"]
+        raise ValueError(
+            f"{key['cell']}/{key['arm']}/seed-{key['seed']} has no decoding at step {point} "
+            f"(decoded at {sorted(summary.get('wer_at', {}), key=int)}): rerun its decodings"
+        )
+    return wer["test-other"]
 
 
 @dataclass(frozen=True)
@@ -146,8 +154,10 @@ def _p(p: float) -> str:
 def _hr(h: Tuple[float, float, float]) -> str:
     if math.isnan(h[0]):
         return "-"
-    if not math.isfinite(h[1]):  # complete separation: no finite estimate
-        return f"{'∞' if h[0] > 1 else '0'} (every run left {'before' if h[0] > 1 else 'after'} every baseline run)"
+    if math.isnan(h[1]):  # complete separation: the Cox likelihood has no maximum
+        if h[0] > 1:
+            return "∞ (no baseline run left the plateau while a run of the arm was still on it)"
+        return "0 (no run of the arm left the plateau while a baseline run was still on it)"
     return f"{h[0]:.2f} [{h[1]:.2f}, {h[2]:.2f}]"
 
 
@@ -235,7 +245,8 @@ def slow_start_answer(stage: Stage, kept: Summaries, rows: List[ExitRow]) -> str
         )
     return (
         f"**The answer** ({len(kept)} runs, {stage.steps:,} steps; confirmed: Holm p < {ALPHA} with a hazard "
-        "ratio above 1, i.e. the arm leaves the plateau sooner): " + "; ".join(parts) + "."
+        "ratio above 1, i.e. the arm leaves the plateau sooner; the ratio's 95% interval is Cox's Wald interval, "
+        "not adjusted for the three comparisons, and is not the test): " + "; ".join(parts) + "."
     )
 
 
@@ -286,8 +297,9 @@ def slow_start_section(stage: Stage, summaries: Summaries, family: Optional[Stag
         f"**Plateau exit** (primary): the last step of the first 50-step window from step {rule['from_step']} on "
         f"whose mean training loss is below {rule['level']:.2f}; `>{stage.steps}`: still on the plateau at the "
         "budget (censored). Log-rank test (statsmodels) against `none`, Holm over the three; the Cox hazard ratio "
-        "of leaving the plateau (above 1: sooner than `none`); Kaplan-Meier medians. Power planned in onset.json: "
-        "guard 0.95, zclip 0.95, filter-25 0.11 (resampling the exploratory exits).",
+        "of leaving the plateau (above 1: sooner than `none`; Breslow's ties) with its Wald 95% interval, not "
+        "adjusted; Kaplan-Meier medians (R survival's convention: where the curve sits at one half, the midpoint "
+        f"of that stretch; without censoring, the sample median). Power planned in onset.json: {d['power']}",
         "",
         *_table(head, primary),
         "",
@@ -321,7 +333,7 @@ def rescue_answer(stage: Stage, kept: Summaries, rows: List[Tuple[str, int, int,
         return (
             f"**The answer.** `{base}` collapsed in {collapsed} of {gate_in} runs at {stage.steps:,} steps, fewer "
             f"than the {d['gate_min_collapsed']} onset.json asked for: training without control does not collapse "
-            "in most runs here, so there is no collapse to rescue and the other arms were not run (the gate)."
+            "in most of its runs here, so by the gate the other arms were not run and the question stops here."
         )
     total = len(stage.runs())
     if len(kept) < total:
@@ -354,11 +366,17 @@ def rescue_section(stage: Stage, summaries: Summaries) -> List[str]:
     rows += [(a, k, n, p, h if math.isfinite(p) and n else math.nan) for (a, k, n, p), h in zip(counts[1:], holm)]
     ex = {r.arm: r for r in exit_rows(stage, kept)}
     end = stage.points[-1]
+    base_wer = {seed: wer_at(s, end) for seed, s in base.items()}
     table = []
     for arm, k, n, p, h in rows:
         runs = arm_runs(kept, arm)
         wers = [wer_at(s, end) for s in runs.values()]
         spread = f"{statistics.median(wers):.2f} ({min(wers):.2f}-{max(wers):.2f})" if wers else "-"
+        diffs = per_seed_differences({seed: wer_at(s, end) for seed, s in runs.items()}, base_wer)
+        by_seed = "-"
+        if arm != d["baseline"] and diffs:
+            x = list(diffs.values())
+            by_seed = f"{statistics.median(x):+.2f} ({len(x)} seeds; p {_p(signed_rank_test(x).p)})"
         e = ex[arm]
         table.append(
             [
@@ -367,12 +385,14 @@ def rescue_section(stage: Stage, summaries: Summaries) -> List[str]:
                 _p(p),
                 _p(h),
                 spread,
+                by_seed,
                 _step(e.median, stage.steps) if n else "-",
                 f"{sum(not x.observed for x in e.exits.values())} of {n}" if n else "-",
                 _p(e.p),
             ]
         )
-    head = ["arm", "collapsed", "Fisher p", "Holm p", f"test-other at {end:,}: median (range)", "median exit"]
+    head = ["arm", "collapsed", "Fisher p", "Holm p", f"test-other at {end:,}: median (range)"]
+    head += [f"arm − none at {end:,} by seed: median, signed-rank p", "median exit"]
     head += [f"on the plateau at {stage.steps:,}", "log-rank p"]
     return [
         f"### 2. {d['question']} (`{d['cell']}`, {stage.steps:,} steps)",
@@ -382,8 +402,8 @@ def rescue_section(stage: Stage, summaries: Summaries) -> List[str]:
         f"*What prompted it*: {d['cell_why']} {d['steps_why']}",
         "",
         f"**Collapse** (primary): {d['collapse']} Each arm against `{d['baseline']}` by Fisher's exact test, Holm "
-        "over the three. Secondary, not adjusted: test-other WER at the budget, and the plateau exit as question 1 "
-        "defines it with its log-rank test.",
+        "over the three. Secondary, not adjusted: test-other WER at the budget (each arm − `none` paired by seed, "
+        "the exact signed-rank test), and the plateau exit as question 1 defines it with its log-rank test.",
         "",
         *_table(head, table),
         "",

@@ -73,15 +73,29 @@ class SurvivalComparison:
     holm: float
 
 
+MEDIAN_TOLERANCE = math.sqrt(np.finfo(float).eps)  # R survival's default tolerance
+
+
 def km_median(exits: Sequence[Exit]) -> Optional[float]:
-    """The Kaplan-Meier median exit step (statsmodels' ``SurvfuncRight.quantile(0.5)``); None when it is not
-    reached (half or more of the runs still on the plateau) or there is no run."""
-    if not exits:
+    """The Kaplan-Meier median exit step by R survival's convention (``quantile.survfit``): the first exit step
+    at which the curve falls below one half; where it sits at exactly one half (within ``MEDIAN_TOLERANCE``), the
+    midpoint of that flat stretch, up to the next exit or, at the curve's end, to the last step observed (the
+    budget). Without censoring this is the sample median. None when the curve does not reach one half (more than
+    half the runs still on the plateau) or there is no run. (statsmodels' own ``quantile`` compares strictly, so
+    a curve at one half gave the fifth or the sixth exit of ten by the rounding of 0.5.)"""
+    if not exits or not any(e.observed for e in exits):
         return None
     time = np.array([e.step for e in exits], dtype=float)
     status = np.array([e.observed for e in exits], dtype=float)
-    median = SurvfuncRight(time, status).quantile(0.5)
-    return None if not np.isfinite(median) else float(median)
+    curve = SurvfuncRight(time, status)
+    steps, surv = curve.surv_times, curve.surv_prob
+    for i, (step, s) in enumerate(zip(steps, surv)):
+        if abs(s - 0.5) < MEDIAN_TOLERANCE:
+            end = steps[i + 1] if i + 1 < len(steps) else time.max()
+            return float((step + end) / 2)
+        if s < 0.5:
+            return float(step)
+    return None
 
 
 def logrank(a: Sequence[Exit], b: Sequence[Exit]) -> float:
@@ -98,13 +112,14 @@ def logrank(a: Sequence[Exit], b: Sequence[Exit]) -> float:
 
 def hazard_ratio(a: Sequence[Exit], b: Sequence[Exit]) -> Tuple[float, float, float]:
     """Cox regression (statsmodels' ``PHReg``, Breslow's ties) of the exits on an indicator of ``a``: the hazard
-    ratio of ``a`` against ``b`` and its 95% interval; nans where a group has no event; infinite (or 0) without
-    an interval where every run of ``a`` left before every run of ``b`` (or after)."""
+    ratio of ``a`` against ``b`` and its (Wald) 95% interval; nans where a group has no run or no run left;
+    infinite (or 0) without an interval where no run of ``b`` left the plateau while a run of ``a`` was still
+    on it (or the other way round), including where one group has no exit at all."""
     exits = [*a, *b]
     time = np.array([e.step for e in exits], dtype=float)
     status = np.array([e.observed for e in exits], dtype=float)
     exog = np.array([[1.0]] * len(a) + [[0.0]] * len(b))
-    if not status.any() or not status[: len(a)].any() or not status[len(a) :].any():
+    if not a or not b or not status.any():
         return math.nan, math.nan, math.nan
     if _separated(a, b) or _separated(b, a):  # the likelihood has no maximum: the ratio is 0 or infinite
         return (math.inf if _separated(a, b) else 0.0), math.nan, math.nan
@@ -115,7 +130,10 @@ def hazard_ratio(a: Sequence[Exit], b: Sequence[Exit]) -> Tuple[float, float, fl
 
 
 def _separated(a: Sequence[Exit], b: Sequence[Exit]) -> bool:
-    """Whether every run of ``a`` left the plateau before any run of ``b`` left it or was censored."""
+    """Whether no run of ``b`` left the plateau while a run of ``a`` was still on it: ``b`` has no exit, or every
+    run of ``a`` left before any run of ``b`` left or was censored (censoring is at the budget only)."""
+    if not any(e.observed for e in b):
+        return any(e.observed for e in a)
     return all(e.observed for e in a) and max(e.step for e in a) < min(e.step for e in b)
 
 
