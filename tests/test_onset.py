@@ -296,6 +296,15 @@ def test_runs_from_another_machine_count_once_verified_alike(tmp_path, monkeypat
         "retrained there, their training losses' digest equal to the run's (summaries/slow-start/machines.json). "
         "Code commit:"
     ) in onset_report.provenance_line(slow, runs, 0)
+    # Shown alike the other way round (the home retrained on the other machine's first run), or through a third
+    # machine: the same.
+    back = {**record, "machine": record["of"], "of": record["machine"]}
+    (tmp_path / "slow-start" / onset.MACHINES_FILE).write_text(json.dumps({"verified": [back]}))
+    assert onset.comparable(slow, runs) == (runs, 0)
+    third = onset.machine_name({**MACHINE, "cpu_flags": "ghi"})
+    chain = [{**record, "machine": third}, {**record, "machine": third, "of": record["machine"]}]
+    (tmp_path / "slow-start" / onset.MACHINES_FILE).write_text(json.dumps({"verified": chain}))
+    assert onset.comparable(slow, runs) == (runs, 0)
     (tmp_path / "slow-start" / onset.MACHINES_FILE).write_text(json.dumps({"verified": [{**record, "alike": False}]}))
     assert onset.comparable(slow, runs)[1] == 1
     assert "torch 2.13.0 was not shown to compute as X (flags abc)" in onset_report.provenance_line(slow, runs, 1)

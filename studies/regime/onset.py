@@ -120,13 +120,18 @@ def alike(stage: Stage) -> List[Dict]:
 
 
 def comparable(stage: Stage, summaries: Summaries) -> Tuple[Summaries, int]:
-    """The runs made on the question's home machine (its first run's) or on one shown to compute alike, and the
-    count of the others (left out of every test)."""
+    """The runs made on the question's home machine (its first run's) or on one shown to compute alike (either
+    way round, or through another such machine), and the count of the others (left out of every test)."""
     first = first_run(stage, summaries)
     if first is None:
         return {}, 0
-    home = machine_name(first[1]["machine"])
-    ok = {home} | {r["machine"] for r in alike(stage) if r["of"] == home and r["alike"]}
+    ok = {machine_name(first[1]["machine"])}
+    links = [(r["machine"], r["of"]) for r in alike(stage) if r["alike"]]
+    while True:  # computing alike is symmetric and transitive: every machine linked to the home, by any path
+        more = {m for pair in links if set(pair) & ok for m in pair} - ok
+        if not more:
+            break
+        ok |= more
     kept = {k: s for k, s in summaries.items() if machine_name(s["machine"]) in ok}
     return kept, len(summaries) - len(kept)
 
