@@ -167,6 +167,13 @@ def test_missing_noise_manifest_is_explained(data_dir: Path, tmp_path: Path) -> 
         dm.train_dataloaders(dm.train_clean_100_cuts())
     with pytest.raises(FileNotFoundError, match="librispeech_cuts_dev-other.jsonl.gz: run .*prepare.sh"):
         dm.dev_other_cuts()
+    full = LibriSpeechAsrDataModule(_args(data_dir, "--manifest-dir", str(tmp_path), "--full-libri", "true"))
+    with pytest.raises(
+        FileNotFoundError,
+        match="no cut manifest of train-clean-360, train-other-500: run .*prepare.sh --corpus "
+        "librispeech --full-libri true first",
+    ):
+        full.train_cuts()
 
 
 def test_valid_and_test_loaders_are_plain_and_ordered(data_dir: Path) -> None:

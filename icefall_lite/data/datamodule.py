@@ -224,6 +224,15 @@ class LibriSpeechAsrDataModule:
             return self.part_cuts(MINI_TRAIN_PART)
         if not self.args.full_libri:
             return self.train_clean_100_cuts()
+        missing = [
+            p for p in FULL_TRAIN_PARTS if not (Path(self.args.manifest_dir) / librispeech_cuts_name(p)).is_file()
+        ]
+        if missing:  # prepare.sh makes the two larger parts only when asked: name that flag, not just the script
+            raise FileNotFoundError(
+                f"--full-libri true trains on {', '.join(FULL_TRAIN_PARTS)}; {self.args.manifest_dir} has no cut "
+                f"manifest of {', '.join(missing)}: run egs/librispeech/ASR/prepare.sh --corpus librispeech "
+                "--full-libri true first"
+            )
         return CutSet.mux(*(self.part_cuts(p) for p in FULL_TRAIN_PARTS), weights=list(FULL_TRAIN_PARTS.values()))
 
     def valid_cuts(self) -> CutSet:
