@@ -96,31 +96,30 @@ def _km_median_by_hand(exits: Sequence[Exit]) -> float:
         curve.append((t, surv))
     for i, (t, s) in enumerate(curve):
         if s == Fraction(1, 2):
-            return (t + (curve[i + 1][0] if i + 1 < len(curve) else max(e.step for e in exits))) / 2
+            return onset_stats.Median((t + curve[i + 1][0]) / 2) if i + 1 < len(curve) else onset_stats.Median(t, True)
         if s < Fraction(1, 2):
-            return t
-    return math.nan
+            return onset_stats.Median(t)
+    return onset_stats.Median(None)
 
 
 @pytest.mark.parametrize(
-    "observed, censored",
+    "observed, censored, stated",
     [
-        ([300, 350, 400, 450, 500, 550, 600, 650, 700, 750], 0),  # the sample median, 525
-        ([300, 400, 500, 500, 500, 550, 600, 650, 700, 750], 0),  # 500: the fifth and sixth exits tie
-        ([300, 350, 400, 450, 500], 5),  # at one half from 500 to the budget: (500 + 1200) / 2
-        ([300, 400, 500, 500, 500], 5),
-        ([250, 300, 350, 400, 450, 500, 600], 3),
-        ([400, 450], 8),  # not reached
-        ([450, 700, 900, 500, 650, 800, 550], 1),
+        ([300, 350, 400, 450, 500, 550, 600, 650, 700, 750], 0, (525, False)),  # the sample median
+        ([300, 400, 500, 500, 500, 550, 600, 650, 700, 750], 0, (525, False)),  # 500 three times, then 550
+        ([300, 350, 400, 450, 500], 5, (500, True)),  # at one half from 500 to the budget: 500 or later
+        ([300, 400, 500, 500, 500], 5, (500, True)),
+        ([250, 300, 350, 400, 450, 500, 600], 3, (475, False)),  # one half from 450 to 500
+        ([400, 450], 8, (None, False)),  # not reached
+        ([450, 700, 900, 500, 650, 800, 550], 1, (675, False)),  # 4 of 8 left by 650: one half up to 700
     ],
 )
-def test_km_median_is_r_survivals_median_of_the_curve_worked_by_hand(observed, censored):
+def test_km_median_is_r_survivals_median_of_the_curve_worked_by_hand(observed, censored, stated):
     exits = [Exit(s, True) for s in observed] + [Exit(1200, False)] * censored
-    expected = _km_median_by_hand(exits)
     got = onset_stats.km_median(exits)
-    assert (got is None) if math.isnan(expected) else got == expected
+    assert got == _km_median_by_hand(exits) == onset_stats.Median(*stated)
     if not censored:
-        assert got == statistics.median(observed)
+        assert got.step == statistics.median(observed)
 
 
 def _fisher_by_hand(a: int, n: int, b: int, m: int) -> float:
@@ -228,8 +227,8 @@ def test_rescue_answer_on_made_up_runs():
     # The secondary signed-rank test over seeds: guard 15 against 100 in every seed (ten differences of -85, all of
     # one sign: exact p 2 / 2^10); zclip -85 in seeds 106-110, 0 (dropped from the test) in the rest: median
     # -42.5, p 2 / 2^5.
-    assert f"| -85.00 (10 seeds; p {2 / 2**10:.3f}) |" in text
-    assert f"| -42.50 (10 seeds; p {2 / 2**5:.3f}) |" in text
+    assert f"| -85.00 (10 seeds, 10 non-zero; p {2 / 2**10:.3f}) |" in text
+    assert f"| -42.50 (10 seeds, 5 non-zero; p {2 / 2**5:.3f}) |" in text
     del runs[(cell, "zclip", 101)]["wer_at"]["1200"]
     with pytest.raises(ValueError, match=r"lr-x10.clean/zclip/seed-101 has no decoding at step 1200"):
         onset_report.rescue_section(rescue, runs)
@@ -327,6 +326,14 @@ def test_the_study_refuses_another_commit_or_an_unverified_machine(tmp_path, mon
     monkeypatch.setattr(onset, "machine_record", lambda: {**MACHINE, "cpu_model": "Y"})
     with pytest.raises(StudyError, match="not shown to compute alike.*--verify-machine"):
         onset.check_here(slow)
+    # Shown alike through a third machine: the machine the report counts is the machine the study accepts.
+    here, home, third = (
+        onset.machine_name(m) for m in ({**MACHINE, "cpu_model": "Y"}, MACHINE, {**MACHINE, "cpu_model": "Z"})
+    )
+    chain = [{"machine": third, "of": home, "alike": True}, {"machine": third, "of": here, "alike": True}]
+    (tmp_path / "slow-start" / onset.MACHINES_FILE).write_text(json.dumps({"verified": chain}))
+    onset.check_here(slow)
+    assert onset.alike_machines(slow, home) == {home, here, third}
 
 
 def test_every_committed_onset_run_was_made_with_the_commands_onset_json_gives_it():

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from icefall_lite.train.tb_tags import TB_TAGS
 from icefall_lite.utils import remove_path
@@ -84,7 +84,7 @@ def check_here(stage: Stage) -> None:
             f"Run the study from a worktree of that commit: {worktree_command(summary['commit'])}"
         )
     home = machine_name(summary["machine"])
-    if home != here and not any(r["machine"] == here and r["of"] == home and r["alike"] for r in alike(stage)):
+    if here not in alike_machines(stage, home):
         raise StudyError(
             f"{stage.name}'s runs were made on {home}; this is {here}, not shown to compute alike, so its runs "
             "would be left out of the tests. Show it first: python -m studies.regime --verify-machine"
@@ -119,19 +119,25 @@ def alike(stage: Stage) -> List[Dict]:
     return json.loads(path.read_text())["verified"] if path.is_file() else []
 
 
+def alike_machines(stage: Stage, home: str) -> Set[str]:
+    """``home`` and every machine verify_machine showed to compute as it: either way round, or through another
+    such machine (equal digests of one run's training losses are an equivalence)."""
+    ok = {home}
+    links = [(r["machine"], r["of"]) for r in alike(stage) if r["alike"]]
+    while True:
+        more = {m for pair in links if set(pair) & ok for m in pair} - ok
+        if not more:
+            return ok
+        ok |= more
+
+
 def comparable(stage: Stage, summaries: Summaries) -> Tuple[Summaries, int]:
     """The runs made on the question's home machine (its first run's) or on one shown to compute alike (either
     way round, or through another such machine), and the count of the others (left out of every test)."""
     first = first_run(stage, summaries)
     if first is None:
         return {}, 0
-    ok = {machine_name(first[1]["machine"])}
-    links = [(r["machine"], r["of"]) for r in alike(stage) if r["alike"]]
-    while True:  # computing alike is symmetric and transitive: every machine linked to the home, by any path
-        more = {m for pair in links if set(pair) & ok for m in pair} - ok
-        if not more:
-            break
-        ok |= more
+    ok = alike_machines(stage, machine_name(first[1]["machine"]))
     kept = {k: s for k, s in summaries.items() if machine_name(s["machine"]) in ok}
     return kept, len(summaries) - len(kept)
 
@@ -158,7 +164,7 @@ def verify_machine(design: Dict) -> List[Dict]:
             continue
         run, summary = first
         home = machine_name(summary["machine"])
-        if home == here or any(r["machine"] == here and r["of"] == home for r in alike(stage)):
+        if here in alike_machines(stage, home):
             logging.info(f"{name}: this machine is its home or shown alike already ({here})")
             continue
         if summary["commit"] != commit:

@@ -32,6 +32,7 @@ from studies.regime.onset import (  # noqa: E402
 )
 from studies.regime.onset_stats import (  # noqa: E402
     Exit,
+    Median,
     fisher,
     hazard_ratio,
     km_median,
@@ -81,7 +82,7 @@ class ExitRow:
 
     arm: str
     exits: Dict[int, Exit]
-    median: Optional[float]
+    median: Median
     hazard: Tuple[float, float, float]
     p: float
     holm: float
@@ -161,8 +162,12 @@ def _hr(h: Tuple[float, float, float]) -> str:
     return f"{h[0]:.2f} [{h[1]:.2f}, {h[2]:.2f}]"
 
 
-def _step(x: Optional[float], budget: int) -> str:
-    return f"not reached by {budget:,}" if x is None else f"{x:,.0f}"
+def _step(m: Median, budget: int) -> str:
+    if m.step is None:
+        return f"not reached by {budget:,}"
+    if m.at_least:
+        return f"{m.step:,.0f} or later (half still on the plateau at {budget:,})"
+    return f"{m.step:,.0f}"
 
 
 def _exit(e: Exit) -> str:
@@ -298,8 +303,9 @@ def slow_start_section(stage: Stage, summaries: Summaries, family: Optional[Stag
         f"whose mean training loss is below {rule['level']:.2f}; `>{stage.steps}`: still on the plateau at the "
         "budget (censored). Log-rank test (statsmodels) against `none`, Holm over the three; the Cox hazard ratio "
         "of leaving the plateau (above 1: sooner than `none`; Breslow's ties) with its Wald 95% interval, not "
-        "adjusted; Kaplan-Meier medians (R survival's convention: where the curve sits at one half, the midpoint "
-        f"of that stretch; without censoring, the sample median). Power planned in onset.json: {d['power']}",
+        "adjusted; Kaplan-Meier medians (R survival's convention: where the curve sits at one half up to a later "
+        "exit, the midpoint of that stretch; without censoring, the sample median; where it sits there up to the "
+        f"budget, that step or later). Power planned in onset.json: {d['power']}",
         "",
         *_table(head, primary),
         "",
@@ -332,8 +338,8 @@ def rescue_answer(stage: Stage, kept: Summaries, rows: List[Tuple[str, int, int,
     if not gate:
         return (
             f"**The answer.** `{base}` collapsed in {collapsed} of {gate_in} runs at {stage.steps:,} steps, fewer "
-            f"than the {d['gate_min_collapsed']} onset.json asked for: training without control does not collapse "
-            "in most of its runs here, so by the gate the other arms were not run and the question stops here."
+            f"than the {d['gate_min_collapsed']} onset.json asked for: training without control collapsed in at "
+            "most half of its runs here, so by the gate the other arms were not run and the question stops here."
         )
     total = len(stage.runs())
     if len(kept) < total:
@@ -376,7 +382,8 @@ def rescue_section(stage: Stage, summaries: Summaries) -> List[str]:
         by_seed = "-"
         if arm != d["baseline"] and diffs:
             x = list(diffs.values())
-            by_seed = f"{statistics.median(x):+.2f} ({len(x)} seeds; p {_p(signed_rank_test(x).p)})"
+            test = signed_rank_test(x)
+            by_seed = f"{statistics.median(x):+.2f} ({len(x)} seeds, {test.n} non-zero; p {_p(test.p)})"
         e = ex[arm]
         table.append(
             [

@@ -76,26 +76,37 @@ class SurvivalComparison:
 MEDIAN_TOLERANCE = math.sqrt(np.finfo(float).eps)  # R survival's default tolerance
 
 
-def km_median(exits: Sequence[Exit]) -> Optional[float]:
-    """The Kaplan-Meier median exit step by R survival's convention (``quantile.survfit``): the first exit step
-    at which the curve falls below one half; where it sits at exactly one half (within ``MEDIAN_TOLERANCE``), the
-    midpoint of that flat stretch, up to the next exit or, at the curve's end, to the last step observed (the
-    budget). Without censoring this is the sample median. None when the curve does not reach one half (more than
-    half the runs still on the plateau) or there is no run. (statsmodels' own ``quantile`` compares strictly, so
-    a curve at one half gave the fifth or the sixth exit of ten by the rounding of 0.5.)"""
+@dataclass(frozen=True)
+class Median:
+    """A Kaplan-Meier median exit step: ``step`` None where the curve stays above one half; ``at_least`` where it
+    sits at exactly one half from ``step`` to the budget (half the runs still on the plateau there), so that the
+    median is ``step`` or later, perhaps past the budget."""
+
+    step: Optional[float]
+    at_least: bool = False
+
+
+def km_median(exits: Sequence[Exit]) -> Median:
+    """The Kaplan-Meier median exit step, as R survival's ``quantile.survfit`` finds it: the first exit step at
+    which the curve falls below one half; where it sits at exactly one half (within ``MEDIAN_TOLERANCE``) up to a
+    later exit, the midpoint of that flat stretch (without censoring: the sample median). Where the flat stretch
+    runs to the budget, R takes the midpoint with the budget, a step at which nothing happened: here the median
+    is given as at least the stretch's first step. (statsmodels' own ``quantile`` compares strictly, so a curve at
+    one half gave the fifth or the sixth exit of ten by the rounding of 0.5.)"""
     if not exits or not any(e.observed for e in exits):
-        return None
+        return Median(None)
     time = np.array([e.step for e in exits], dtype=float)
     status = np.array([e.observed for e in exits], dtype=float)
     curve = SurvfuncRight(time, status)
     steps, surv = curve.surv_times, curve.surv_prob
     for i, (step, s) in enumerate(zip(steps, surv)):
         if abs(s - 0.5) < MEDIAN_TOLERANCE:
-            end = steps[i + 1] if i + 1 < len(steps) else time.max()
-            return float((step + end) / 2)
+            if i + 1 < len(steps):
+                return Median(float((step + steps[i + 1]) / 2))
+            return Median(float(step), at_least=True)
         if s < 0.5:
-            return float(step)
-    return None
+            return Median(float(step))
+    return Median(None)
 
 
 def logrank(a: Sequence[Exit], b: Sequence[Exit]) -> float:
@@ -132,6 +143,8 @@ def hazard_ratio(a: Sequence[Exit], b: Sequence[Exit]) -> Tuple[float, float, fl
 def _separated(a: Sequence[Exit], b: Sequence[Exit]) -> bool:
     """Whether no run of ``b`` left the plateau while a run of ``a`` was still on it: ``b`` has no exit, or every
     run of ``a`` left before any run of ``b`` left or was censored (censoring is at the budget only)."""
+    if not a or not b:
+        return False
     if not any(e.observed for e in b):
         return any(e.observed for e in a)
     return all(e.observed for e in a) and max(e.step for e in a) < min(e.step for e in b)
