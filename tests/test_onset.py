@@ -204,6 +204,28 @@ def test_the_gate_needs_every_none_run_and_most_of_them_collapsed():
     assert "`none` collapsed in 5 of 10 runs at 1,200 steps, fewer than the 6 onset.json asked for" in text
 
 
+def test_the_study_runs_rescues_other_arms_only_when_the_gate_passes_on_the_runs_the_report_counts(monkeypatch):
+    slow, rescue = (onset.question_stage(q, DESIGN) for q in onset.QUESTIONS)
+    cell = rescue.cells[0].name
+    gate = {(cell, "none", seed): _summary(rescue, "none", seed, _curve(30), {1200: 100.0}) for seed in rescue.seeds}
+    calls = []
+
+    def fake_run_all(self, after_each=None, only=None):
+        calls.append((self.name, None if only is None else len(only)))
+
+    monkeypatch.setattr(onset, "check_here", lambda stage: None)
+    monkeypatch.setattr(onset.Stage, "run_all", fake_run_all)
+    monkeypatch.setattr(onset.Stage, "load_summaries", lambda self: gate if self.name == "rescue" else {})
+    monkeypatch.setattr(onset, "alike", lambda stage: [])
+    onset.run_all(DESIGN, lambda: None)
+    assert calls == [("slow-start", None), ("rescue", 10), ("rescue", None)]  # 10 of 10 collapsed: the rest run
+    # One gate run made on a machine not shown alike: the gate is undecided, and the other arms wait.
+    gate[(cell, "none", 110)]["machine"] = {**MACHINE, "cpu_flags": "def"}
+    calls.clear()
+    onset.run_all(DESIGN, lambda: None)
+    assert calls == [("slow-start", None), ("rescue", 10)]
+
+
 def test_rescue_answer_on_made_up_runs():
     # none collapses in 10 of 10; guard in 1 (by skipped steps, not WER: the divergence rule's second clause is
     # counted too), zclip in 5, filter-25 in 10. Fisher by hand (hypergeometric, 20 runs, 10 an arm):
