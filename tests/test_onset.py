@@ -204,6 +204,20 @@ def test_the_gate_needs_every_none_run_and_most_of_them_collapsed():
     assert "`none` collapsed in 5 of 10 runs at 1,200 steps, fewer than the 6 onset.json asked for" in text
 
 
+def test_a_run_with_a_tenth_of_its_steps_skipped_collapses_and_the_report_states_the_amended_rule():
+    rescue = onset.question_stage("rescue", DESIGN)
+    cell = rescue.cells[0].name
+    runs = {(cell, "none", s): _summary(rescue, "none", s, _curve(5), {1200: 20.0}) for s in rescue.seeds}
+    for seed in rescue.seeds[:6]:
+        runs[(cell, "none", seed)]["skipped_steps"] = 121  # of 1,200: more than 10%, at 20% WER
+    assert onset.gate_passed(rescue, runs) is True
+    runs[(cell, "none", 101)]["skipped_steps"] = 120  # exactly 10% is not more than 10%
+    assert onset.gate_passed(rescue, runs) is False
+    text = " ".join(onset_report.rescue_section(rescue, runs))
+    assert "or more than 10% of the steps skipped (train.py's skipped steps: a step whose gradient norm is" in text
+    assert "(Wording amended 2026-12-03 before any run of this question: The fixed text named one of" in text
+
+
 def test_the_study_runs_rescues_other_arms_only_when_the_gate_passes_on_the_runs_the_report_counts(monkeypatch):
     slow, rescue = (onset.question_stage(q, DESIGN) for q in onset.QUESTIONS)
     cell = rescue.cells[0].name

@@ -398,6 +398,7 @@ def rescue_section(stage: Stage, summaries: Summaries) -> List[str]:
                 _p(e.p),
             ]
         )
+    amended = d["collapse_amended"]
     head = ["arm", "collapsed", "Fisher p", "Holm p", f"test-other at {end:,}: median (range)"]
     head += [f"arm − none at {end:,} by seed: median, signed-rank p", "median exit"]
     head += [f"on the plateau at {stage.steps:,}", "log-rank p"]
@@ -408,7 +409,8 @@ def rescue_section(stage: Stage, summaries: Summaries) -> List[str]:
         "",
         f"*What prompted it*: {d['cell_why']} {d['steps_why']}",
         "",
-        f"**Collapse** (primary): {d['collapse']} Each arm against `{d['baseline']}` by Fisher's exact test, Holm "
+        f"**Collapse** (primary): {amended['collapse']} (Wording amended {amended['date'][:10]} before any run of "
+        f"this question: {amended['why']}) Each arm against `{d['baseline']}` by Fisher's exact test, Holm "
         "over the three. Secondary, not adjusted: test-other WER at the budget (each arm − `none` paired by seed, "
         "the exact signed-rank test), and the plateau exit as question 1 defines it with its log-rank test.",
         "",
