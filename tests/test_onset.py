@@ -218,6 +218,19 @@ def test_a_run_with_a_tenth_of_its_steps_skipped_collapses_and_the_report_states
     assert "(Wording amended 2026-12-03 before any run of this question: The fixed text named one of" in text
 
 
+def test_a_summary_of_one_decoding_at_the_budget_is_read_from_its_endpoint():
+    # stage.summarise writes no wer_at where a question decodes once (rescue: at its budget, 1,200 steps).
+    rescue = onset.question_stage("rescue", DESIGN)
+    assert rescue.points == [rescue.steps] == [1200]
+    summary = _summary(rescue, "none", 101, _curve(30), {1200: 97.97})
+    del summary["wer_at"]
+    assert onset_report.wer_at(summary, 1200) == 97.97
+    with pytest.raises(ValueError, match=r"lr-x10.clean/none/seed-101 has no decoding at step 900 \(decoded at"):
+        onset_report.wer_at(summary, 900)
+    runs = {(rescue.cells[0].name, "none", 101): summary}
+    assert "**The gate**: 1 of 10 `none` runs in, 1 collapsed" in " ".join(onset_report.rescue_section(rescue, runs))
+
+
 def test_the_study_runs_rescues_other_arms_only_when_the_gate_passes_on_the_runs_the_report_counts(monkeypatch):
     slow, rescue = (onset.question_stage(q, DESIGN) for q in onset.QUESTIONS)
     cell = rescue.cells[0].name
